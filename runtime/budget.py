@@ -1,0 +1,71 @@
+"""CPU-time token bucket: the one pacing rule behind every duty-cycle lever.
+
+The runtime library pauses by sleeping at step boundaries; the sidecar pauses a process
+tree with SIGSTOP. Both ask the same question: given the CPU seconds consumed so far,
+how long must the work pause to stay within `rate_cores` on average?
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_DEBT_SECONDS = 0.2
+
+
+@dataclass
+class CpuBudget:
+    """Allow `rate_cores` of CPU on average, with a burst of `burst_seconds` at that rate.
+
+    Any 1-second window then uses at most rate * (1 + burst_seconds) core-seconds, so a
+    small burst keeps 1-second peaks within a few percent of the rate. Pauses are capped
+    so that, over the whole run, paused time stays within `max_pause_fraction` of wall
+    time: slowdown <= 1 / (1 - max_pause_fraction), whatever the workload does.
+    """
+
+    rate_cores: float | None = None
+    burst_seconds: float = 0.05
+    max_pause_fraction: float = 0.0
+    _tokens: float = 0.0
+    _last_cpu: float | None = None
+    _last_wall: float = 0.0
+    _start_wall: float | None = None
+    paused_seconds: float = 0.0
+    pause_capped: bool = False
+
+    def set(self, rate_cores: float | None, max_pause_fraction: float) -> None:
+        """Change the limits in place; elapsed time and pauses so far keep counting."""
+        self.rate_cores = rate_cores
+        self.max_pause_fraction = max_pause_fraction
+
+    def pause_for(self, cpu_seconds: float, now: float) -> float:
+        """Seconds to pause now, given cumulative CPU seconds used and the wall clock."""
+        if self._last_cpu is None or self._start_wall is None:
+            self._last_cpu, self._last_wall, self._start_wall = cpu_seconds, now, now
+            self._tokens = self._capacity()
+            return 0.0
+        used = max(0.0, cpu_seconds - self._last_cpu)
+        elapsed = max(0.0, now - self._last_wall)
+        self._last_cpu, self._last_wall = cpu_seconds, now
+        if not self.rate_cores:
+            self._tokens = 0.0
+            self.pause_capped = False
+            return 0.0
+        self._tokens = min(self._capacity(), self._tokens + elapsed * self.rate_cores) - used
+        if self._tokens >= 0.0:
+            self.pause_capped = False
+            return 0.0
+        # Forgive debt beyond a fraction of a second of quota: CPU seen late (a child
+        # found after it started) must not turn into a long stall that empties the next
+        # sample, nor may a capped pause pile up a backlog.
+        self._tokens = max(self._tokens, -self.rate_cores * MAX_DEBT_SECONDS)
+        wanted = -self._tokens / self.rate_cores
+        allowed = self.max_pause_fraction * (now - self._start_wall) - self.paused_seconds
+        self.pause_capped = wanted > allowed
+        return max(0.0, min(wanted, allowed))
+
+    def record_pause(self, seconds: float) -> None:
+        """Account for time actually spent paused (it may differ from what was asked)."""
+        self.paused_seconds += max(0.0, seconds)
+
+    def _capacity(self) -> float:
+        return (self.rate_cores or 0.0) * self.burst_seconds

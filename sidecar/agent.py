@@ -1,0 +1,171 @@
+"""One control cycle, shared by local mode and the pod sidecar: measure, decide, actuate.
+
+Each cycle reads the tree's CPU time and the runtime's progress records, asks the
+controller for a quota, writes the settings file for cooperating processes and arms
+the signal enforcer for those that do not cooperate.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from throttledjob.runtime.files import write_json_atomic
+from throttledjob.runtime.progress import read_progress
+from throttledjob.runtime.settings import SETTINGS_FILE, Settings
+
+from .controller import CpuController, CpuDecision, CpuObservation
+from .enforcer import SignalEnforcer
+from .policy import Policy
+from .processes import ProcessTree
+from .stats import PeakStats
+
+# With enforcement Both, the workload counts as cooperating while it has called step()
+# within this many control intervals; otherwise the signal enforcer takes over.
+COOPERATION_TIMEOUT_INTERVALS = 3
+
+
+@dataclass
+class CycleStatus:
+    """What the last cycle saw and did (for the status line, metrics and /status)."""
+
+    usage_cores: float = 0.0
+    quota_cores: float | None = None
+    pause_fraction: float = 0.0
+    throttling: bool = False
+    budget_exhausted: bool = False
+    cooperating_pids: list[int] = field(default_factory=list)
+    steps: int = 0
+    enforcer_armed: bool = False
+    error: str | None = None
+
+
+class Agent:
+    def __init__(self, policy: Policy, tree: ProcessTree, settings_dir: str,
+                 enforcer: SignalEnforcer | None = None, clock=time.monotonic) -> None:
+        self.policy = policy
+        self.tree = tree
+        self.settings_dir = settings_dir
+        self.enforcer = enforcer
+        self.clock = clock
+        self.controller = (CpuController(policy.cpu_peak_cores, policy.mode == "adaptive")
+                           if policy.cpu_peak_cores else None)
+        self.cpu_stats = PeakStats()
+        self.status = CycleStatus()
+        self.seq = 0
+        self.started = clock()
+        self.cooperative_paused_seconds = 0.0
+        self.budget_exhausted_seconds = 0.0
+        self._last_cpu = tree.cpu_seconds()
+        self._last_time = self.started
+        self._window_cpu = 0.0
+        self._window_time = 0.0
+        self._last_coop_paused: dict[int, float] = {}
+        self._last_step_time = -1e18
+        self._last_signal_paused = 0.0
+
+    def start(self) -> None:
+        """Arm the actuators before the workload runs its first instruction."""
+        quota = self.controller.quota if self.controller else None
+        self._actuate(quota, now=self.started)
+
+    def cycle(self) -> CycleStatus:
+        now = self.clock()
+        self.tree.refresh()
+        cpu = self.tree.cpu_seconds()
+        elapsed = max(1e-6, now - self._last_time)
+        used = max(0.0, cpu - self._last_cpu)
+        self._last_cpu, self._last_time = cpu, now
+        self._record_sample(used, elapsed)
+
+        records = [r for r in read_progress(self.settings_dir) if _alive(r.pid)]
+        cooperating = [r.pid for r in records]
+        coop_pause, coop_capped = self._cooperative_pause(records, elapsed)
+        signal_paused = self.enforcer.paused_seconds if self.enforcer else 0.0
+        sig_pause = (signal_paused - self._last_signal_paused) / elapsed
+        self._last_signal_paused = signal_paused
+        steps = sum(r.steps for r in records)
+        if steps != self.status.steps:
+            self._last_step_time = now
+
+        obs = CpuObservation(
+            usage_cores=used / elapsed,
+            pause_fraction=min(1.0, max(coop_pause, sig_pause)),
+            pause_capped=coop_capped or bool(self.enforcer and self.enforcer.pause_capped),
+        )
+        decision = self.controller.update(obs) if self.controller else None
+        if decision and decision.budget_exhausted:
+            self.budget_exhausted_seconds += elapsed
+        self.status = self._status(obs, decision, cooperating, steps)
+        self._actuate(decision.quota_cores if decision else None, now)
+        return self.status
+
+    def close(self) -> None:
+        if self.enforcer:
+            self.enforcer.close()
+
+    def _record_sample(self, used: float, elapsed: float) -> None:
+        # Peaks are defined over 1-second samples whatever the control interval.
+        self._window_cpu += used
+        self._window_time += elapsed
+        if self._window_time >= 0.999:
+            self.cpu_stats.add(self._window_cpu / self._window_time)
+            self._window_cpu = self._window_time = 0.0
+
+    def _cooperative_pause(self, records, elapsed: float) -> tuple[float, bool]:
+        deltas = []
+        for r in records:
+            before = self._last_coop_paused.get(r.pid, r.paused_seconds)
+            deltas.append(max(0.0, r.paused_seconds - before))
+        self._last_coop_paused = {r.pid: r.paused_seconds for r in records}
+        self.cooperative_paused_seconds += max(deltas, default=0.0)
+        pause = max(deltas, default=0.0) / elapsed
+        return pause, any(r.pause_capped for r in records)
+
+    def _status(self, obs: CpuObservation, decision: CpuDecision | None,
+                cooperating: list[int], steps: int) -> CycleStatus:
+        return CycleStatus(
+            usage_cores=obs.usage_cores,
+            quota_cores=decision.quota_cores if decision else None,
+            pause_fraction=obs.pause_fraction,
+            throttling=bool(decision and decision.throttling),
+            budget_exhausted=bool(decision and decision.budget_exhausted),
+            cooperating_pids=cooperating,
+            steps=steps,
+            enforcer_armed=self.status.enforcer_armed,
+        )
+
+    def _actuate(self, quota: float | None, now: float) -> None:
+        p = self.policy
+        use_coop = p.enforcement in ("cooperative", "both")
+        use_signals = p.enforcement == "signals" or (
+            p.enforcement == "both"
+            and now - self._last_step_time > COOPERATION_TIMEOUT_INTERVALS * p.interval_seconds)
+        self.seq += 1
+        settings = Settings(
+            seq=self.seq, time=time.time(),
+            cpu_quota_cores=quota if use_coop and not use_signals else None,
+            max_pause_fraction=p.max_pause_fraction,
+            threads=p.threads, batch_scale=p.batch_scale,
+            rate_limit_per_second=p.rate_limit_per_second,
+            gpu_memory_fraction=p.gpu_memory_fraction, params=p.params,
+            stale_after_seconds=max(10.0, 5 * p.interval_seconds),
+        )
+        try:
+            write_json_atomic(os.path.join(self.settings_dir, SETTINGS_FILE), settings.to_dict())
+        except OSError as e:
+            self.status.error = f"cannot write settings: {e.strerror or e}"
+        if self.enforcer:
+            self.enforcer.set(quota if use_signals else None, p.max_pause_fraction)
+            self.status.enforcer_armed = bool(quota and use_signals)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

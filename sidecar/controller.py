@@ -1,0 +1,76 @@
+"""The CPU feedback controller: pure and deterministic (observations in, decisions out).
+
+The actuators (the runtime's pacing, the sidecar's SIGSTOP/SIGCONT) are token buckets
+on CPU time (throttledjob.runtime.budget), so a quota is in force from the first
+instant: a workload under its target is never touched, and a burst is clipped at once
+instead of one control interval later. This controller trims that quota so the usage
+*measured* over the whole process tree sits just under the target (the actuators see
+only part of it: worker processes that do not cooperate, children spawned between
+scans), and reports when the slowdown budget, enforced inside the actuators, stops it
+from reaching the target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The quota aims this far under the target so that the 99th percentile, not only the
+# mean, of 1-second samples stays at or under it.
+DEFAULT_MARGIN = 0.03
+# Pausing less than this fraction of an interval counts as "not throttling".
+BINDING_PAUSE_FRACTION = 0.01
+MAX_STEP = 0.1
+
+
+@dataclass(frozen=True)
+class CpuObservation:
+    """What one control interval saw."""
+
+    usage_cores: float
+    # Fraction of the interval the workload spent paused by an actuator.
+    pause_fraction: float = 0.0
+    # True when an actuator wanted to pause more but the slowdown budget forbade it.
+    pause_capped: bool = False
+
+
+@dataclass(frozen=True)
+class CpuDecision:
+    quota_cores: float
+    throttling: bool
+    # The target cannot be met within maxSlowdown: the budget is holding the actuators back.
+    budget_exhausted: bool
+
+
+class CpuController:
+    """Integral trim of a CPU quota (cores) for one CPU peak target."""
+
+    def __init__(self, target_cores: float, adaptive: bool = True,
+                 margin: float = DEFAULT_MARGIN, gain: float = 0.5) -> None:
+        if target_cores <= 0:
+            raise ValueError(f"target must be positive, got {target_cores}")
+        if not 0 <= margin < 0.5 or not 0 < gain <= 1:
+            raise ValueError("margin must be in [0, 0.5) and gain in (0, 1]")
+        self.target = target_cores
+        self.setpoint = target_cores * (1.0 - margin)
+        self.adaptive = adaptive
+        self.gain = gain
+        self.quota = self.setpoint
+        # Anti-windup bounds: the trim corrects measurement gaps, it never runs away.
+        self._low = 0.1 * self.setpoint
+        self._high = 2.0 * self.setpoint
+
+    def update(self, obs: CpuObservation) -> CpuDecision:
+        binding = obs.pause_fraction > BINDING_PAUSE_FRACTION
+        over = obs.usage_cores > self.setpoint
+        budget_exhausted = obs.pause_capped and obs.usage_cores > self.target
+        # Integrate only while an actuator is acting or usage escapes it; an idle or
+        # light workload must not wind the quota up (it would then burst past target),
+        # and a capped actuator must not wind it down (it cannot pause more anyway).
+        if self.adaptive and (binding or over) and not obs.pause_capped:
+            # One odd interval (a start-up burst, a child found late) moves the quota by
+            # at most MAX_STEP of the setpoint; a real bias is still gone in a few steps.
+            step = self.gain * (self.setpoint - obs.usage_cores)
+            limit = MAX_STEP * self.setpoint
+            self.quota += min(limit, max(-limit, step))
+            self.quota = min(self._high, max(self._low, self.quota))
+        return CpuDecision(self.quota, binding or over, budget_exhausted)

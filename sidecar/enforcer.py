@@ -1,0 +1,83 @@
+"""Enforcement without cooperation: SIGSTOP/SIGCONT duty cycling of a process tree.
+
+The same token bucket as the runtime's pacing (throttledjob.runtime.budget), evaluated
+every `tick` seconds on the tree's CPU time, as cpulimit does. Every process it stops
+is resumed when it stops itself, whatever the exit path.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+from throttledjob.runtime.budget import CpuBudget
+
+from .processes import ProcessTree, resume
+
+
+class SignalEnforcer:
+    """A daemon thread that holds a process tree's CPU rate to a quota by stopping it."""
+
+    def __init__(self, tree: ProcessTree, tick: float = 0.02, burst_seconds: float = 0.05,
+                 refresh_every: float = 0.1) -> None:
+        self.tree = tree
+        self.tick = tick
+        self.refresh_every = refresh_every
+        self.budget = CpuBudget(burst_seconds=burst_seconds)
+        self._stopped: list[int] = []
+        self._quit = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="throttledjob-enforcer",
+                                        daemon=True)
+
+    def set(self, quota_cores: float | None, max_pause_fraction: float) -> None:
+        with self._lock:
+            self.budget.set(quota_cores, max_pause_fraction)
+
+    @property
+    def paused_seconds(self) -> float:
+        return self.budget.paused_seconds
+
+    @property
+    def pause_capped(self) -> bool:
+        return self.budget.pause_capped
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self._stopped)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread and resume everything it stopped. Safe to call twice."""
+        self._quit.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        self._resume()
+
+    def _run(self) -> None:
+        next_refresh = time.monotonic() + self.refresh_every
+        try:
+            while not self._quit.is_set():
+                now = time.monotonic()
+                if now >= next_refresh:
+                    self.tree.refresh()
+                    next_refresh = now + self.refresh_every
+                with self._lock:
+                    pause = self.budget.pause_for(self.tree.cpu_seconds(), now)
+                if pause > 0.0:
+                    pause = min(pause, self.tick * 5)
+                    self._stopped = self.tree.signal(signal.SIGSTOP)
+                    self._quit.wait(pause)
+                    self._resume()
+                    self.budget.record_pause(time.monotonic() - now)
+                else:
+                    self._quit.wait(self.tick)
+        finally:
+            self._resume()
+
+    def _resume(self) -> None:
+        stopped, self._stopped = self._stopped, []
+        resume(stopped)

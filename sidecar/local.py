@@ -1,0 +1,185 @@
+"""Local mode: `throttledjob run -- CMD`, the sidecar's loop around one command."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import TextIO
+
+from throttledjob.runtime.client import ENV_DIR
+
+from .agent import Agent, CycleStatus
+from .enforcer import SignalEnforcer
+from .policy import Policy
+from .processes import ProcessTree, resume
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_PR_SET_PDEATHSIG = 1
+
+
+def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
+              status_stream: TextIO | None = None, extra_env: dict[str, str] | None = None) -> int:
+    """Run `cmd` under `policy`; returns its exit code (128+N when killed by signal N)."""
+    settings_dir = tempfile.mkdtemp(prefix="throttledjob-")
+    env = {**os.environ, **(extra_env or {}), ENV_DIR: settings_dir}
+    started = time.monotonic()
+    proc = agent = None
+    previous_handlers = {}
+    try:
+        # The process starts in a session of its own so that our death never orphans it
+        # into a SIGHUP, and with SIGCONT as its parent-death signal so that a SIGKILL of
+        # this process cannot leave it stopped.
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                preexec_fn=_continue_on_parent_death())
+        tree = ProcessTree(root_pid=proc.pid)
+        enforcer = SignalEnforcer(tree) if policy.enforcement in ("signals", "both") else None
+        agent = Agent(policy, tree, settings_dir, enforcer)
+        agent.start()
+        if enforcer:
+            enforcer.start()
+        previous_handlers = _forward_signals(proc, tree)
+        exit_code = _loop(proc, agent, policy, status_stream)
+    finally:
+        if agent:
+            agent.close()
+        if proc is not None:
+            _leave_nothing_stopped(proc)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(settings_dir, ignore_errors=True)
+    wall = time.monotonic() - started
+    report = build_report(agent, policy, wall, exit_code)
+    if status_stream is not None:
+        status_stream.write("\n" if _is_tty(status_stream) else "")
+    if report_path:
+        with open(report_path, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    return exit_code
+
+
+def _loop(proc: subprocess.Popen, agent: Agent, policy: Policy,
+          status_stream: TextIO | None) -> int:
+    tty = status_stream is not None and _is_tty(status_stream)
+    next_cycle = time.monotonic() + policy.interval_seconds
+    failed = False
+    while True:
+        try:
+            code = proc.wait(timeout=max(0.0, next_cycle - time.monotonic()))
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        next_cycle += policy.interval_seconds
+        if failed:
+            continue
+        try:
+            status = agent.cycle()
+        except Exception as e:  # fail open: a bug here must not hold the workload back
+            failed = True
+            agent.close()
+            sys.stderr.write(f"throttledjob: control loop failed, running unthrottled: {e!r}\n")
+            continue
+        if tty:
+            status_stream.write("\r" + status_line(status, agent, policy) + "\033[K")
+            status_stream.flush()
+    if not failed:
+        agent.cycle()  # the last partial interval, for the statistics
+    return 128 - code if code < 0 else code
+
+
+def status_line(status: CycleStatus, agent: Agent, policy: Policy) -> str:
+    target = f"{policy.cpu_peak_cores:.2f}" if policy.cpu_peak_cores else "-"
+    state = "over budget" if status.budget_exhausted else (
+        "throttling" if status.throttling else "under target")
+    return (f"throttledjob: cpu {status.usage_cores:.2f} cores (target {target}, "
+            f"p99 {agent.cpu_stats.p99:.2f}) | paused {status.pause_fraction:.0%} | {state}")
+
+
+def build_report(agent: Agent | None, policy: Policy, wall: float, exit_code: int) -> dict:
+    stats = agent.cpu_stats if agent else None
+    total_cpu = _children_cpu_seconds()
+    signal_paused = agent.enforcer.paused_seconds if agent and agent.enforcer else 0.0
+    coop_paused = agent.cooperative_paused_seconds if agent else 0.0
+    paused = max(signal_paused, coop_paused)
+    levers = [name for name, used in (("signals", signal_paused > 0), ("pacing", coop_paused > 0),
+                                      ("threads", policy.threads is not None),
+                                      ("batch", policy.batch_scale < 1),
+                                      ("rate_limit", policy.rate_limit_per_second is not None))
+              if used]
+    return {
+        "exit_code": exit_code,
+        "wall_seconds": round(wall, 3),
+        "cpu_target_cores": policy.cpu_peak_cores,
+        "cpu_peak_cores": round(stats.p99, 3) if stats else 0.0,
+        "cpu_max_cores": round(stats.max, 3) if stats else 0.0,
+        "cpu_mean_cores": round(total_cpu / wall, 3) if wall > 0 else 0.0,
+        "cpu_seconds": round(total_cpu, 3),
+        "samples": stats.count if stats else 0,
+        "max_slowdown": policy.max_slowdown,
+        "enforcement": policy.enforcement,
+        "mode": policy.mode,
+        "controller": {
+            "levers_used": levers,
+            "paused_seconds": round(paused, 3),
+            "signal_paused_seconds": round(signal_paused, 3),
+            "cooperative_paused_seconds": round(coop_paused, 3),
+            "estimated_slowdown": round(wall / max(1e-9, wall - paused), 3),
+            "budget_exhausted_seconds": round(agent.budget_exhausted_seconds, 3) if agent else 0,
+            "final_quota_cores": round(agent.controller.quota, 3)
+            if agent and agent.controller else None,
+        },
+    }
+
+
+def _children_cpu_seconds() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _forward_signals(proc: subprocess.Popen, tree: ProcessTree) -> dict:
+    def forward(sig, _frame):
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, sig)
+        # A stopped process cannot act on the signal: wake the whole tree.
+        resume(tree.pids())
+
+    return {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+
+
+def _leave_nothing_stopped(proc: subprocess.Popen) -> None:
+    """Resume the command's process group and wait for the command to end."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGCONT)
+    if proc.poll() is None:
+        # Leaving early (an error in this tool): fail open, the command runs on unthrottled
+        # and we wait for it rather than orphan or kill it.
+        proc.wait()
+
+
+def _continue_on_parent_death():
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
+
+    return preexec
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

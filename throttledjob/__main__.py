@@ -1,0 +1,3 @@
+from throttledjob.cli import main
+
+raise SystemExit(main())
