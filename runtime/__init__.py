@@ -13,6 +13,7 @@ With no sidecar (THROTTLEDJOB_DIR unset) every call is a no-op.
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 from .batching import BatchPlan
@@ -30,6 +31,8 @@ def default() -> Throttle:
     global _default
     if _default is None:
         _default = Throttle()
+        if _default.enabled:
+            atexit.register(_default.flush)
     return _default
 
 

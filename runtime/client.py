@@ -123,6 +123,11 @@ class Throttle:
                 time.sleep(backoff_seconds * 2**attempt)
         raise AssertionError("unreachable")
 
+    def flush(self) -> None:
+        """Write the progress record now (at exit, so the last steps are counted)."""
+        if self.enabled:
+            self._tick(time.monotonic())
+
     def _tick(self, now: float) -> None:
         self._next_tick = now + self._tick_gap
         self._tick_gap = min(self._progress_interval, self._tick_gap * 2)
@@ -135,7 +140,7 @@ class Throttle:
                 pause_capped=self._budget.pause_capped, batch_size=self._last_batch,
                 oom_events=self.oom_events, visible_devices=self._devices))
         except OSError as e:  # a full or read-only directory must not stop the work
-            self._watcher.report(f"cannot write progress: {e}")
+            self._watcher.report(f"cannot write progress in {self.directory}: {e.strerror}")
         settings = self._watcher.current()
         peers = count_fresh_peers(self.directory, wall, PEER_MAX_AGE_SECONDS)
         if settings is not self._settings or peers != self._peers:

@@ -101,7 +101,8 @@ def _params(value: Any) -> dict[str, Any]:
     for k, v in value.items():
         if not isinstance(v, (int, float, str, bool)) or (isinstance(v, float)
                                                         and not math.isfinite(v)):
-            raise SettingsError(f"parameter {k!r} must be a finite number, string or bool")
+            raise SettingsError(f"settings field 'params': {str(k)[:40]!r} must be a finite "
+                                "number, string or bool")
     return dict(value)
 
 

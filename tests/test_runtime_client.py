@@ -1,0 +1,218 @@
+"""The workload side: step(), pacing, progress, levers, parameters, OOM guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import types
+
+import pytest
+from throttledjob.runtime import Throttle
+from throttledjob.runtime.batching import BatchPlan, scaled_batch
+from throttledjob.runtime.files import write_json_atomic
+from throttledjob.runtime.progress import read_progress
+from throttledjob.runtime.settings import SETTINGS_FILE, Settings
+
+
+def publish(directory, **fields) -> None:
+    s = Settings(seq=1, time=time.time(), **fields)
+    write_json_atomic(os.path.join(directory, SETTINGS_FILE), s.to_dict())
+
+
+def busy(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_without_directory_everything_is_a_no_op(tmp_path, monkeypatch):
+    monkeypatch.delenv("THROTTLEDJOB_DIR", raising=False)
+    t = Throttle()
+    for _ in range(1000):
+        t.step()
+    assert not t.enabled and t.steps == 1000
+    assert t.batch_size(32) == 32
+    assert t.param("lr", 0.1) == 0.1
+
+
+def test_disable_variable_turns_it_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("THROTTLEDJOB_DISABLE", "1")
+    publish(str(tmp_path), cpu_quota_cores=0.1)
+    t = Throttle(str(tmp_path))
+    t.step()
+    assert not t.enabled and os.listdir(tmp_path) == [SETTINGS_FILE]
+
+
+def test_step_records_progress(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,GPU-abc")
+    publish(str(tmp_path))
+    t = Throttle(str(tmp_path))
+    for _ in range(5):
+        t.step()
+    t.flush()
+    [record] = read_progress(str(tmp_path))
+    assert record.pid == os.getpid() and record.steps == 5
+    assert record.visible_devices == ["0", "GPU-abc"]
+
+
+def test_pacing_holds_this_process_to_its_quota(tmp_path):
+    publish(str(tmp_path), cpu_quota_cores=0.5, max_pause_fraction=0.9)
+    t = Throttle(str(tmp_path))
+    t.step()
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    while time.monotonic() - wall0 < 2.0:
+        busy(0.01)
+        t.step()
+    usage = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+    assert 0.4 < usage < 0.6
+    assert t._budget.paused_seconds > 0.5
+
+
+def test_quota_is_shared_by_live_cooperating_processes(tmp_path):
+    publish(str(tmp_path), cpu_quota_cores=1.0, max_pause_fraction=0.9)
+    peer = tmp_path / "progress-999999.json"  # another process of the same job
+    peer.write_text(json.dumps({"schema": 1, "pid": 999999, "steps": 1}))
+    t = Throttle(str(tmp_path))
+    t.step()
+    assert t._budget.rate_cores == pytest.approx(0.5)
+
+
+def test_rate_limit_spaces_steps(tmp_path):
+    publish(str(tmp_path), rate_limit_per_second=50.0, max_pause_fraction=0.9)
+    t = Throttle(str(tmp_path))
+    start = time.monotonic()
+    for _ in range(26):
+        t.step()
+    assert time.monotonic() - start >= 0.45
+
+
+def test_stale_settings_fail_open(tmp_path):
+    publish(str(tmp_path), cpu_quota_cores=0.1, stale_after_seconds=1.0)
+    old = time.time() - 60
+    os.utime(tmp_path / SETTINGS_FILE, (old, old))
+    t = Throttle(str(tmp_path))
+    t.step()
+    assert t.settings.cpu_quota_cores is None
+
+
+def test_unwritable_progress_never_raises_into_user_code(tmp_path, caplog):
+    publish(str(tmp_path), cpu_quota_cores=2.0)
+    # A directory where the progress file goes: every write fails, as on a full or
+    # read-only volume (chmod would not stop root, and CI runs as root).
+    os.mkdir(tmp_path / f"progress-{os.getpid()}.json")
+    t = Throttle(str(tmp_path))
+    for _ in range(3):
+        t.step()
+        t.flush()
+    assert t.settings.cpu_quota_cores == 2.0
+    assert len([r for r in caplog.records if "cannot write progress" in r.message]) == 1
+
+
+def test_batch_scale_and_plan_keep_the_effective_batch(tmp_path):
+    publish(str(tmp_path), batch_scale=0.25)
+    t = Throttle(str(tmp_path))
+    t.step()
+    assert t.batch_size(64) == 16
+    plan = t.batch_plan(50)
+    slices = list(plan.slices())
+    assert plan.micro == 12 and plan.steps == 5
+    assert sum(s.stop - s.start for s in slices) == 50
+    assert sum(plan.weight(s) for s in slices) == pytest.approx(1.0)
+
+
+def test_scaled_batch_is_at_least_one():
+    assert scaled_batch(3, 0.01) == 1
+    with pytest.raises(ValueError):
+        scaled_batch(0, 1.0)
+    assert BatchPlan(10, 10).steps == 1
+
+
+def test_parameters_are_typed_bounded_and_live(tmp_path, caplog):
+    publish(str(tmp_path), params={"workers": 6, "mode": "fast", "lr": 1})
+    t = Throttle(str(tmp_path))
+    t.step()
+    assert t.param("workers", 4, low=1, high=8) == 6
+    assert t.param("mode", "safe", choices=["safe", "fast"]) == "fast"
+    assert t.param("lr", 0.1, low=0.0, high=1.0) == 1.0  # an int is a valid float
+    publish(str(tmp_path), params={"workers": 99})
+    os.utime(tmp_path / SETTINGS_FILE, (time.time() + 1, time.time() + 1))
+    t._next_tick = 0
+    t._watcher._next_check = 0
+    t.step()
+    assert t.param("workers", 4, low=1, high=8) == 4  # out of bounds: the default
+    assert any("above 8" in r.message for r in caplog.records)
+
+
+def test_bad_parameter_declaration_is_refused():
+    t = Throttle("")
+    with pytest.raises(ValueError, match="low"):
+        t.param("x", 5, low=10, high=1)
+    with pytest.raises(ValueError, match="default"):
+        t.param("y", 50, low=0, high=10)
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named like torch.cuda.OutOfMemoryError, which the guard recognises by name."""
+
+
+def test_oom_guard_halves_the_micro_batch_and_retries(tmp_path):
+    publish(str(tmp_path))
+    t = Throttle(str(tmp_path))
+    t.step()
+    sizes = []
+
+    def train(micro: int) -> str:
+        sizes.append(micro)
+        if micro > 16:
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return "ok"
+
+    assert t.retry_on_oom(train, 64, backoff_seconds=0.0) == "ok"
+    assert sizes == [64, 32, 16]
+    assert t.oom_events == 2 and t.batch_size(64) == 16  # the smaller size sticks
+
+
+def test_oom_guard_does_not_swallow_other_errors(tmp_path):
+    t = Throttle(str(tmp_path))
+    with pytest.raises(KeyError):
+        t.retry_on_oom(lambda micro: {}["x"], 8)
+
+
+def test_oom_guard_gives_up_after_retries(tmp_path):
+    t = Throttle(str(tmp_path))
+
+    def always(micro):
+        raise OutOfMemoryError("out of memory")
+
+    with pytest.raises(OutOfMemoryError):
+        t.retry_on_oom(always, 64, retries=2, backoff_seconds=0.0)
+    assert t.oom_events == 2
+
+
+def test_thread_cap_applies_to_torch_and_restores(tmp_path, monkeypatch):
+    calls = []
+    fake_torch = types.SimpleNamespace(get_num_threads=lambda: 8,
+                                       set_num_threads=calls.append)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    publish(str(tmp_path), threads=2)
+    t = Throttle(str(tmp_path))
+    t.step()
+    publish(str(tmp_path))
+    os.utime(tmp_path / SETTINGS_FILE, (time.time() + 1, time.time() + 1))
+    t._next_tick = 0
+    t._watcher._next_check = 0
+    t.step()
+    assert calls[0] == 2 and calls[-1] == 8
+
+
+def test_runtime_does_not_import_heavy_libraries(tmp_path):
+    import subprocess
+
+    code = ("import sys; from throttledjob import runtime as tj; tj.step(); tj.batch_size(8);"
+            "print(sorted(m for m in ('torch','numpy','threadpoolctl','psutil','yaml')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "THROTTLEDJOB_DIR": str(tmp_path)}, check=True)
+    assert out.stdout.strip() == "[]"
