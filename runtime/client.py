@@ -54,7 +54,7 @@ class Throttle:
         self._started = time.time()
         self._devices = visible_devices()
         self._params: dict[str, Param] = {}
-        self._param_problems: set[str] = set()
+        self._warned: set[str] = set()
         self._watcher = None
         if self.enabled:
             self._watcher = SettingsWatcher(directory, check_interval,
@@ -100,9 +100,8 @@ class Throttle:
             spec = self._params[name] = Param(name, default, low, high,
                                               tuple(choices) if choices else None)
         value, problem = spec.resolve(self._settings.params.get(name))
-        if problem and problem not in self._param_problems:
-            self._param_problems.add(problem)
-            log.warning("throttledjob: %s", problem)
+        if problem:
+            self._warn_once(problem)
         return value
 
     def retry_on_oom(self, fn: Callable[[int], T], batch: int, retries: int = 3,
@@ -140,12 +139,17 @@ class Throttle:
                 pause_capped=self._budget.pause_capped, batch_size=self._last_batch,
                 oom_events=self.oom_events, visible_devices=self._devices))
         except OSError as e:  # a full or read-only directory must not stop the work
-            self._watcher.report(f"cannot write progress in {self.directory}: {e.strerror}")
+            self._warn_once(f"cannot write progress in {self.directory}: {e.strerror}")
         settings = self._watcher.current()
         peers = count_fresh_peers(self.directory, wall, PEER_MAX_AGE_SECONDS)
         if settings is not self._settings or peers != self._peers:
             self._peers = peers
             self._apply(settings)
+
+    def _warn_once(self, problem: str) -> None:
+        if problem not in self._warned:
+            self._warned.add(problem)
+            log.warning("throttledjob: %s", problem)
 
     def _apply(self, settings: Settings) -> None:
         self._settings = settings
