@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from throttledjob import __version__
@@ -87,6 +88,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             mode=args.mode, enforcement=args.enforcement)
     except PolicyError as e:
         return _fail(prog, _flag_names(str(e)))
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        return _fail(prog, f"--report: directory of {args.report} does not exist")
     from throttledjob.sidecar.local import run_local
 
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from throttledjob.runtime.budget import CpuBudget
 
 

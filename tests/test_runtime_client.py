@@ -9,6 +9,7 @@ import time
 import types
 
 import pytest
+
 from throttledjob.runtime import Throttle
 from throttledjob.runtime.batching import BatchPlan, scaled_batch
 from throttledjob.runtime.files import write_json_atomic

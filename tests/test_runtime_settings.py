@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+
 from throttledjob.runtime.files import read_json_bounded, write_json_atomic
 from throttledjob.runtime.settings import (
     SETTINGS_FILE,

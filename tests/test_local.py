@@ -1,0 +1,200 @@
+"""Local mode end to end: real commands, real processes, real psutil and signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import ROOT, wait_for
+
+HUNGRY = [sys.executable, str(ROOT / "examples" / "cpu_hungry.py")]
+
+
+def run(throttledjob_cmd, args, tmp_path, **kwargs):
+    report = tmp_path / "report.json"
+    proc = subprocess.run([*throttledjob_cmd, "run", "--quiet", "--report", str(report), *args],
+                          capture_output=True, text=True, timeout=120, **kwargs)
+    return proc, (json.loads(report.read_text()) if report.exists() else None)
+
+
+def test_exit_code_and_report_fields(throttledjob_cmd, tmp_path):
+    proc, report = run(throttledjob_cmd, ["--", sys.executable, "-c", "raise SystemExit(3)"],
+                       tmp_path)
+    assert proc.returncode == 3 and report["exit_code"] == 3
+    for key in ("wall_seconds", "cpu_peak_cores", "cpu_max_cores", "cpu_mean_cores",
+                "controller"):
+        assert key in report
+    assert "levers_used" in report["controller"]
+
+
+def test_killed_command_exits_128_plus_signal(throttledjob_cmd, tmp_path):
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    proc, _ = run(throttledjob_cmd, ["--", sys.executable, "-c", code], tmp_path)
+    assert proc.returncode == 128 + signal.SIGKILL
+
+
+def test_signals_hold_an_uncooperative_program_to_the_target(throttledjob_cmd, tmp_path):
+    proc, report = run(throttledjob_cmd, ["--cpu-peak", "1", "--max-slowdown", "4",
+                                          "--enforcement", "signals", "--",
+                                          *HUNGRY, "--units", "120"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert report["cpu_peak_cores"] <= 1.1
+    assert 0.8 <= report["cpu_mean_cores"] <= 1.05
+    assert report["controller"]["levers_used"] == ["signals"]
+    assert report["controller"]["signal_paused_seconds"] > 1.0
+
+
+def test_cooperative_pacing_holds_the_target(throttledjob_cmd, tmp_path):
+    proc, report = run(throttledjob_cmd, ["--cpu-peak", "1", "--max-slowdown", "4",
+                                          "--enforcement", "cooperative", "--",
+                                          *HUNGRY, "--units", "120", "--cooperative"],
+                       tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert report["cpu_peak_cores"] <= 1.1
+    assert report["controller"]["levers_used"] == ["pacing"]
+    assert report["controller"]["signal_paused_seconds"] == 0.0
+
+
+def test_workload_under_target_is_left_alone(throttledjob_cmd, tmp_path):
+    proc, report = run(throttledjob_cmd, ["--cpu-peak", "1.5", "--enforcement", "both", "--",
+                                          *HUNGRY, "--workers", "1", "--units", "60",
+                                          "--pattern", "light"], tmp_path)
+    assert proc.returncode == 0
+    assert report["controller"]["paused_seconds"] == 0.0
+    assert report["controller"]["levers_used"] == []
+
+
+def test_slowdown_budget_is_never_exceeded(throttledjob_cmd, tmp_path):
+    proc, report = run(throttledjob_cmd, ["--cpu-peak", "0.5", "--max-slowdown", "1.25",
+                                          "--enforcement", "signals", "--",
+                                          *HUNGRY, "--units", "100"], tmp_path)
+    assert proc.returncode == 0
+    assert report["controller"]["estimated_slowdown"] <= 1.25 * 1.02
+    assert report["controller"]["budget_exhausted_seconds"] > 0
+    assert report["cpu_peak_cores"] > 0.5  # the target is out of reach within the budget
+
+
+BUSY_UNTIL_TERM = """
+import signal, sys, time
+def stop(sig, frame):
+    open(sys.argv[1], "w").write("got SIGTERM")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[2], "w").write("started")
+while True:
+    pass
+"""
+
+
+def test_sigterm_reaches_the_command_and_nothing_is_left(throttledjob_cmd, tmp_path):
+    got, started = tmp_path / "got", tmp_path / "started"
+    tool = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--cpu-peak", "0.2",
+                             "--max-slowdown", "10", "--enforcement", "signals", "--",
+                             sys.executable, "-c", BUSY_UNTIL_TERM, str(got), str(started)])
+    wait_for(started.exists, what="the command to start")
+    child = psutil.Process(tool.pid).children()[0]
+    wait_for(lambda: child.status() == psutil.STATUS_STOPPED, what="the command to be stopped")
+    tool.send_signal(signal.SIGTERM)
+    assert tool.wait(timeout=20) == 0
+    assert got.read_text() == "got SIGTERM"
+    assert not psutil.pid_exists(child.pid)
+
+
+BUSY_THEN_DONE = """
+import sys, time
+open(sys.argv[1], "w").write("started")
+end = time.process_time() + 1.5
+while time.process_time() < end:
+    pass
+open(sys.argv[2], "w").write("done")
+"""
+
+
+def test_sigkill_of_the_tool_never_leaves_the_command_stopped(throttledjob_cmd, tmp_path):
+    started, done = tmp_path / "started", tmp_path / "done"
+    tool = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--cpu-peak", "0.1",
+                             "--max-slowdown", "20", "--enforcement", "signals", "--",
+                             sys.executable, "-c", BUSY_THEN_DONE, str(started), str(done)])
+    wait_for(started.exists, what="the command to start")
+    child = psutil.Process(tool.pid).children()[0]
+    wait_for(lambda: child.status() == psutil.STATUS_STOPPED, what="the command to be stopped")
+    tool.kill()  # at the worst moment: the command is stopped
+    tool.wait()
+    wait_for(done.exists, timeout=20, what="the command to resume and finish")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--cpu-peak", "0", "--", "touch", "{marker}"], "--cpu-peak"),
+    (["--cpu-peak", "abc", "--", "touch", "{marker}"], "--cpu-peak"),
+    (["--cpu-peak", "-1", "--", "touch", "{marker}"], "--cpu-peak"),
+    (["--max-slowdown", "0.5", "--", "touch", "{marker}"], "--max-slowdown"),
+    (["--interval", "0", "--", "touch", "{marker}"], "--interval"),
+    (["--frobnicate", "--", "touch", "{marker}"], "unrecognized arguments"),
+    (["--mode", "wild", "--", "touch", "{marker}"], "--mode"),
+    (["--cpu-peak", "1"], "missing command"),
+    (["--policy", "{missing}", "--", "touch", "{marker}"], "cannot read policy file"),
+    (["--policy", "{bad}", "--", "touch", "{marker}"], "unknown field 'cpu'"),
+    (["--report", "{nodir}/r.json", "--", "touch", "{marker}"], "--report"),
+])
+def test_bad_input_is_refused_in_one_line_before_starting(throttledjob_cmd, tmp_path, args,
+                                                          fragment):
+    marker = tmp_path / "marker"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cpu: 1\n")
+    fill = {"marker": str(marker), "missing": str(tmp_path / "nope.yaml"), "bad": str(bad),
+            "nodir": str(tmp_path / "no" / "such")}
+    proc = subprocess.run([*throttledjob_cmd, "run", *[a.format(**fill) for a in args]],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], proc.stderr
+    assert not marker.exists()
+
+
+def test_unknown_command_exits_127(throttledjob_cmd, tmp_path):
+    proc, _ = run(throttledjob_cmd, ["--", "no-such-command-xyz"], tmp_path)
+    assert proc.returncode == 127
+    assert proc.stderr.strip() == "throttledjob run: error: command not found: no-such-command-xyz"
+
+
+def test_live_status_line_on_a_terminal(throttledjob_cmd):
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([*throttledjob_cmd, "run", "--cpu-peak", "0.5", "--",
+                             *HUNGRY, "--workers", "1", "--units", "80"],
+                            stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    output = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    proc.wait(timeout=30)
+    os.close(leader)
+    assert b"throttledjob: cpu" in output and b"target 0.50" in output
+
+
+def test_quiet_when_not_a_terminal(throttledjob_cmd, tmp_path):
+    proc = subprocess.run([*throttledjob_cmd, "run", "--cpu-peak", "1", "--",
+                           *HUNGRY, "--workers", "1", "--units", "60"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
+def test_help_explains_every_subcommand(throttledjob_cmd):
+    top = subprocess.run([*throttledjob_cmd, "--help"], capture_output=True, text=True)
+    assert top.returncode == 0 and "run" in top.stdout
+    sub = subprocess.run([*throttledjob_cmd, "run", "--help"], capture_output=True, text=True)
+    assert "--cpu-peak" in sub.stdout and "--enforcement" in sub.stdout

@@ -1,0 +1,101 @@
+"""The policy schema shared by the CRD's spec.throttle, the sidecar and local mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from throttledjob.sidecar.policy import (
+    Policy,
+    PolicyError,
+    load_policy_file,
+    parse_cpu_quantity,
+    parse_policy,
+)
+
+
+@pytest.mark.parametrize("value, cores", [("1500m", 1.5), ("1.5", 1.5), (2, 2.0), ("250m", 0.25),
+                                          (" 3 ", 3.0), (".5", 0.5)])
+def test_cpu_quantities(value, cores):
+    assert parse_cpu_quantity(value) == cores
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "abc", "1.5Gi", "", True, "1e3", "5m", 1e9, None])
+def test_bad_cpu_quantities_are_refused(value):
+    with pytest.raises(PolicyError, match="cpu peak"):
+        parse_cpu_quantity(value)
+
+
+def test_full_policy():
+    p = parse_policy({
+        "targets": {"cpu": {"peak": "1500m"},
+                    "gpu": {"peakUtilizationPercent": 70, "peakPowerWatts": 300,
+                            "memoryFraction": 0.8}},
+        "maxSlowdown": 1.5, "mode": "Fixed", "enforcement": "Both", "intervalSeconds": 0.5,
+        "levers": {"threads": 2, "batchScale": 0.5, "rateLimitPerSecond": 10},
+        "parameters": {"workers": 4},
+    })
+    assert p == Policy(cpu_peak_cores=1.5, gpu_peak_utilization_percent=70,
+                       gpu_peak_power_watts=300, gpu_memory_fraction=0.8, max_slowdown=1.5,
+                       mode="fixed", enforcement="both", interval_seconds=0.5, threads=2,
+                       batch_scale=0.5, rate_limit_per_second=10, params={"workers": 4})
+    assert p.max_pause_fraction == pytest.approx(1 / 3)
+
+
+def test_empty_policy_has_defaults():
+    assert parse_policy(None) == Policy()
+
+
+@pytest.mark.parametrize("doc, fragment", [
+    ([], "policy must be a mapping"),
+    ({"target": {}}, "unknown field 'target'"),
+    ({"targets": {"cpu": {"peak": "1", "limit": 2}}}, "unknown field 'limit'"),
+    ({"targets": {"gpu": {"peakUtilizationPercent": 150}}}, "peakUtilizationPercent=150"),
+    ({"targets": {"gpu": {"memoryFraction": 0}}}, "memoryFraction"),
+    ({"maxSlowdown": 0.9}, "maxSlowdown=0.9 is out of range"),
+    ({"maxSlowdown": "fast"}, "maxSlowdown must be a number"),
+    ({"maxSlowdown": float("nan")}, "maxSlowdown must be a finite number"),
+    ({"mode": "Sometimes"}, "mode must be one of"),
+    ({"enforcement": 3}, "enforcement must be one of"),
+    ({"intervalSeconds": 0}, "intervalSeconds"),
+    ({"levers": {"threads": 1.5}}, "levers.threads must be a whole number"),
+    ({"levers": {"batchScale": 2}}, "batchScale"),
+    ({"targets": "lots"}, "targets must be a mapping"),
+])
+def test_bad_policies_are_refused_with_the_field_named(doc, fragment):
+    with pytest.raises(PolicyError, match=fragment.replace("(", r"\(")):
+        parse_policy(doc)
+
+
+def test_policy_file(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("targets:\n  cpu: {peak: 750m}\nenforcement: Signals\n")
+    assert load_policy_file(str(f)) == Policy(cpu_peak_cores=0.75, enforcement="signals")
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("targets: [", "not valid YAML"),
+    ("!!python/object/apply:os.system ['echo pwned']", "not valid YAML"),
+    ("maxSlowdown: 7000", "maxSlowdown=7000"),
+    ("a: &a [*a, *a]\n", "unknown field"),
+])
+def test_bad_policy_files(tmp_path, content, fragment):
+    f = tmp_path / "p.yaml"
+    f.write_text(content)
+    with pytest.raises(PolicyError, match=fragment) as e:
+        load_policy_file(str(f))
+    assert str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_huge_and_missing_policy_files(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("# " + "x" * 100_000)
+    with pytest.raises(PolicyError, match="larger than"):
+        load_policy_file(str(f))
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy_file(str(tmp_path / "missing.yaml"))
+
+
+def test_overrides_are_validated():
+    with pytest.raises(PolicyError, match="maxSlowdown"):
+        Policy().with_overrides(max_slowdown=0.5)
+    assert Policy().with_overrides(cpu_peak_cores=2.0, mode=None).cpu_peak_cores == 2.0
