@@ -45,12 +45,50 @@ def build_parser() -> argparse.ArgumentParser:
                           "while the program calls step(), signals otherwise (default both)")
     run.add_argument("--policy", metavar="FILE",
                      help="a YAML policy (the spec.throttle of a ThrottledJob); flags override it")
+    run.add_argument("--gpu-peak-util", type=float, metavar="PERCENT",
+                     help="GPU peak utilization target per GPU, in percent")
+    run.add_argument("--gpu-peak-power", type=float, metavar="WATTS",
+                     help="GPU peak power target per GPU, in watts")
+    run.add_argument("--gpu-memory-fraction", type=float, metavar="FRACTION",
+                     help="cap each GPU's memory use at this fraction (passed to torch)")
+    _add_sidecar_flags(run, metrics_port=None)
     run.add_argument("--report", metavar="FILE", help="write a JSON report here at the end")
     run.add_argument("--quiet", action="store_true", help="no live status line")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]",
                      help="the command to run")
     run.set_defaults(func=_run)
+    side = sub.add_parser("sidecar", help="the agent inside a ThrottledJob pod",
+                          description=(
+                              "Watch the pod's workload (shared process namespace), hold it to "
+                              "the policy's targets and serve /metrics, /healthz, /readyz and "
+                              "/status on one port. The policy file is reloaded when it changes."))
+    side.add_argument("--policy", metavar="FILE", required=True,
+                      help="YAML policy (spec.throttle), usually a projected ConfigMap")
+    side.add_argument("--shared-dir", metavar="DIR", required=True,
+                      help="directory shared with the workload (settings and progress files)")
+    side.add_argument("--root-pid", type=int, metavar="PID",
+                      help="watch only this process tree instead of every process in the "
+                           "namespace")
+    _add_sidecar_flags(side, metrics_port=9400)
+    side.set_defaults(func=_sidecar)
     return parser
+
+
+def _add_sidecar_flags(p: argparse.ArgumentParser, metrics_port: int | None) -> None:
+    port_flag, host_flag = (("--metrics-port", "--metrics-host") if metrics_port is None
+                            else ("--port", "--host"))
+    p.add_argument(port_flag, dest="metrics_port", type=int, default=metrics_port,
+                   metavar="PORT", help="serve /metrics, /healthz, /readyz and /status here"
+                   + (" (default: off)" if metrics_port is None else f" (default {metrics_port})"))
+    p.add_argument(host_flag, dest="metrics_host", metavar="ADDRESS",
+                   default="127.0.0.1" if metrics_port is None else "0.0.0.0",
+                   help="address to bind (default %(default)s)")
+    p.add_argument("--gpu-backend", choices=["auto", "nvml", "fake", "none"], default="auto",
+                   help="auto: NVML when present, else none; fake: simulated GPUs "
+                        "(THROTTLEDJOB_FAKE_GPUS, THROTTLEDJOB_FAKE_GPU_TRACE) (default auto)")
+    p.add_argument("--gpu-power-limit", action="store_true",
+                   help="privileged lever: set the NVML power limit to the power target "
+                        "(restored on exit; needs root on the node)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,16 +123,27 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             cpu_peak_cores=None if args.cpu_peak is None
             else parse_cpu_quantity(args.cpu_peak, "--cpu-peak"),
             max_slowdown=args.max_slowdown, interval_seconds=args.interval,
-            mode=args.mode, enforcement=args.enforcement)
+            mode=args.mode, enforcement=args.enforcement,
+            gpu_peak_utilization_percent=args.gpu_peak_util,
+            gpu_peak_power_watts=args.gpu_peak_power,
+            gpu_memory_fraction=args.gpu_memory_fraction)
     except PolicyError as e:
         return _fail(prog, _flag_names(str(e)))
+    gpu = _gpu_agent(prog, args, policy)
+    if isinstance(gpu, int):
+        return gpu
     if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
         return _fail(prog, f"--report: directory of {args.report} does not exist")
+    from throttledjob.sidecar.exporter import ExporterError
     from throttledjob.sidecar.local import run_local
 
     try:
         return run_local(cmd, policy, report_path=args.report,
-                         status_stream=None if args.quiet else sys.stderr)
+                         status_stream=None if args.quiet else sys.stderr, gpu=gpu,
+                         metrics_address=None if args.metrics_port is None
+                         else (args.metrics_host, args.metrics_port))
+    except ExporterError as e:
+        return _fail(prog, str(e))
     except FileNotFoundError:
         sys.stderr.write(f"{prog}: error: command not found: {cmd[0]}\n")
         return EXIT_NOT_FOUND
@@ -103,7 +152,44 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 126
 
 
+def _gpu_agent(prog: str, args: argparse.Namespace, policy):
+    """The GPU agent for --gpu-backend, or an exit code when the backend cannot open."""
+    from throttledjob.sidecar.exporter import log_to_stderr
+    from throttledjob.sidecar.gpu import GpuError, open_backend
+    from throttledjob.sidecar.gpu_agent import GpuAgent
+
+    log_to_stderr()
+    try:
+        backend, note = open_backend(args.gpu_backend)
+    except GpuError as e:
+        return _fail(prog, f"--gpu-backend {args.gpu_backend}: {e}")
+    if args.gpu_backend != "auto" or backend.kind != "none" or args.gpu_peak_util \
+            or args.gpu_peak_power:
+        sys.stderr.write(f"throttledjob: {note}\n")  # said once, at start
+    return GpuAgent(backend, policy, power_limit_lever=args.gpu_power_limit, note=note)
+
+
+def _sidecar(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    prog = "throttledjob sidecar"
+    try:
+        from throttledjob.sidecar.exporter import ExporterError
+        from throttledjob.sidecar.gpu import GpuError
+        from throttledjob.sidecar.pod import run_sidecar
+    except ImportError as e:
+        return _fail(prog, f"needs the sidecar extra ({e.name} is missing): "
+                           "pip install 'throttledjob[sidecar]'")
+    try:
+        return run_sidecar(args.policy, args.shared_dir, host=args.metrics_host,
+                           port=args.metrics_port, gpu_backend=args.gpu_backend,
+                           gpu_power_limit=args.gpu_power_limit, root_pid=args.root_pid)
+    except (ExporterError, GpuError) as e:
+        return _fail(prog, str(e))
+
+
 def _flag_names(message: str) -> str:
     """Name flags as the user typed them when a flag, not a file, was wrong."""
     return (message.replace("maxSlowdown", "--max-slowdown")
-            .replace("intervalSeconds", "--interval"))
+            .replace("intervalSeconds", "--interval")
+            .replace("targets.gpu.peakUtilizationPercent", "--gpu-peak-util")
+            .replace("targets.gpu.peakPowerWatts", "--gpu-peak-power")
+            .replace("targets.gpu.memoryFraction", "--gpu-memory-fraction"))

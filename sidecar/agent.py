@@ -7,9 +7,12 @@ the signal enforcer for those that do not cooperate.
 
 from __future__ import annotations
 
+import collections
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from throttledjob.runtime.files import write_json_atomic
 from throttledjob.runtime.progress import read_progress
@@ -21,9 +24,14 @@ from .policy import Policy
 from .processes import ProcessTree
 from .stats import PeakStats
 
+if TYPE_CHECKING:
+    from .gpu_agent import GpuAgent
+
 # With enforcement Both, the workload counts as cooperating while it has called step()
 # within this many control intervals; otherwise the signal enforcer takes over.
 COOPERATION_TIMEOUT_INTERVALS = 3
+# Recent 1-second CPU samples kept for "is the target met now" (see /status).
+RECENT_SAMPLES = 60
 
 
 @dataclass
@@ -39,12 +47,21 @@ class CycleStatus:
     steps: int = 0
     enforcer_armed: bool = False
     error: str | None = None
+    # Hold-back fraction the GPU controller asks for (None: no GPU target or no GPU).
+    gpu_duty: float | None = None
 
 
 class Agent:
     def __init__(self, policy: Policy, tree: ProcessTree, settings_dir: str,
-                 enforcer: SignalEnforcer | None = None, clock=time.monotonic) -> None:
+                 enforcer: SignalEnforcer | None = None, clock=time.monotonic,
+                 gpu: GpuAgent | None = None) -> None:
         self.policy = policy
+        self.gpu = gpu
+        # Called with the agent after every cycle (the metrics exporter takes a snapshot).
+        self.observers: list[Callable[[Agent], None]] = []
+        self.recent_cpu: collections.deque[float] = collections.deque(maxlen=RECENT_SAMPLES)
+        self._gpu_bound = False
+        self.last_cycle_seconds = 0.0
         self.tree = tree
         self.settings_dir = settings_dir
         self.enforcer = enforcer
@@ -71,6 +88,7 @@ class Agent:
         self._actuate(quota, now=self.started)
 
     def cycle(self) -> CycleStatus:
+        began = time.perf_counter()
         now = self.clock()
         self.tree.refresh()
         cpu = self.tree.cpu_seconds()
@@ -94,16 +112,48 @@ class Agent:
             pause_fraction=min(1.0, max(coop_pause, sig_pause)),
             pause_capped=coop_capped or bool(self.enforcer and self.enforcer.pause_capped),
         )
-        decision = self.controller.update(obs) if self.controller else None
-        if decision and decision.budget_exhausted:
+        gpu_duty = self.gpu.cycle(elapsed, obs.pause_fraction,
+                                  sorted({d for r in records for d in r.visible_devices})
+                                  ) if self.gpu else None
+        # While the GPU quota is the one holding the workload back, the CPU controller must
+        # not read that pause as its own (it would wind its quota up meanwhile).
+        cpu_obs = replace(obs, pause_fraction=0.0, pause_capped=False) \
+            if self._gpu_bound else obs
+        decision = self.controller.update(cpu_obs) if self.controller else None
+        quota = decision.quota_cores if decision else None
+        gpu_quota = _gpu_quota(obs, gpu_duty)
+        self._gpu_bound = gpu_quota is not None and (quota is None or gpu_quota < quota)
+        if self._gpu_bound:
+            quota = gpu_quota
+        gpu_exhausted = bool(self.gpu and self.gpu.decision and self.gpu.decision.budget_exhausted)
+        if (decision and decision.budget_exhausted) or gpu_exhausted:
             self.budget_exhausted_seconds += elapsed
         self.status = self._status(obs, decision, cooperating, steps)
-        self._actuate(decision.quota_cores if decision else None, now)
+        self.status.gpu_duty = gpu_duty
+        self.status.budget_exhausted = self.status.budget_exhausted or gpu_exhausted
+        self.status.throttling = self.status.throttling or bool(gpu_duty)
+        self.status.quota_cores = quota
+        self._actuate(quota, now)
+        self.last_cycle_seconds = time.perf_counter() - began
+        for observer in self.observers:
+            observer(self)
         return self.status
+
+    def set_policy(self, policy: Policy) -> None:
+        """Apply an edited policy (a live ConfigMap change) from the next cycle on."""
+        old = self.policy
+        self.policy = policy
+        if (policy.cpu_peak_cores, policy.mode) != (old.cpu_peak_cores, old.mode):
+            self.controller = (CpuController(policy.cpu_peak_cores, policy.mode == "adaptive")
+                               if policy.cpu_peak_cores else None)
+        if self.gpu:
+            self.gpu.set_policy(policy)
 
     def close(self) -> None:
         if self.enforcer:
             self.enforcer.close()
+        if self.gpu:
+            self.gpu.close()
 
     def _record_sample(self, used: float, elapsed: float) -> None:
         # Peaks are defined over 1-second samples whatever the control interval.
@@ -111,6 +161,7 @@ class Agent:
         self._window_time += elapsed
         if self._window_time >= 0.999:
             self.cpu_stats.add(self._window_cpu / self._window_time)
+            self.recent_cpu.append(self._window_cpu / self._window_time)
             self._window_cpu = self._window_time = 0.0
 
     def _cooperative_pause(self, records, elapsed: float) -> tuple[float, bool]:
@@ -159,6 +210,18 @@ class Agent:
         if self.enforcer:
             self.enforcer.set(quota if use_signals else None, p.max_pause_fraction)
             self.status.enforcer_armed = bool(quota and use_signals)
+
+
+def _gpu_quota(obs: CpuObservation, duty: float | None) -> float | None:
+    """The GPU duty as a CPU quota: the workload's unthrottled CPU rate x (1 - duty).
+
+    Holding the feeding processes back is what idles the GPU, and the CPU token buckets
+    (runtime pacing, signal enforcer) are the actuators that already hold them back.
+    """
+    if not duty:
+        return None
+    demand = obs.usage_cores / max(0.05, 1.0 - obs.pause_fraction)
+    return max(0.01, demand * (1.0 - duty))
 
 
 def _alive(pid: int) -> bool:

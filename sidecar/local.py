@@ -6,13 +6,14 @@ import contextlib
 import ctypes
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from throttledjob.runtime.client import ENV_DIR
 
@@ -21,13 +22,24 @@ from .enforcer import SignalEnforcer
 from .policy import Policy
 from .processes import ProcessTree, resume
 
+if TYPE_CHECKING:
+    from .gpu_agent import GpuAgent
+
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _PR_SET_PDEATHSIG = 1
 
 
 def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
-              status_stream: TextIO | None = None, extra_env: dict[str, str] | None = None) -> int:
-    """Run `cmd` under `policy`; returns its exit code (128+N when killed by signal N)."""
+              status_stream: TextIO | None = None, extra_env: dict[str, str] | None = None,
+              gpu: GpuAgent | None = None, metrics_address: tuple[str, int] | None = None) -> int:
+    """Run `cmd` under `policy`; returns its exit code (128+N when killed by signal N).
+
+    With `metrics_address` (host, port) it serves /metrics and /status as the pod sidecar
+    does; the port is bound before the command starts, so a taken port fails fast.
+    """
+    from .exporter import Exporter
+
+    exporter = Exporter(*metrics_address) if metrics_address else None
     settings_dir = tempfile.mkdtemp(prefix="throttledjob-")
     env = {**os.environ, **(extra_env or {}), ENV_DIR: settings_dir}
     started = time.monotonic()
@@ -41,7 +53,9 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
                                 preexec_fn=_continue_on_parent_death())
         tree = ProcessTree(root_pid=proc.pid)
         enforcer = SignalEnforcer(tree) if policy.enforcement in ("signals", "both") else None
-        agent = Agent(policy, tree, settings_dir, enforcer)
+        agent = Agent(policy, tree, settings_dir, enforcer, gpu=gpu)
+        if exporter:
+            exporter.attach(agent, f"psutil: process tree of pid {proc.pid}").start()
         agent.start()
         if enforcer:
             enforcer.start()
@@ -50,6 +64,8 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
     finally:
         if agent:
             agent.close()
+        if exporter:
+            exporter.close()
         if proc is not None:
             _leave_nothing_stopped(proc)
         for sig, handler in previous_handlers.items():
@@ -135,14 +151,20 @@ def build_report(agent: Agent | None, policy: Policy, wall: float, exit_code: in
             "budget_exhausted_seconds": round(agent.budget_exhausted_seconds, 3) if agent else 0,
             "final_quota_cores": round(agent.controller.quota, 3)
             if agent and agent.controller else None,
+            # This tool's own CPU (sampling, control, signals), not the command's.
+            "own_cpu_seconds": round(_own_cpu_seconds(), 3),
         },
+        **({"gpu": agent.gpu.report()} if agent and agent.gpu else {}),
     }
 
 
 def _children_cpu_seconds() -> float:
-    import resource
-
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _own_cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 

@@ -1,0 +1,98 @@
+"""The GPU feedback controller: pure and deterministic (observations in, a duty out).
+
+A GPU is throttled by holding back the process that feeds it: while the workload is
+paused (paced by the runtime library or stopped by the signal enforcer) it launches no
+kernels. So the controller's output is a duty: the fraction of wall time the workload
+should be held back. Utilization and dynamic power both scale roughly with (1 - duty),
+which gives a multiplicative law:
+
+    demand ~= measured / (1 - duty_in_force)   =>   wanted = 1 - (1 - duty) * setpoint / measured
+
+one step for utilization (linear in duty), a few for power (its idle part does not
+scale, so the law under-corrects and repeats). Each target wants its own duty and the
+largest wins, so no integrator winds up behind a target that is not binding.
+
+It attacks at once (a peak is clipped one interval after it starts), holds the duty for
+`hold` intervals after the last sample near the setpoint, then releases slowly, so a
+periodic load (a sawtooth) stays clipped rather than overshooting again each period,
+while a workload whose peak has passed gets its speed back within a minute or so. It
+never asks for more than the slowdown budget allows and reports when that is not enough.
+Under target with no duty in force it does nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MARGIN = 0.03
+# Per interval, the duty falls by at most this much once measurements are under setpoint.
+DEFAULT_RELEASE = 0.02
+# Measurements within this fraction under the setpoint hold the duty (no chatter).
+HOLD_BAND = 0.05
+DEFAULT_HOLD_INTERVALS = 10
+
+
+@dataclass(frozen=True)
+class GpuObservation:
+    """The busiest watched GPU over one interval, and the hold-back actually in force."""
+
+    utilization_ratio: float | None = None
+    power_watts: float | None = None
+    duty: float = 0.0
+
+
+@dataclass(frozen=True)
+class GpuDecision:
+    duty: float
+    throttling: bool
+    budget_exhausted: bool
+    # "utilization", "power" or None: the target that set the duty.
+    binding: str | None
+
+
+class GpuController:
+    def __init__(self, utilization_target_ratio: float | None = None,
+                 power_target_watts: float | None = None, max_duty: float = 0.2,
+                 margin: float = DEFAULT_MARGIN, release: float = DEFAULT_RELEASE,
+                 hold: int = DEFAULT_HOLD_INTERVALS) -> None:
+        for name, value in (("utilization target", utilization_target_ratio),
+                            ("power target", power_target_watts)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if not 0 <= max_duty < 1 or not 0 <= margin < 0.5 or not 0 < release <= 1:
+            raise ValueError("max_duty must be in [0, 1), margin in [0, 0.5), release in (0, 1]")
+        self.targets = {"utilization": utilization_target_ratio, "power": power_target_watts}
+        self.margin = margin
+        self.max_duty = max_duty
+        self.release = release
+        self.hold = hold
+        self.duty = 0.0
+        self._quiet_intervals = 0
+
+    @property
+    def active(self) -> bool:
+        return any(t is not None for t in self.targets.values())
+
+    def update(self, obs: GpuObservation) -> GpuDecision:
+        measured = {"utilization": obs.utilization_ratio, "power": obs.power_watts}
+        in_force = min(0.99, max(0.0, obs.duty))
+        wanted, binding, hold, over_target = 0.0, None, False, False
+        for name, target in self.targets.items():
+            m = measured[name]
+            if target is None or m is None or m <= 0:
+                continue
+            setpoint = target * (1.0 - self.margin)
+            want = 1.0 - (1.0 - in_force) * setpoint / m
+            if want > wanted:
+                wanted, binding = want, name
+            hold = hold or m >= setpoint * (1.0 - HOLD_BAND)
+            over_target = over_target or m > target
+        self._quiet_intervals = 0 if hold else self._quiet_intervals + 1
+        if wanted > self.duty:
+            self.duty = wanted
+        elif self._quiet_intervals > self.hold:
+            self.duty = max(wanted, self.duty - self.release)
+        budget_exhausted = self.duty > self.max_duty and over_target
+        self.duty = min(self.max_duty, max(0.0, self.duty))
+        return GpuDecision(self.duty, self.duty > 0.0, budget_exhausted,
+                           binding if self.duty > 0.0 else None)

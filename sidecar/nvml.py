@@ -1,0 +1,121 @@
+"""The NVML backend: a thin adapter from pynvml (nvidia-ml-py) to GpuBackend.
+
+Only unit conversion and error translation live here; there is no logic to test
+beyond that, which is why the fake backend can stand in for it everywhere else.
+NVML units: power in milliwatts, clocks in MHz, memory in bytes, utilization in percent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .gpu import GpuBackend, GpuError, GpuReading
+
+T = TypeVar("T")
+
+
+def _translate(fn: Callable[..., T]) -> Callable[..., T]:
+    """Turn every pynvml error into GpuError, marking the ones that will not heal."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            pynvml = sys.modules.get("pynvml")
+            if pynvml is None or not isinstance(e, pynvml.NVMLError):
+                raise
+            lost = isinstance(e, (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_LibraryNotFound,
+                                  pynvml.NVMLError_Uninitialized))
+            raise GpuError(f"NVML: {e}", lost=lost) from None
+
+    return wrapper
+
+
+class NvmlBackend(GpuBackend):
+    kind = "nvml"
+
+    @_translate
+    def __init__(self) -> None:
+        try:
+            import pynvml
+        except ImportError:
+            raise GpuError("the nvidia-ml-py package is not installed", lost=True) from None
+        self._nvml = pynvml
+        pynvml.nvmlInit()  # NVMLError_LibraryNotFound without a driver
+        self._open = True
+        self.device_count = pynvml.nvmlDeviceGetCount()
+        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.device_count)]
+
+    @_translate
+    def read(self) -> list[GpuReading]:
+        return [self._read_one(i, h) for i, h in enumerate(self._handles)]
+
+    def _read_one(self, index: int, h: Any) -> GpuReading:
+        n = self._nvml
+        util = n.nvmlDeviceGetUtilizationRates(h)
+        mem = n.nvmlDeviceGetMemoryInfo(h)
+        return GpuReading(
+            index=index, uuid=n.nvmlDeviceGetUUID(h), name=n.nvmlDeviceGetName(h),
+            utilization_ratio=util.gpu / 100.0,
+            memory_used_bytes=int(mem.used), memory_total_bytes=int(mem.total),
+            power_watts=self._optional(lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            power_limit_watts=self._optional(
+                lambda: n.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0),
+            temperature_celsius=self._optional(
+                lambda: float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))),
+            sm_clock_hertz=self._optional(
+                lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM) * 1e6),
+            throttle_reasons=self._reasons(h),
+            process_memory_bytes=self._processes(h),
+        )
+
+    def _optional(self, read: Callable[[], T]) -> T | None:
+        # Consumer boards lack some counters (NVML_ERROR_NOT_SUPPORTED): drop the series.
+        try:
+            return read()
+        except self._nvml.NVMLError_NotSupported:
+            return None
+
+    def _reasons(self, h: Any) -> frozenset[str]:
+        n = self._nvml
+        try:
+            mask = n.nvmlDeviceGetCurrentClocksEventReasons(h)
+        except n.NVMLError_NotSupported:
+            return frozenset()
+        bits = {"gpu_idle": n.nvmlClocksEventReasonGpuIdle,
+                "sw_power_cap": n.nvmlClocksEventReasonSwPowerCap,
+                "hw_slowdown": n.nvmlClocksEventReasonHwSlowdown,
+                "sw_thermal": n.nvmlClocksEventReasonSwThermalSlowdown,
+                "hw_thermal": n.nvmlClocksEventReasonHwThermalSlowdown,
+                "hw_power_brake": n.nvmlClocksEventReasonHwPowerBrakeSlowdown}
+        return frozenset(name for name, bit in bits.items() if mask & bit)
+
+    def _processes(self, h: Any) -> dict[int, int]:
+        n = self._nvml
+        try:
+            procs = n.nvmlDeviceGetComputeRunningProcesses(h)
+        except (n.NVMLError_NotSupported, n.NVMLError_NoPermission):
+            return {}
+        # usedGpuMemory is None when the driver cannot attribute memory (e.g. under MIG).
+        return {int(p.pid): int(p.usedGpuMemory) for p in procs if p.usedGpuMemory is not None}
+
+    @_translate
+    def power_limit_range_watts(self, index: int) -> tuple[float, float] | None:
+        low, high = self._nvml.nvmlDeviceGetPowerManagementLimitConstraints(self._handles[index])
+        return low / 1000.0, high / 1000.0
+
+    @_translate
+    def set_power_limit_watts(self, index: int, watts: float) -> None:
+        # Needs root on the node or CAP_SYS_ADMIN: opt-in, see docs/sidecar.md.
+        self._nvml.nvmlDeviceSetPowerManagementLimit(self._handles[index], int(watts * 1000))
+
+    def close(self) -> None:
+        if getattr(self, "_open", False):
+            self._open = False
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlShutdown()

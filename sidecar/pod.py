@@ -1,0 +1,114 @@
+"""`throttledjob sidecar`: the agent inside a ThrottledJob pod.
+
+The workload is every process of the pod's shared process namespace but the sidecar's
+own and pid 1 ('pause'); `--root-pid` narrows it to one process tree (tests, or a pod
+without a shared namespace where the workload is known by other means). The policy is
+a projected ConfigMap, reloaded live. Whatever the exit, nothing is left stopped: on
+start it resumes a workload a dead predecessor left stopped, on exit it resumes all.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+from .agent import Agent
+from .enforcer import SignalEnforcer
+from .exporter import Exporter, log_to_stderr
+from .gpu import open_backend
+from .gpu_agent import GpuAgent
+from .policy import Policy
+from .policy_watch import PolicyWatcher
+from .processes import ProcessTree, resume
+
+log = logging.getLogger("throttledjob.sidecar")
+
+
+def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: int = 9400,
+                gpu_backend: str = "auto", gpu_power_limit: bool = False,
+                root_pid: int | None = None, stop: threading.Event | None = None) -> int:
+    log_to_stderr()
+    stop = stop or threading.Event()
+    watcher = PolicyWatcher(policy_path)
+    policy = watcher.poll() or Policy()
+    if watcher.error:  # no valid policy yet: measure and export, throttle nothing
+        log.warning("throttledjob: policy: %s", watcher.error)
+    tree = ProcessTree(root_pid=root_pid)
+    resume(tree.pids())  # a predecessor killed mid-pause leaves the workload stopped
+    backend, note = open_backend(gpu_backend)
+    log.info("throttledjob: %s", note)
+    gpu = GpuAgent(backend, policy, power_limit_lever=gpu_power_limit, note=note)
+    agent = Agent(policy, tree, shared_dir, _enforcer(tree, policy), gpu=gpu)
+    exporter = Exporter(host, port).attach(agent, _cpu_telemetry(tree, root_pid))
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        exporter.start()
+        log.info("throttledjob: sidecar serving http://%s:%d/metrics", host, exporter.port)
+        agent.start()
+        if agent.enforcer:
+            agent.enforcer.start()
+        _loop(agent, watcher, exporter, stop, root_pid)
+    finally:
+        agent.close()  # resumes what the enforcer stopped, restores GPU power limits
+        resume(tree.pids())
+        exporter.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _loop(agent: Agent, watcher: PolicyWatcher, exporter: Exporter, stop: threading.Event,
+          root_pid: int | None) -> None:
+    next_cycle = time.monotonic()
+    failures = 0
+    while True:
+        next_cycle += agent.policy.interval_seconds
+        if stop.wait(max(0.0, next_cycle - time.monotonic())):
+            return
+        new = watcher.poll()
+        if new is not None:
+            _apply_policy(agent, new)
+            exporter.server.interval_seconds = new.interval_seconds
+            log.info("throttledjob: policy reloaded from %s", watcher.path)
+        exporter.health.policy_reloads = dict(watcher.reloads)
+        exporter.report("policy", watcher.error)
+        exporter.report("processes", None if agent.tree.pids() else
+                         "no workload process visible: is shareProcessNamespace on?")
+        exporter.health.cpu_telemetry = _cpu_telemetry(agent.tree, root_pid)
+        try:
+            agent.cycle()
+            failures = 0
+        except Exception as e:  # a bug must not leave the workload stopped or kill the pod
+            failures += 1
+            if agent.enforcer:
+                agent.enforcer.set(None, 0.0)
+            resume(agent.tree.pids())
+            exporter.report("processes", f"control cycle failed: {e!r}")
+            if failures == 1:
+                log.exception("throttledjob: control cycle failed; workload released")
+
+
+def _apply_policy(agent: Agent, policy: Policy) -> None:
+    if policy.enforcement in ("signals", "both") and agent.enforcer is None:
+        agent.enforcer = _enforcer(agent.tree, policy)
+        assert agent.enforcer is not None
+        agent.enforcer.start()
+    agent.set_policy(policy)
+
+
+def _enforcer(tree: ProcessTree, policy: Policy) -> SignalEnforcer | None:
+    # Scanning every process 50 times a second costs CPU: only when signals may be used.
+    return SignalEnforcer(tree) if policy.enforcement in ("signals", "both") else None
+
+
+def _cpu_telemetry(tree: ProcessTree, root_pid: int | None) -> str:
+    n = len(tree.pids())
+    if root_pid is not None:
+        return f"psutil: process tree of pid {root_pid} ({n} processes)"
+    if n == 0:
+        return ("psutil: no workload process visible (no shared process namespace?); "
+                "progress files only")
+    return f"psutil: shared process namespace ({n} processes)"
