@@ -71,6 +71,27 @@ def build_parser() -> argparse.ArgumentParser:
                            "namespace")
     _add_sidecar_flags(side, metrics_port=9400)
     side.set_defaults(func=_sidecar)
+    op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)",
+                        description="Watch ThrottledJobs and run each as a Job with the "
+                                    "throttle sidecar. Finds the cluster as kubectl does.")
+    scope = op.add_mutually_exclusive_group()
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch ThrottledJobs in all namespaces")
+    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                       help="watch this namespace (repeatable; globs like team-* work)")
+    op.add_argument("--standalone", action="store_true",
+                    help="no peering (one replica); default: peer if kopf's peering CRDs exist")
+    op.add_argument("--peering", metavar="NAME", help="kopf peering object name")
+    op.add_argument("--priority", type=int, help="peering priority of this replica")
+    op.add_argument("--liveness", metavar="URL",
+                    help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    op.add_argument("--sidecar-image", metavar="IMAGE",
+                    help="image of the injected sidecar (env THROTTLEDJOB_SIDECAR_IMAGE)")
+    op.add_argument("--status-interval", type=float, metavar="SECONDS",
+                    help="how often to read the sidecars' /status (default 10)")
+    op.add_argument("-v", "--verbose", action="store_true", help="log more")
+    op.add_argument("--debug", action="store_true", help="log everything")
+    op.set_defaults(func=_operator)
     return parser
 
 
@@ -150,6 +171,17 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except PermissionError:
         sys.stderr.write(f"{prog}: error: permission denied: {cmd[0]}\n")
         return 126
+
+
+def _operator(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        import kopf  # noqa: F401
+    except ImportError as e:
+        return _fail("throttledjob operator", f"needs the operator extra ({e.name} is "
+                                              "missing): pip install 'throttledjob[operator]'")
+    from throttledjob.operator.main import run_operator
+
+    return run_operator(args)
 
 
 def _gpu_agent(prog: str, args: argparse.Namespace, policy):

@@ -1,0 +1,129 @@
+"""The few Kubernetes API calls the operator makes besides kopf's own, as plain JSON.
+
+The official client finds the cluster as kubectl does (in-cluster service account, else
+KUBECONFIG / ~/.kube/config) and signs the requests; the bodies stay plain dicts so that
+what the builders return is exactly what is sent, with no model round trip.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from .crd import GROUP, PLURAL, VERSION
+
+MERGE_PATCH = "application/merge-patch+json"
+# A read-modify-write of the status retries this often when someone else wrote first.
+STATUS_WRITE_ATTEMPTS = 8
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+def load_client() -> Any:
+    """An ApiClient configured as kubectl would be (kopf logs in the same way)."""
+    import kubernetes
+
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+class Kube:
+    """JSON in, JSON out; one shared ApiClient (its connection pool is thread-safe)."""
+
+    def __init__(self, api_client: Any, timeout_seconds: float = 10.0) -> None:
+        self.api = api_client
+        self.timeout_seconds = timeout_seconds
+
+    def request(self, method: str, path: str, body: Any = None,
+                query: Mapping[str, str] | None = None,
+                content_type: str = "application/json") -> dict[str, Any]:
+        if query:
+            path = f"{path}?{urlencode(query)}"
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        method_, url, headers, body_, _ = self.api.param_serialize(
+            method=method, resource_path=path, header_params=headers, body=body,
+            auth_settings=["BearerToken"])
+        resp = self.api.call_api(method_, url, header_params=headers, body=body_,
+                                 _request_timeout=self.timeout_seconds)
+        data = resp.read()
+        if resp.status >= 400:
+            try:
+                message = json.loads(data).get("message", "")
+            except ValueError:
+                message = data[:200].decode(errors="replace")
+            raise ApiError(resp.status, message)
+        return json.loads(data) if data else {}
+
+    # --- paths ---------------------------------------------------------------------------
+
+    @staticmethod
+    def tj_path(namespace: str, name: str) -> str:
+        return (f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}/"
+                f"{quote(name)}")
+
+    # --- calls ---------------------------------------------------------------------------
+
+    def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create `obj`; None when an object of that name already exists (409)."""
+        try:
+            return self.request("POST", path, obj)
+        except ApiError as e:
+            if e.status == 409:
+                return None
+            raise
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", path)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        return self.request("PATCH", path, patch, content_type=MERGE_PATCH)
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        doc = self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods",
+                           query={"labelSelector": selector})
+        return list(doc.get("items") or [])
+
+    def update_status(self, namespace: str, name: str,
+                      mutate: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]],
+                      ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+        """Read-modify-write of a ThrottledJob's status, guarded by resourceVersion.
+
+        Several writers (the create handler, the Job watcher, the sidecar timer) own
+        different conditions of one list, and a merge patch replaces a list whole: the
+        resourceVersion precondition turns a lost update into a 409 and a retry.
+        Returns (object, old status, new status), or None when the object is gone."""
+        path = self.tj_path(namespace, name)
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            tj = self.get(path)
+            if tj is None:
+                return None
+            old = dict(tj.get("status") or {})
+            new = mutate(dict(old), tj)
+            if new == old:
+                return tj, old, new
+            # Keys the new status drops must be nulled: a merge patch only adds.
+            status = {**{k: None for k in old if k not in new}, **new}
+            try:
+                self.merge_patch(f"{path}/status", {
+                    "metadata": {"resourceVersion": tj["metadata"].get("resourceVersion")},
+                    "status": status})
+            except ApiError as e:
+                if e.status == 409:
+                    continue
+                raise
+            return tj, old, new
+        raise ApiError(409, f"status of {namespace}/{name} kept changing under us")
