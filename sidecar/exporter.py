@@ -52,13 +52,14 @@ class Exporter:
         h.cycles += 1
         h.last_cycle_duration = agent.last_cycle_seconds
         self.report("settings", agent.status.error)
-        self.report("gpu", agent.gpu.error if agent.gpu else None)
+        # The GPU agent logs its own line (it also runs without an exporter).
+        self.report("gpu", agent.gpu.error if agent.gpu else None, log_it=False)
         self.report("progress", progress_problem(agent.settings_dir))
         self.holder.publish(agent, h)
 
-    def report(self, kind: str, message: str | None) -> None:
+    def report(self, kind: str, message: str | None, log_it: bool = True) -> None:
         """Record a problem; log one line when it appears or changes, not every cycle."""
-        if message and self.health.problems.get(kind) != message:
+        if log_it and message and self.health.problems.get(kind) != message:
             log.warning("throttledjob: %s: %s", kind, message)
         self.health.problem(kind, message)
 

@@ -1,0 +1,118 @@
+"""Fixtures for the sidecar: real processes, a real `throttledjob sidecar`, HTTP helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+VENV_BIN = Path(sys.executable).parent
+HUNGRY = [sys.executable, str(ROOT / "examples" / "cpu_hungry.py")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """(status, body) of a GET; (0, error) when nothing answers yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
+
+
+def get_json(url: str) -> dict | None:
+    code, body = get(url)
+    return json.loads(body) if code == 200 else None
+
+
+@dataclass
+class Sidecar:
+    proc: subprocess.Popen
+    url: str
+    policy: Path
+    shared: Path
+
+    def status(self) -> dict | None:
+        return get_json(self.url + "/status")
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def workload() -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start examples/cpu_hungry.py (in its own process group); always cleaned up."""
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str, env: dict | None = None) -> subprocess.Popen:
+        p = subprocess.Popen([*HUNGRY, *args], start_new_session=True,
+                             env={**os.environ, **(env or {})})
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        # The whole group: multiprocessing workers outlive a terminated parent.
+        with contextlib.suppress(OSError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+
+
+@pytest.fixture
+def sidecar(tmp_path) -> Iterator[Callable[..., Sidecar]]:
+    """Start a real `throttledjob sidecar` watching one process tree; always stopped."""
+    started: list[subprocess.Popen] = []
+
+    def start(policy: str | Path, root_pid: int | None, *extra: str, env: dict | None = None,
+              shared: Path | None = None, prefix: list[str] | None = None) -> Sidecar:
+        """`policy` is YAML text, or the path of a policy file the test manages."""
+        if isinstance(policy, Path):
+            policy_file = policy
+        else:
+            policy_file = tmp_path / "policy.yaml"
+            policy_file.write_text(policy)
+        shared_dir = shared or tmp_path / "shared"
+        shared_dir.mkdir(exist_ok=True)
+        port = free_port()
+        cmd = [*(prefix or []), str(VENV_BIN / "throttledjob"), "sidecar",
+               "--policy", str(policy_file), "--shared-dir", str(shared_dir),
+               "--host", "127.0.0.1", "--port", str(port), *extra]
+        if root_pid is not None:
+            cmd += ["--root-pid", str(root_pid)]
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **(env or {})})
+        started.append(proc)
+        return Sidecar(proc, f"http://127.0.0.1:{port}", policy_file, shared_dir)
+
+    yield start
+    for p in started:
+        _stop(p)

@@ -1,0 +1,170 @@
+"""GPU backends: the factory, the simulator's physics, the thin NVML adapter, degradation."""
+
+from __future__ import annotations
+
+import types
+
+import pynvml
+import pytest
+
+from throttledjob.sidecar.fakegpu import FakeGpuBackend
+from throttledjob.sidecar.gpu import GpuError, GpuReading, NullGpuBackend, open_backend, select_gpus
+from throttledjob.sidecar.gpu_agent import GpuAgent
+from throttledjob.sidecar.nvml import NvmlBackend
+from throttledjob.sidecar.policy import Policy
+
+
+def test_auto_without_nvml_library_runs_cpu_only_and_says_why():
+    # This machine has no NVIDIA driver: nvmlInit raises NVMLError_LibraryNotFound.
+    backend, note = open_backend("auto", {})
+    assert isinstance(backend, NullGpuBackend)
+    assert "CPU-only" in note and "NVML" in note
+
+
+def test_explicit_nvml_without_library_is_an_error():
+    with pytest.raises(GpuError) as e:
+        open_backend("nvml", {})
+    assert e.value.lost
+
+
+def test_fake_backend_from_environment():
+    backend, note = open_backend("fake", {"THROTTLEDJOB_FAKE_GPUS": "8",
+                                          "THROTTLEDJOB_FAKE_GPU_TRACE": "steady"})
+    readings = backend.read()
+    assert len(readings) == 8 and backend.simulated
+    assert "8 fake GPU(s)" in note
+    assert len({r.uuid for r in readings}) == 8
+
+
+@pytest.mark.parametrize("env", [{"THROTTLEDJOB_FAKE_GPUS": "0"},
+                                 {"THROTTLEDJOB_FAKE_GPUS": "x"},
+                                 {"THROTTLEDJOB_FAKE_GPU_TRACE": "nope"}])
+def test_bad_fake_settings_are_refused(env):
+    with pytest.raises(GpuError):
+        open_backend("fake", env)
+
+
+def test_simulated_gpu_responds_to_hold_back_and_power_limit():
+    gpu = FakeGpuBackend(1, "steady")
+    free = gpu.read()[0]
+    gpu.observe_pause(0.5)
+    held = gpu.read()[0]
+    assert held.utilization_ratio == pytest.approx(free.utilization_ratio / 2)
+    assert held.power_watts < free.power_watts
+    gpu.observe_pause(0.0)
+    gpu.set_power_limit_watts(0, 150.0)
+    capped = gpu.read()[0]
+    # Like a real board: power clipped, clocks down, utilization unchanged, reason raised.
+    assert capped.power_watts == 150.0
+    assert capped.sm_clock_hertz < free.sm_clock_hertz
+    assert capped.utilization_ratio == free.utilization_ratio
+    assert "sw_power_cap" in capped.throttle_reasons
+
+
+def test_select_gpus_by_index_or_uuid():
+    readings = FakeGpuBackend(4, "steady").read()
+    assert [r.index for r in select_gpus(readings, [])] == [0, 1, 2, 3]
+    assert [r.index for r in select_gpus(readings, ["1", "3"])] == [1, 3]
+    assert [r.index for r in select_gpus(readings, [readings[2].uuid])] == [2]
+    assert select_gpus(readings, ["7"]) == []  # never widens to every GPU on the node
+
+
+def test_gpu_falling_off_the_bus_degrades_to_cpu_only(caplog):
+    agent = GpuAgent(FakeGpuBackend(2, "steady", fail_after=3),
+                     Policy(gpu_peak_utilization_percent=70, max_slowdown=2.0))
+    for _ in range(3):
+        assert agent.cycle(1.0, 0.0, []) is not None
+    assert agent.readings
+    with caplog.at_level("WARNING", logger="throttledjob.sidecar"):
+        for _ in range(5):
+            assert agent.cycle(1.0, 0.0, []) is None
+    assert agent.readings == [] and agent.error_lost
+    assert "CPU-only" in agent.error
+    assert agent.telemetry == "fake (simulated)"
+    assert len([r for r in caplog.records if "CPU-only" in r.getMessage()]) == 1  # said once
+
+
+def test_power_limit_lever_is_applied_and_restored():
+    gpu = FakeGpuBackend(2, "steady")
+    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=200), power_limit_lever=True)
+    agent.cycle(1.0, 0.0, [])
+    assert gpu.limits == [200.0, 200.0]
+    agent.set_policy(Policy(gpu_peak_power_watts=50))  # below the board's minimum: clamped
+    assert gpu.limits == [100.0, 100.0]
+    agent.close()
+    assert gpu.limits == [300.0, 300.0]
+
+
+def test_power_limit_lever_is_off_by_default():
+    gpu = FakeGpuBackend(1, "steady")
+    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=200))
+    agent.cycle(1.0, 0.0, [])
+    agent.close()
+    assert gpu.limit_calls == []
+
+
+class _FakeNvml(types.SimpleNamespace):
+    """The few pynvml calls the adapter makes, with NVML's own units (mW, MHz, percent)."""
+
+
+def _patch_nvml(monkeypatch, fail_power: Exception | None = None):
+    handle = object()
+    calls = []
+
+    def power(h):
+        if fail_power:
+            raise fail_power
+        return 250_500  # mW
+
+    fns = {
+        "nvmlInit": lambda: None, "nvmlShutdown": lambda: calls.append("shutdown"),
+        "nvmlDeviceGetCount": lambda: 1,
+        "nvmlDeviceGetHandleByIndex": lambda i: handle,
+        "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=87, memory=40),
+        "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(used=2**30, total=2**34),
+        "nvmlDeviceGetUUID": lambda h: "GPU-1234", "nvmlDeviceGetName": lambda h: "A100",
+        "nvmlDeviceGetPowerUsage": power,
+        "nvmlDeviceGetEnforcedPowerLimit": lambda h: 300_000,
+        "nvmlDeviceGetTemperature": lambda h, kind: 65,
+        "nvmlDeviceGetClockInfo": lambda h, kind: 1410,
+        "nvmlDeviceGetCurrentClocksEventReasons":
+            lambda h: pynvml.nvmlClocksEventReasonSwPowerCap,
+        "nvmlDeviceGetComputeRunningProcesses":
+            lambda h: [types.SimpleNamespace(pid=42, usedGpuMemory=2**20),
+                       types.SimpleNamespace(pid=43, usedGpuMemory=None)],
+        "nvmlDeviceGetPowerManagementLimitConstraints": lambda h: (100_000, 400_000),
+        "nvmlDeviceSetPowerManagementLimit": lambda h, mw: calls.append(("limit", mw)),
+    }
+    for name, fn in fns.items():
+        monkeypatch.setattr(pynvml, name, fn)
+    return calls
+
+
+def test_nvml_adapter_converts_to_base_units(monkeypatch):
+    calls = _patch_nvml(monkeypatch)
+    backend = NvmlBackend()
+    (r,) = backend.read()
+    assert r == GpuReading(index=0, uuid="GPU-1234", name="A100", utilization_ratio=0.87,
+                           memory_used_bytes=2**30, memory_total_bytes=2**34,
+                           power_watts=250.5, power_limit_watts=300.0,
+                           temperature_celsius=65.0, sm_clock_hertz=1.41e9,
+                           throttle_reasons=frozenset({"sw_power_cap"}),
+                           process_memory_bytes={42: 2**20})
+    assert backend.power_limit_range_watts(0) == (100.0, 400.0)
+    backend.set_power_limit_watts(0, 200.0)
+    backend.close()
+    backend.close()
+    assert calls == [("limit", 200_000), "shutdown"]
+
+
+def test_nvml_adapter_drops_unsupported_counters(monkeypatch):
+    _patch_nvml(monkeypatch, fail_power=pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
+    (r,) = NvmlBackend().read()
+    assert r.power_watts is None and r.utilization_ratio == 0.87
+
+
+def test_nvml_adapter_translates_a_lost_gpu(monkeypatch):
+    _patch_nvml(monkeypatch, fail_power=pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST))
+    with pytest.raises(GpuError) as e:
+        NvmlBackend().read()
+    assert e.value.lost and "NVML" in str(e.value)
