@@ -129,6 +129,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not cmd:
         return _fail(prog, "missing command: throttledjob run [options] -- CMD [ARGS...]")
     try:
+        from throttledjob.sidecar.exporter import ExporterError
+        from throttledjob.sidecar.local import run_local
         from throttledjob.sidecar.policy import (
             Policy,
             PolicyError,
@@ -155,9 +157,6 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return gpu
     if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
         return _fail(prog, f"--report: directory of {args.report} does not exist")
-    from throttledjob.sidecar.exporter import ExporterError
-    from throttledjob.sidecar.local import run_local
-
     try:
         return run_local(cmd, policy, report_path=args.report,
                          status_stream=None if args.quiet else sys.stderr, gpu=gpu,

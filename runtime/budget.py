@@ -39,8 +39,10 @@ class CpuBudget:
 
     def pause_for(self, cpu_seconds: float, now: float) -> float:
         """Seconds to pause now, given cumulative CPU seconds used and the wall clock."""
-        if self._last_cpu is None or self._start_wall is None:
-            self._last_cpu, self._last_wall, self._start_wall = cpu_seconds, now, now
+        if self._last_cpu is None:
+            self._last_cpu, self._last_wall = cpu_seconds, now
+            if self._start_wall is None:
+                self._start_wall = now
             self._tokens = self._capacity()
             return 0.0
         used = max(0.0, cpu_seconds - self._last_cpu)
@@ -59,9 +61,14 @@ class CpuBudget:
         # sample, nor may a capped pause pile up a backlog.
         self._tokens = max(self._tokens, -self.rate_cores * MAX_DEBT_SECONDS)
         wanted = -self._tokens / self.rate_cores
-        allowed = self.max_pause_fraction * (now - self._start_wall) - self.paused_seconds
+        start = now if self._start_wall is None else self._start_wall
+        allowed = self.max_pause_fraction * (now - start) - self.paused_seconds
         self.pause_capped = wanted > allowed
         return max(0.0, min(wanted, allowed))
+
+    def forget_baseline(self) -> None:
+        """The next reading starts a new baseline (CPU used meanwhile is not charged)."""
+        self._last_cpu = None
 
     def record_pause(self, seconds: float) -> None:
         """Account for time actually spent paused (it may differ from what was asked)."""

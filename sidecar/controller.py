@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # The quota aims this far under the target so that the 99th percentile, not only the
 # mean, of 1-second samples stays at or under it.
-DEFAULT_MARGIN = 0.03
+DEFAULT_MARGIN = 0.02
 # Pausing less than this fraction of an interval counts as "not throttling".
 BINDING_PAUSE_FRACTION = 0.01
 MAX_STEP = 0.1

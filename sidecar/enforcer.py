@@ -66,6 +66,14 @@ class SignalEnforcer:
                     self.tree.refresh()
                     next_refresh = now + self.refresh_every
                 with self._lock:
+                    armed = bool(self.budget.rate_cores)
+                    if not armed:
+                        # Disarmed: read nothing, and start afresh when armed again.
+                        self.budget.forget_baseline()
+                if not armed:
+                    self._quit.wait(self.refresh_every)
+                    continue
+                with self._lock:
                     pause = self.budget.pause_for(self.tree.cpu_seconds(), now)
                 if pause > 0.0:
                     pause = min(pause, self.tick * 5)

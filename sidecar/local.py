@@ -7,6 +7,7 @@ import ctypes
 import json
 import os
 import resource
+import select
 import shutil
 import signal
 import subprocess
@@ -37,9 +38,11 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
     With `metrics_address` (host, port) it serves /metrics and /status as the pod sidecar
     does; the port is bound before the command starts, so a taken port fails fast.
     """
-    from .exporter import Exporter
+    exporter = None
+    if metrics_address:
+        from .exporter import Exporter  # prometheus_client only when asked for
 
-    exporter = Exporter(*metrics_address) if metrics_address else None
+        exporter = Exporter(*metrics_address)
     settings_dir = tempfile.mkdtemp(prefix="throttledjob-")
     env = {**os.environ, **(extra_env or {}), ENV_DIR: settings_dir}
     started = time.monotonic()
@@ -60,7 +63,10 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         if enforcer:
             enforcer.start()
         previous_handlers = _forward_signals(proc, tree)
+        loop_started, loop_cpu_started = time.monotonic(), _own_cpu_seconds()
         exit_code = _loop(proc, agent, policy, status_stream)
+        loop_wall = time.monotonic() - loop_started
+        loop_cpu = _own_cpu_seconds() - loop_cpu_started
     finally:
         if agent:
             agent.close()
@@ -73,6 +79,8 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         shutil.rmtree(settings_dir, ignore_errors=True)
     wall = time.monotonic() - started
     report = build_report(agent, policy, wall, exit_code)
+    # The control loop's own cost in steady state, apart from start-up (imports, spawn).
+    report["controller"]["loop_cpu_percent"] = round(100 * loop_cpu / max(1e-9, loop_wall), 3)
     if status_stream is not None:
         status_stream.write("\n" if _is_tty(status_stream) else "")
     if report_path:
@@ -87,12 +95,11 @@ def _loop(proc: subprocess.Popen, agent: Agent, policy: Policy,
     tty = status_stream is not None and _is_tty(status_stream)
     next_cycle = time.monotonic() + policy.interval_seconds
     failed = False
+    wait = _exit_waiter(proc)
     while True:
-        try:
-            code = proc.wait(timeout=max(0.0, next_cycle - time.monotonic()))
+        code = wait(max(0.0, next_cycle - time.monotonic()))
+        if code is not None:
             break
-        except subprocess.TimeoutExpired:
-            pass
         next_cycle += policy.interval_seconds
         if failed:
             continue
@@ -109,6 +116,32 @@ def _loop(proc: subprocess.Popen, agent: Agent, policy: Policy,
     if not failed:
         agent.cycle()  # the last partial interval, for the statistics
     return 128 - code if code < 0 else code
+
+
+def _exit_waiter(proc: subprocess.Popen):
+    """A function waiting up to `timeout` seconds for `proc` to exit (its code, or None).
+
+    Popen.wait(timeout) polls with growing sleeps, dozens of wake-ups a second; a pidfd
+    lets the kernel wake us exactly when the command exits.
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        pidfd = None
+
+    def wait(timeout: float) -> int | None:
+        if pidfd is None:
+            try:
+                return proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return None
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+        if not ready:
+            return None
+        os.close(pidfd)
+        return proc.wait()
+
+    return wait
 
 
 def status_line(status: CycleStatus, agent: Agent, policy: Policy) -> str:
@@ -151,7 +184,7 @@ def build_report(agent: Agent | None, policy: Policy, wall: float, exit_code: in
             "budget_exhausted_seconds": round(agent.budget_exhausted_seconds, 3) if agent else 0,
             "final_quota_cores": round(agent.controller.quota, 3)
             if agent and agent.controller else None,
-            # This tool's own CPU (sampling, control, signals), not the command's.
+            # This tool's own CPU (start-up, sampling, control, signals), not the command's.
             "own_cpu_seconds": round(_own_cpu_seconds(), 3),
         },
         **({"gpu": agent.gpu.report()} if agent and agent.gpu else {}),

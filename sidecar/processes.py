@@ -78,11 +78,14 @@ class ProcessTree:
         with self._lock:
             members = list(self._members.values())
         for p in members:
-            try:
-                t = p.cpu_times()
-            except psutil.Error:
-                continue
-            total += t.user + t.system + t.children_user + t.children_system
+            seconds = _proc_stat_cpu_seconds(p.pid) if _HAVE_PROC_STAT else None
+            if seconds is None:
+                try:
+                    t = p.cpu_times()
+                except psutil.Error:
+                    continue
+                seconds = t.user + t.system + t.children_user + t.children_system
+            total += seconds
         return total
 
     def signal(self, sig: int, pids: list[int] | None = None) -> list[int]:
@@ -125,6 +128,27 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def _proc_stat_cpu_seconds(pid: int) -> float | None:
+    """utime + stime + cutime + cstime from /proc/PID/stat, the fields psutil reads too.
+
+    The signal enforcer reads this 50 times a second; a direct read costs a third of
+    psutil's. None when the process is gone.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces or parentheses: split after the last ')'.
+    fields = data[data.rfind(b")") + 2:].split()
+    try:
+        return sum(int(v) for v in fields[11:15]) / _CLOCK_TICKS
+    except (ValueError, IndexError):
+        return None
+
+
+_HAVE_PROC_STAT = os.path.exists("/proc/self/stat")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _HAVE_CHILDREN_FILES = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
