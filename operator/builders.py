@@ -187,6 +187,10 @@ def validate(body: Mapping[str, Any]) -> dict[str, Any]:
             if p.get("containerPort") == METRICS_PORT:
                 raise SpecError("PortClash", f"container {cname} uses port {METRICS_PORT}, "
                                              "the sidecar's metrics port")
+    if pod.get("shareProcessNamespace") is False:
+        raise SpecError("ProcessNamespaceRequired", "shareProcessNamespace: false hides the "
+                                                    "workload from the sidecar, which measures "
+                                                    "it; remove the field")
     for v in pod.get("volumes") or []:
         if v.get("name") in (SHARED_VOLUME, POLICY_VOLUME):
             raise SpecError("VolumeClash", f"volume name {v.get('name')} is reserved for the "
@@ -308,16 +312,16 @@ def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
         "prometheus.io/path": "/metrics"})
     pod = pod_template["spec"]
     pod.setdefault("automountServiceAccountToken", False)
-    if uses_signals(policy_doc):
-        # SIGSTOP/SIGCONT of another container's processes needs their PIDs in view.
-        pod["shareProcessNamespace"] = True
+    # The sidecar measures the workload's CPU from /proc and, with Signals, SIGSTOPs and
+    # SIGCONTs it: both need the other containers' processes in view.
+    pod["shareProcessNamespace"] = True
     for c in pod["containers"]:
         c.setdefault("env", []).append({"name": ENV_DIR, "value": SHARED_DIR})
         c.setdefault("volumeMounts", []).append({"name": SHARED_VOLUME,
                                                  "mountPath": SHARED_DIR})
     # First init container: a native sidecar starts before the later init containers
     # and the workload, so the settings file exists when the workload starts.
-    uid = workload_uid(pod) if uses_signals(policy_doc) else None
+    uid = workload_uid(pod)
     pod["initContainers"] = [build_sidecar(settings, uid), *(pod.get("initContainers") or [])]
     pod.setdefault("volumes", []).extend([
         {"name": SHARED_VOLUME, "emptyDir": {"sizeLimit": settings.shared_dir_size_limit}},
@@ -447,11 +451,19 @@ def aggregate_observed(reports: list[Mapping[str, Any]], failures: list[str],
     """`status.observed` from the sidecars' /status documents: the worst pod counts."""
 
     def top(key: str) -> float | None:
-        values = [r["observed"][key] for r in reports
-                  if isinstance(r.get("observed", {}).get(key), (int, float))]
-        return float(max(values)) if values else None
+        # A sidecar is another program: skip what is not a finite number (NaN is valid
+        # to Python's json module but not to the API server, which would refuse the
+        # whole status patch).
+        values = []
+        for r in reports:
+            obs = r.get("observed")
+            v = obs.get(key) if isinstance(obs, dict) else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                values.append(float(v))
+        return max(values) if values else None
 
-    errors = [*failures, *(e for r in reports for e in r.get("errors") or [])]
+    errors = [*failures, *(e for r in reports if isinstance(r.get("errors"), list)
+                           for e in r["errors"])]
     return {
         "cpuPeakCores": top("cpuPeakCores"),
         "cpuMaxCores": top("cpuMaxCores"),

@@ -43,7 +43,12 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     # A watch that silently stalls (a proxy, a dead connection) is restarted.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    RUNTIME.kube = Kube(load_client())
+    try:
+        RUNTIME.kube = Kube(load_client())
+    except Exception as e:  # the client's ConfigException and file errors alike
+        # Retrying cannot conjure a kubeconfig: stop with the reason instead.
+        raise kopf.PermanentError(f"cannot find the cluster (in-cluster service account, "
+                                  f"KUBECONFIG or ~/.kube/config): {e}") from e
     RUNTIME.reader = RUNTIME.reader or HttpStatusReader(SETTINGS.status_timeout_seconds)
     logger.info("sidecar image %s, status every %gs", SETTINGS.sidecar_image,
                 SETTINGS.status_interval_seconds)

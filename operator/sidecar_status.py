@@ -36,6 +36,8 @@ class HttpStatusReader:
         try:
             with urllib.request.urlopen(url, timeout=self.timeout_seconds) as resp:
                 data = resp.read(MAX_STATUS_BYTES + 1)
+        except urllib.error.HTTPError as e:
+            raise StatusReadError(f"{url}: HTTP {e.code}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise StatusReadError(f"{url}: {getattr(e, 'reason', e)}") from None
         if len(data) > MAX_STATUS_BYTES:

@@ -1,0 +1,353 @@
+"""The pure builders: what the operator would send, validated against the official
+Kubernetes schemas (1.30 and the newest bundled), and the status logic."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+from throttledjob.operator import builders as b
+from throttledjob.operator import crd
+from throttledjob.runtime.client import ENV_DIR
+from throttledjob.sidecar.policy import parse_policy
+
+from .conftest import NAMESPACE, k8s_validate, make_tj
+
+SETTINGS = b.OperatorSettings()
+NOW = "2026-01-01T00:00:00Z"
+
+
+def owned(tj: dict[str, Any]) -> dict[str, Any]:
+    """The TJ as the API server returns it (uid, generation)."""
+    tj = copy.deepcopy(tj)
+    tj["metadata"].update(uid="0b3c8d1e-0000-4000-8000-000000000001", generation=1)
+    return tj
+
+
+def built(tj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(Job, ConfigMap) as the handler sends them: built, then kopf.adopt-ed."""
+    tj = owned(tj)
+    doc = b.validate(tj)
+    job, cm = b.build_job(tj, doc, SETTINGS), b.build_configmap(tj["metadata"]["name"], doc)
+    kopf.adopt([job, cm], owner=tj)
+    return job, cm
+
+
+def pod_of(job: dict[str, Any]) -> dict[str, Any]:
+    return job["spec"]["template"]["spec"]
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """The Pod Security "restricted" checks that a pod template can fail."""
+    out = []
+    psc = pod.get("securityContext") or {}
+    for c in [*pod.get("initContainers", []), *pod["containers"]]:
+        sc = {**{k: psc[k] for k in ("runAsNonRoot", "runAsUser", "seccompProfile")
+                 if k in psc}, **(c.get("securityContext") or {})}
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{c['name']}: allowPrivilegeEscalation")
+        if "ALL" not in (sc.get("capabilities") or {}).get("drop", []):
+            out.append(f"{c['name']}: capabilities not dropped")
+        if set((sc.get("capabilities") or {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{c['name']}: capabilities added")
+        if sc.get("runAsNonRoot") is not True or sc.get("runAsUser") == 0:
+            out.append(f"{c['name']}: may run as root")
+        if (sc.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{c['name']}: seccomp")
+        if sc.get("privileged"):
+            out.append(f"{c['name']}: privileged")
+    for key in ("hostPID", "hostIPC", "hostNetwork"):
+        if pod.get(key):
+            out.append(key)
+    return out
+
+
+def test_job_and_configmap_are_valid_kubernetes_objects() -> None:
+    job, cm = built(make_tj())
+    k8s_validate(job)
+    k8s_validate(cm)
+    assert job["metadata"]["namespace"] == cm["metadata"]["namespace"] == NAMESPACE
+    for obj in (job, cm):
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref["kind"] == crd.KIND and ref["controller"] is True
+        assert ref["uid"] == owned(make_tj())["metadata"]["uid"]
+
+
+def test_job_keeps_the_users_template_and_adds_the_sidecar() -> None:
+    tj = make_tj(initContainers=[{"name": "fetch", "image": "busybox"}],
+                 volumes=[{"name": "data", "emptyDir": {}}], nodeSelector={"gpu": "a100"})
+    tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0].update(
+        env=[{"name": "EPOCHS", "value": "3"}],
+        volumeMounts=[{"name": "data", "mountPath": "/data"}])
+    job, _ = built(tj)
+    pod = pod_of(job)
+    assert job["metadata"]["name"] == "train"
+    assert job["metadata"]["labels"]["team"] == "vision"  # the user's Job labels
+    assert job["spec"]["backoffLimit"] == 0
+    assert pod["nodeSelector"] == {"gpu": "a100"}
+    assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER, "fetch"]
+    (trainer,) = pod["containers"]
+    assert trainer["env"] == [{"name": "EPOCHS", "value": "3"},
+                              {"name": ENV_DIR, "value": b.SHARED_DIR}]
+    assert trainer["volumeMounts"] == [{"name": "data", "mountPath": "/data"},
+                                       {"name": crd.SHARED_VOLUME, "mountPath": b.SHARED_DIR}]
+    assert [v["name"] for v in pod["volumes"]] == ["data", crd.SHARED_VOLUME,
+                                                    crd.POLICY_VOLUME]
+    policy_volume = pod["volumes"][-1]["configMap"]
+    assert policy_volume["name"] == "train-throttle"
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert labels[b.LABEL_NAME] == "train"
+    assert job["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9400"
+    # The input is not mutated (kopf hands the same body to later handlers).
+    user_pod = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert user_pod["initContainers"] == [{"name": "fetch", "image": "busybox"}]
+    assert "env" not in user_pod["containers"][0] or len(user_pod["containers"][0]["env"]) == 1
+
+
+def test_sidecar_follows_the_contract() -> None:
+    job, _ = built(make_tj())
+    sidecar = pod_of(job)["initContainers"][0]
+    assert sidecar["image"] == "ghcr.io/throttledjob/throttledjob:0.1.0"
+    assert sidecar["args"] == ["sidecar", "--policy", "/etc/throttledjob/policy.yaml",
+                               "--shared-dir", "/var/run/throttledjob", "--port", "9400"]
+    assert sidecar["restartPolicy"] == "Always"  # native sidecar: never blocks completion
+    assert sidecar["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    mounts = {m["mountPath"]: m for m in sidecar["volumeMounts"]}
+    assert "subPath" not in mounts["/etc/throttledjob"]  # subPath would freeze the policy
+    assert mounts["/etc/throttledjob"]["readOnly"] is True
+    assert "/var/run/throttledjob" in mounts
+    sc = sidecar["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_pod_meets_restricted_and_gets_no_token_by_default() -> None:
+    job, _ = built(make_tj(throttle={"targets": {"cpu": {"peak": 1}},
+                                     "enforcement": "Signals"}))
+    pod = pod_of(job)
+    assert restricted_violations(pod) == []
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["shareProcessNamespace"] is True
+    # Signals need the same UID as the workload, not a capability.
+    assert pod["initContainers"][0]["securityContext"]["runAsUser"] == 1000
+
+
+def test_users_token_choice_is_kept() -> None:
+    job, _ = built(make_tj(automountServiceAccountToken=True))
+    assert pod_of(job)["automountServiceAccountToken"] is True
+
+
+def test_the_checker_sees_an_unrestricted_template() -> None:
+    """The restricted check above could fail: a privileged user container fails it."""
+    tj = make_tj()
+    tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0][
+        "securityContext"] = {"privileged": True}
+    job, _ = built(tj)
+    assert "trainer: privileged" in restricted_violations(pod_of(job))
+
+
+def test_unknown_workload_uid_with_signals_warns_and_runs_sidecar_non_root() -> None:
+    tj = make_tj(throttle={"targets": {"cpu": {"peak": 1}}, "enforcement": "Both"},
+                 securityContext={"runAsNonRoot": True})
+    doc = b.validate(owned(tj))
+    assert "runAsUser" in (b.signals_uid_warning(tj, doc) or "")
+    job, _ = built(tj)
+    sc = pod_of(job)["initContainers"][0]["securityContext"]
+    assert sc["runAsUser"] == b.DEFAULT_SIDECAR_UID and sc["runAsNonRoot"] is True
+    assert b.signals_uid_warning(make_tj(), b.validate(owned(make_tj()))) is None
+
+
+def test_root_workload_gets_a_root_sidecar_without_capabilities() -> None:
+    job, _ = built(make_tj(securityContext={"runAsUser": 0}))
+    sc = pod_of(job)["initContainers"][0]["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    k8s_validate(job)
+
+
+def test_configmap_holds_the_policy_and_parameter_values() -> None:
+    tj = make_tj(parameters={"lr": {"type": "Number", "value": 0.01, "min": 0, "max": 1},
+                             "workers": {"type": "Integer", "value": 4},
+                             "amp": {"type": "Boolean", "value": True},
+                             "precision": {"type": "String", "value": "bf16",
+                                           "choices": ["fp32", "bf16"]}})
+    _, cm = built(tj)
+    doc = yaml.safe_load(cm["data"]["policy.yaml"])
+    assert doc["parameters"] == {"lr": 0.01, "workers": 4, "amp": True, "precision": "bf16"}
+    policy = parse_policy(doc)
+    assert policy.cpu_peak_cores == 1.5 and policy.params["workers"] == 4
+    assert cm["metadata"]["name"] == "train-throttle"
+
+
+def test_settings_from_environment() -> None:
+    s = b.OperatorSettings.from_env({"THROTTLEDJOB_SIDECAR_IMAGE": "registry.local/tj:dev",
+                                     "THROTTLEDJOB_STATUS_INTERVAL": "2.5"})
+    assert s.sidecar_image == "registry.local/tj:dev" and s.status_interval_seconds == 2.5
+    job = b.build_job(owned(make_tj()), {}, s)
+    assert pod_of(job)["initContainers"][0]["image"] == "registry.local/tj:dev"
+
+
+def _pod_set(tj: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    tj["spec"]["jobTemplate"]["spec"]["template"]["spec"].update(changes)
+    return tj
+
+
+def _container_set(tj: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0].update(changes)
+    return tj
+
+
+# Specs the CRD schema lets through but the operator must refuse (no Job).
+REFUSED = [
+    (make_tj(throttle={"targets": {"cpu": {"peak": "3"}}}), "UnreachableTarget",
+     "exceeds the pod's CPU limit"),
+    (make_tj(throttle={"targets": {"gpu": {"peakUtilizationPercent": 50}}}),
+     "UnreachableTarget", "no container has a GPU limit"),
+    (_container_set(make_tj(), volumeMounts=[{"name": "x", "mountPath": "/etc/throttledjob"}]),
+     "MountPathClash", "/etc/throttledjob"),
+    (_container_set(make_tj(), volumeMounts=[{"name": "x",
+                                              "mountPath": "/var/run/throttledjob/"}]),
+     "MountPathClash", "/var/run/throttledjob"),
+    (_pod_set(make_tj(), volumes=[{"name": "throttledjob-policy", "emptyDir": {}}]),
+     "VolumeClash", "throttledjob-policy"),
+    (_container_set(make_tj(), env=[{"name": ENV_DIR, "value": "/tmp"}]), "EnvClash",
+     ENV_DIR),
+    (_container_set(make_tj(), ports=[{"containerPort": 9400}]), "PortClash", "9400"),
+    (_pod_set(make_tj(), shareProcessNamespace=False), "ProcessNamespaceRequired",
+     "shareProcessNamespace"),
+    (_pod_set(make_tj(), initContainers=[{"name": "throttledjob-sidecar"}]), "NameClash",
+     "reserved"),
+    (make_tj(parameters={"n": {"type": "Integer", "value": 2.5}}), "InvalidParameter",
+     "not a finite Integer"),
+    (make_tj(parameters={"n": {"type": "Integer", "value": True}}), "InvalidParameter",
+     "not a finite Integer"),
+    (make_tj(parameters={"n": {"type": "Number", "value": 5, "max": 1}}), "InvalidParameter",
+     "above max"),
+    (make_tj(parameters={"p": {"type": "String", "value": "fp8", "choices": ["fp32"]}}),
+     "InvalidParameter", "not one of"),
+    (make_tj(throttle={"targets": {"cpu": {"peak": "1"}}, "mode": "Sideways"}),
+     "InvalidPolicy", "mode must be one of"),
+    (make_tj(throttle={"targets": {"cpu": {"peak": "1"}}, "parameters": {"a": 1}}),
+     "InvalidPolicy", "spec.parameters"),
+]
+
+
+@pytest.mark.parametrize(("tj", "reason", "message"), REFUSED,
+                         ids=[r for _, r, _ in REFUSED])
+def test_refused_specs(tj: dict[str, Any], reason: str, message: str) -> None:
+    with pytest.raises(b.SpecError) as info:
+        b.validate(owned(tj))
+    assert info.value.reason == reason
+    assert message in str(info.value)
+
+
+def test_cpu_target_within_the_limit_and_gpu_target_with_a_gpu_are_accepted() -> None:
+    tj = make_tj(throttle={"targets": {"cpu": {"peak": "2"},
+                                       "gpu": {"peakPowerWatts": 250}}})
+    _container_set(tj, resources={"limits": {"cpu": "2", "nvidia.com/gpu": 1}})
+    assert b.validate(owned(tj))["targets"]["gpu"] == {"peakPowerWatts": 250}
+    # No CPU limit: nothing to compare with, the target is the only cap.
+    assert b.validate(owned(_container_set(make_tj(throttle={"targets": {"cpu": {
+        "peak": "64"}}}), resources={})))
+
+
+# --- status ------------------------------------------------------------------------------
+
+def test_conditions_keep_transition_time_unless_status_flips() -> None:
+    conds = b.set_condition([], "Ready", True, "A", "a", "t1")
+    conds = b.set_condition(conds, "Ready", True, "B", "b", "t2")
+    assert conds == [{"type": "Ready", "status": "True", "reason": "B", "message": "b",
+                      "lastTransitionTime": "t1"}]
+    conds = b.set_condition(conds, "Ready", False, "C", "c", "t3")
+    assert conds[0]["lastTransitionTime"] == "t3" and len(conds) == 1
+
+
+@pytest.mark.parametrize(("job_status", "phase"), [
+    (None, "Pending"),
+    ({}, "Pending"),
+    ({"active": 1}, "Running"),
+    ({"ready": 1, "active": 1}, "Running"),
+    ({"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}, "Succeeded"),
+    ({"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]},
+     "Failed"),
+    ({"conditions": [{"type": "Failed", "status": "False"}], "active": 1}, "Running"),
+])
+def test_phase_from_job_status(job_status: dict[str, Any] | None, phase: str) -> None:
+    assert b.status_from_job({}, job_status, NOW)["phase"] == phase
+
+
+def test_failed_job_reason_reaches_the_condition() -> None:
+    st = b.status_from_job({}, {"conditions": [{"type": "Failed", "status": "True",
+                                                "reason": "DeadlineExceeded",
+                                                "message": "too slow"}]}, NOW)
+    assert b.condition(st, "Failed") == {"type": "Failed", "status": "True",
+                                         "reason": "DeadlineExceeded", "message": "too slow",
+                                         "lastTransitionTime": NOW}
+
+
+def report(cpu: float, level: float, met: bool = True, exhausted: bool = False,
+           errors: list[str] | None = None) -> dict[str, Any]:
+    return {"observed": {"cpuPeakCores": cpu, "cpuMaxCores": cpu + 0.5,
+                         "gpuPeakUtilizationPercent": None, "gpuPeakPowerWatts": None,
+                         "throttleLevel": level, "slowdown": 1 + level / 4},
+            "targetMet": met, "budgetExhausted": exhausted, "levers": [],
+            "errors": errors or []}
+
+
+def test_observed_is_the_worst_pod_and_target_met_needs_all() -> None:
+    st = b.status_with_observed({}, [report(1.2, 0.2), report(1.6, 0.5, met=False)], [], NOW)
+    obs = st["observed"]
+    assert obs["cpuPeakCores"] == 1.6 and obs["throttleLevel"] == 0.5
+    assert obs["gpuPeakUtilizationPercent"] is None and obs["pods"] == 2
+    assert b.condition(st, "TargetMet")["status"] == "False"
+    assert b.condition(st, "TargetMet")["reason"] == "Converging"
+    assert b.condition(st, "Throttling")["status"] == "True"
+
+
+def test_budget_exhausted_and_unthrottled() -> None:
+    st = b.status_with_observed({}, [report(2.0, 1.0, met=False, exhausted=True)], [], NOW)
+    assert b.condition(st, "TargetMet")["reason"] == "BudgetExhausted"
+    st = b.status_with_observed({}, [report(0.5, 0.0)], [], NOW)
+    assert b.condition(st, "Throttling")["status"] == "False"
+    assert b.condition(st, "TargetMet")["status"] == "True"
+
+
+def test_unreachable_sidecars_keep_the_last_observation() -> None:
+    first = b.status_with_observed({}, [report(1.2, 0.2)], [], NOW)
+    later = b.status_with_observed(first, [], ["pod p: connection refused"], "later")
+    assert later["observed"]["cpuPeakCores"] == 1.2
+    assert later["observed"]["errors"] == ["pod p: connection refused"]
+    assert b.status_with_observed(first, [], [], "later") == first
+
+
+def test_hostile_report_values_are_clamped() -> None:
+    nan = report(float("nan"), float("inf"))
+    st = b.status_with_observed({}, [report(1.0, 7.0), {"observed": "nope", "errors": 3},
+                                     nan], [], NOW)
+    assert st["observed"]["throttleLevel"] == 1.0
+    assert st["observed"]["cpuPeakCores"] == 1.0
+    json.dumps(st, allow_nan=False)  # what the API server accepts
+
+
+def test_invalid_then_created_clears_the_spec_failure() -> None:
+    st = b.status_invalid({}, b.SpecError("VolumeClash", "bad"), 1, NOW)
+    assert st["phase"] == "Failed" and b.condition(st, "Failed")["status"] == "True"
+    st = b.status_job_created(st, "train", 2, NOW)
+    assert st["phase"] == "Pending" and st["observedGeneration"] == 2
+    assert b.condition(st, "Failed")["status"] == "False"
+    assert b.condition(st, "Ready")["status"] == "True"
+
+
+def test_sidecar_endpoint_from_the_pod() -> None:
+    job, _ = built(make_tj())
+    pod = {"metadata": {"name": "p"}, "spec": pod_of(job),
+           "status": {"phase": "Running", "podIP": "10.0.0.7"}}
+    assert b.sidecar_endpoint(pod) == ("10.0.0.7", 9400)
+    assert b.sidecar_endpoint({**pod, "status": {"phase": "Pending"}}) is None
+    assert b.job_owner_name(job) == "train"

@@ -1,0 +1,49 @@
+"""`throttledjob operator`: options, errors, and finding the cluster from KUBECONFIG."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from .conftest import VENV_BIN
+
+
+def run(*args: str, env: dict[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VENV_BIN / "throttledjob"), "operator", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_help_lists_kopf_run_options() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    for option in ("--standalone", "--all-namespaces", "--namespace", "--liveness",
+                   "--peering", "--sidecar-image"):
+        assert option in result.stdout
+
+
+def test_a_scope_is_required() -> None:
+    result = run("--standalone")
+    assert result.returncode == 2
+    assert "-A/--all-namespaces or -n/--namespace" in result.stderr
+
+
+def test_all_namespaces_and_namespace_exclude_each_other() -> None:
+    result = run("-A", "-n", "ml")
+    assert result.returncode == 2 and "not allowed with" in result.stderr
+
+
+def test_bad_interval_is_a_usage_error() -> None:
+    result = run("-A", "--status-interval", "0")
+    assert result.returncode == 2 and "--status-interval" in result.stderr
+
+
+def test_no_cluster_is_a_clear_failure(tmp_path: Path) -> None:
+    """No in-cluster account, no kubeconfig: the operator says it cannot log in."""
+    result = run("-A", "--standalone", env={
+        "KUBECONFIG": str(tmp_path / "missing"), "HOME": str(tmp_path),
+        "KUBERNETES_SERVICE_HOST": ""}, timeout=60)
+    assert result.returncode != 0
+    assert "cannot find the cluster" in result.stderr, result.stderr[-2000:]
