@@ -49,13 +49,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="CPU/RSS window")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--enforcement", default="Cooperative",
+                        choices=["Cooperative", "Signals", "Both"],
+                        help="Signals adds the SIGSTOP/SIGCONT enforcer thread (50 ticks/s)")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="tj-footprint-"))
     (tmp / "shared").mkdir()
     policy = tmp / "policy.yaml"
     policy.write_text("targets: {cpu: {peak: 2}, gpu: {peakUtilizationPercent: 70, "
-                      "peakPowerWatts: 250}}\nmaxSlowdown: 1.5\nintervalSeconds: 1\n")
+                      "peakPowerWatts: 250}}\nmaxSlowdown: 1.5\nintervalSeconds: 1\n"
+                      f"enforcement: {args.enforcement}\n")
     work = subprocess.Popen([sys.executable, str(ROOT / "examples" / "cpu_hungry.py"),
                              "--pattern", "light", "--workers", "1", "--units", "1000000"],
                             start_new_session=True)
@@ -92,7 +96,8 @@ def main() -> None:
         size = len(urllib.request.urlopen(url, timeout=5).read())
         latencies.sort()
         result = {
-            "interval_seconds": 1.0, "fake_gpus": args.gpus, "window_seconds": round(t1 - t0, 1),
+            "interval_seconds": 1.0, "fake_gpus": args.gpus, "enforcement": args.enforcement,
+            "window_seconds": round(t1 - t0, 1),
             "cpu_percent_of_one_core": round(100 * (c1 - c0) / (t1 - t0), 3),
             "rss_mib": round(rss / 2**20, 1),
             "scrape_ms_median": round(1000 * statistics.median(latencies), 2),
