@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cap each GPU's memory use at this fraction (passed to torch)")
     _add_sidecar_flags(run, metrics_port=None)
     run.add_argument("--report", metavar="FILE", help="write a JSON report here at the end")
+    run.add_argument("--inject", action="store_true",
+                     help="load the runtime library into Python commands at start-up: a "
+                          "PyTorch program is paced at each optimizer step with no code change")
     run.add_argument("--quiet", action="store_true", help="no live status line")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]",
                      help="the command to run")
@@ -161,7 +164,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return run_local(cmd, policy, report_path=args.report,
                          status_stream=None if args.quiet else sys.stderr, gpu=gpu,
                          metrics_address=None if args.metrics_port is None
-                         else (args.metrics_host, args.metrics_port))
+                         else (args.metrics_host, args.metrics_port),
+                         inject=args.inject)
     except ExporterError as e:
         return _fail(prog, str(e))
     except FileNotFoundError:

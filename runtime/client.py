@@ -122,6 +122,13 @@ class Throttle:
                 time.sleep(backoff_seconds * 2**attempt)
         raise AssertionError("unreachable")
 
+    def refresh_levers(self) -> None:
+        """Re-apply thread and memory caps (a library such as torch was just imported)."""
+        if not self.enabled:
+            return
+        self._tick(time.monotonic())
+        self._apply(self._settings, force=True)
+
     def flush(self) -> None:
         """Write the progress record now (at exit, so the last steps are counted)."""
         if self.enabled:
@@ -151,12 +158,12 @@ class Throttle:
             self._warned.add(problem)
             log.warning("throttledjob: %s", problem)
 
-    def _apply(self, settings: Settings) -> None:
+    def _apply(self, settings: Settings, force: bool = False) -> None:
         self._settings = settings
         quota = settings.cpu_quota_cores
         self._budget.set(quota / self._peers if quota else None, settings.max_pause_fraction)
-        self._threads.apply(settings.threads)
-        if settings.gpu_memory_fraction != self._memory_fraction:
+        self._threads.apply(settings.threads, force)
+        if force or settings.gpu_memory_fraction != self._memory_fraction:
             self._memory_fraction = settings.gpu_memory_fraction
             apply_gpu_memory_fraction(settings.gpu_memory_fraction)
 

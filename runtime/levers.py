@@ -22,8 +22,8 @@ class ThreadCap:
         self._torch_default: int | None = None
         self._pool_limiter: Any = None
 
-    def apply(self, threads: int | None) -> None:
-        if threads == self.applied:
+    def apply(self, threads: int | None, force: bool = False) -> None:
+        if threads == self.applied and not force:
             return
         torch = sys.modules.get("torch")
         if torch is not None and hasattr(torch, "set_num_threads"):

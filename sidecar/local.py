@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 from throttledjob.runtime.client import ENV_DIR
+from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent, CycleStatus
 from .enforcer import SignalEnforcer
@@ -32,7 +33,8 @@ _PR_SET_PDEATHSIG = 1
 
 def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
               status_stream: TextIO | None = None, extra_env: dict[str, str] | None = None,
-              gpu: GpuAgent | None = None, metrics_address: tuple[str, int] | None = None) -> int:
+              gpu: GpuAgent | None = None, metrics_address: tuple[str, int] | None = None,
+              inject: bool = False) -> int:
     """Run `cmd` under `policy`; returns its exit code (128+N when killed by signal N).
 
     With `metrics_address` (host, port) it serves /metrics and /status as the pod sidecar
@@ -45,6 +47,9 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         exporter = Exporter(*metrics_address)
     settings_dir = tempfile.mkdtemp(prefix="throttledjob-")
     env = {**os.environ, **(extra_env or {}), ENV_DIR: settings_dir}
+    if inject:  # the torch auto-hook, loaded by any Python the command starts
+        lib = write_library(os.path.join(settings_dir, "lib"))
+        env["PYTHONPATH"] = pythonpath_with(lib, env.get("PYTHONPATH"))
     started = time.monotonic()
     proc = agent = None
     previous_handlers = {}

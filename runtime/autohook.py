@@ -1,0 +1,116 @@
+"""Zero-code pacing for PyTorch programs: loaded at interpreter start by sitecustomize.
+
+`install()` only adds an import watcher: nothing else is imported, so a program that
+never imports torch pays one cheap check per first import of a module. When torch is
+imported, the hook
+  - applies the thread cap and GPU memory fraction from the settings,
+  - paces at every `Optimizer.step()` (a global optimizer post-hook), and, for loops
+    without an optimizer (inference), at every DataLoader batch,
+  - overrides DataLoader `num_workers` when the settings ask for it.
+THROTTLEDJOB_AUTOHOOK=0 (or THROTTLEDJOB_DISABLE=1) turns it off.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+from typing import Any
+
+ENV_AUTOHOOK = "THROTTLEDJOB_AUTOHOOK"
+
+
+def enabled(environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return (bool(env.get("THROTTLEDJOB_DIR"))
+            and env.get(ENV_AUTOHOOK, "1") not in ("0", "false", "off")
+            and env.get("THROTTLEDJOB_DISABLE", "") not in ("1", "true"))
+
+
+def install() -> bool:
+    """Watch for `import torch`; True if the hook is active. Never raises."""
+    if not enabled():
+        return False
+    if "torch" in sys.modules:
+        _safely(on_torch_imported, sys.modules["torch"])
+    elif not any(isinstance(f, _TorchWatcher) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchWatcher())
+    return True
+
+
+class _TorchWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps torch's loader so the hook runs once torch is loaded."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # once, and no recursion in the lookup below
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            _safely(on_torch_imported, module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def on_torch_imported(torch: Any) -> None:
+    import importlib
+
+    from throttledjob import runtime as tj
+
+    # Submodules are loaded on first use in recent torch: import what is patched.
+    optimizer = importlib.import_module("torch.optim.optimizer")
+    dataloader = importlib.import_module("torch.utils.data.dataloader")
+
+    throttle = tj.default()
+    throttle.refresh_levers()
+    state = {"optimizer_steps": 0}
+
+    def after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        state["optimizer_steps"] += 1
+        throttle.step()
+
+    optimizer.register_optimizer_step_post_hook(after_optimizer_step)
+    _pace_dataloader_batches(dataloader, throttle, state)
+    _override_dataloader_workers(dataloader, throttle)
+
+
+def _pace_dataloader_batches(dataloader: Any, throttle: Any, state: dict) -> None:
+    """Inference loops have no optimizer: pace per batch until an optimizer step is seen."""
+    iterator_class = dataloader._BaseDataLoaderIter
+    original_next = iterator_class.__next__
+
+    def __next__(self: Any) -> Any:
+        batch = original_next(self)
+        if state["optimizer_steps"] == 0:
+            throttle.step()
+        return batch
+
+    iterator_class.__next__ = __next__
+
+
+def _override_dataloader_workers(dataloader: Any, throttle: Any) -> None:
+    loader_class = dataloader.DataLoader
+    original_init = loader_class.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        workers = throttle.settings.dataloader_workers
+        if workers is not None and len(args) < 5:  # num_workers is the 5th positional
+            kwargs["num_workers"] = workers
+        original_init(self, *args, **kwargs)
+
+    loader_class.__init__ = __init__
+
+
+def _safely(fn: Any, *args: Any) -> None:
+    """The hook must never break the program that loaded it."""
+    try:
+        fn(*args)
+    except Exception as e:
+        sys.stderr.write(f"throttledjob: auto-hook disabled: {e!r}\n")
