@@ -1,0 +1,327 @@
+"""Online lever exploration: find, per workload, the cooperative levers that cost least.
+
+Duty cycling (the CPU quota) cuts a peak at a slowdown in proportion: a workload that
+wants D cores, held to T, runs at T/D of its speed. Other levers are cheaper on some
+workloads: fewer threads on one that scales poorly with threads (a memory-bound
+elementwise loop loses little speed but half its cores from 2 threads to 1) or a smaller
+micro-batch. They cost *more* on others (a matmul-bound loop loses speed in proportion to
+threads, no better than duty cycling). Which is which can only be measured, so this unit
+measures it online, as Zeus's power-limit optimizer does for GPU power limits.
+
+The model. Under lever setting `s` the workload does `efficiency(s)` steps per CPU-second
+and, unpaused, wants `peak(s)` cores at its busy times. The quota (kept in force by the
+controller whatever the levers) clips what is left above the target T, so under `s` the
+busy-time throughput is
+
+    throughput(s) = efficiency(s) * min(peak(s), T)          (steps per second)
+
+and the best setting is the one that maximises it. Idle time (waits, I/O) is the same
+under every setting, so ranking by busy-time throughput ranks by run time too. Both
+figures are measured *while the quota is on*: duty cycling scales CPU and steps alike,
+so steps per CPU-second does not depend on it, and the unpaused demand is the measured
+usage divided by the fraction of the interval not paused. Probing therefore never lifts
+the quota: the peak target holds during exploration too.
+
+The state machine (one `update()` per control interval, observations in, levers out;
+pure and deterministic, so it is tested on synthetic workloads):
+
+    Waiting --steps advance--> Measuring(baseline)
+    Measuring(s) --enough samples--> Measuring(next candidate) | Settled(best)
+    Measuring(probe) --first sample clearly worse than the best--> next (probe aborted)
+    Settled --workload drifts (phase change) for a few intervals--> Measuring(baseline)
+
+Each state is a dataclass below; its docstring gives its transitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# A lever setting counts as better than the defaults only if it wins by this much: noise
+# must not move a workload off its own defaults.
+MIN_GAIN = 0.03
+# Below this usage (cores) an interval tells nothing about the levers (idle wait).
+IDLE_CORES = 0.05
+# Demand is usage / (1 - pause); past this pause fraction the estimate is too noisy.
+MAX_PAUSE_FOR_DEMAND = 0.9
+
+
+@dataclass(frozen=True)
+class Levers:
+    """One setting of the cooperative levers (None / 1.0: the workload's own default)."""
+
+    threads: int | None = None
+    batch_scale: float = 1.0
+
+    def __str__(self) -> str:
+        parts = [f"threads={self.threads or 'default'}"]
+        if self.batch_scale != 1.0:
+            parts.append(f"batch_scale={self.batch_scale:g}")
+        return ",".join(parts)
+
+
+DEFAULT_LEVERS = Levers()
+
+
+@dataclass(frozen=True)
+class LeverSample:
+    """What one control interval saw of the workload."""
+
+    usage_cores: float          # CPU of the whole tree over the interval, in cores
+    pause_fraction: float       # fraction of the interval paused by duty cycling
+    steps: float                # steps the workload completed in the interval
+    elapsed_seconds: float = 1.0
+
+    @property
+    def informative(self) -> bool:
+        """Busy and making progress: the interval says something about the levers."""
+        return self.steps > 0 and self.usage_cores > IDLE_CORES and self.elapsed_seconds > 0
+
+    @property
+    def demand_cores(self) -> float:
+        """The usage the workload would have had unpaused."""
+        return self.usage_cores / (1.0 - min(self.pause_fraction, MAX_PAUSE_FOR_DEMAND))
+
+    @property
+    def efficiency(self) -> float:
+        """Steps per CPU-second (independent of duty cycling)."""
+        return self.steps / max(1e-9, self.usage_cores * self.elapsed_seconds)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What was measured under one lever setting."""
+
+    levers: Levers
+    efficiency: float            # steps per CPU-second
+    peak_cores: float            # unpaused demand at busy times (max over the samples)
+    samples: int
+    aborted: bool = False        # probe cut short: clearly worse than the best so far
+
+    def throughput(self, target_cores: float) -> float:
+        """Busy-time steps per second under this setting with the quota at the target."""
+        return self.efficiency * min(self.peak_cores, target_cores)
+
+    @staticmethod
+    def of(levers: Levers, samples: list[LeverSample], aborted: bool = False) -> Estimate:
+        cpu = sum(s.usage_cores * s.elapsed_seconds for s in samples)
+        steps = sum(s.steps for s in samples)
+        return Estimate(levers, steps / max(1e-9, cpu),
+                        max(s.demand_cores for s in samples), len(samples), aborted)
+
+
+# ---- states -------------------------------------------------------------------------
+
+@dataclass
+class Waiting:
+    """No step seen yet (start-up, imports): the defaults apply.
+
+    -> Measuring(baseline) at the first informative interval.
+    """
+
+    levers: Levers = DEFAULT_LEVERS
+
+
+@dataclass
+class Measuring:
+    """Applying `levers` and collecting samples; the first `settle` intervals after the
+    change are discarded (the runtime picks settings up within a fraction of a second).
+
+    -> Measuring(next candidate) after `needed` informative samples, or after one sample
+       when it is clearly worse than the best so far (the probe is aborted: a bad probe
+       costs at most settle + 1 intervals);
+    -> Settled(best) when no candidate is left, or at once after the baseline when the
+       workload's peak is already under the target (nothing to save: do nothing).
+    """
+
+    levers: Levers
+    needed: int
+    settle: int
+    samples: list[LeverSample] = field(default_factory=list)
+
+
+@dataclass
+class Settled:
+    """The best setting is applied; each interval is compared with its estimate.
+
+    -> Measuring(baseline) after `phase_intervals` consecutive informative intervals whose
+       efficiency or demand departs from the estimate by more than `phase_tolerance`
+       (a phase change), or whose demand crosses the target when it was settled under it;
+       idle or step-less intervals neither count nor reset.
+    """
+
+    levers: Levers
+    estimate: Estimate
+    settle: int = 1
+    drift: int = 0
+
+
+State = Waiting | Measuring | Settled
+
+
+@dataclass(frozen=True)
+class Decision:
+    levers: Levers
+    state: str
+    # Busy-time slowdown the model predicts for `levers` against the unthrottled defaults.
+    predicted_slowdown: float | None = None
+
+
+class Explorer:
+    """Chooses the cooperative levers that meet a CPU target at the least slowdown.
+
+    `candidates` are the non-default settings to probe, in order (most threads first:
+    the least disruptive probe first). Along the thread axis probing stops at the first
+    candidate that loses to the best so far: fewer threads do not help a workload that
+    already lost speed faster than cores at a higher count.
+    """
+
+    def __init__(self, target_cores: float, candidates: list[Levers], *,
+                 baseline_intervals: int = 3, probe_intervals: int = 2, settle_intervals: int = 1,
+                 abort_below: float = 0.8, phase_tolerance: float = 0.3,
+                 phase_intervals: int = 3) -> None:
+        if target_cores <= 0:
+            raise ValueError(f"target must be positive, got {target_cores}")
+        if baseline_intervals < 1 or probe_intervals < 1 or settle_intervals < 0:
+            raise ValueError("baseline and probe need at least one interval, settle >= 0")
+        if not 0 < abort_below <= 1 or phase_tolerance <= 0 or phase_intervals < 1:
+            raise ValueError("abort_below in (0, 1], phase_tolerance > 0, phase_intervals >= 1")
+        if DEFAULT_LEVERS in candidates or len(set(candidates)) != len(candidates):
+            raise ValueError("candidates must be distinct and exclude the defaults")
+        self.target = target_cores
+        self.candidates = list(candidates)
+        self.baseline_intervals = baseline_intervals
+        self.probe_intervals = probe_intervals
+        self.settle_intervals = settle_intervals
+        self.abort_below = abort_below
+        self.phase_tolerance = phase_tolerance
+        self.phase_intervals = phase_intervals
+        self.state: State = Waiting()
+        self.estimates: dict[Levers, Estimate] = {}
+        self._queue: list[Levers] = []
+        self.explorations = 0
+        self.history: list[tuple[str, Levers]] = []   # (state name, levers) per transition
+
+    @property
+    def levers(self) -> Levers:
+        return self.state.levers
+
+    def set_target(self, target_cores: float) -> None:
+        """A new target re-ranks what was measured (no re-probing needed)."""
+        if target_cores <= 0:
+            raise ValueError(f"target must be positive, got {target_cores}")
+        self.target = target_cores
+        if isinstance(self.state, Settled) and self.estimates:
+            self._settle()
+
+    def update(self, sample: LeverSample) -> Decision:
+        s = self.state
+        if isinstance(s, Waiting):
+            if sample.informative:
+                self.explorations += 1
+                # This interval already ran under the defaults: count it.
+                self._measure(DEFAULT_LEVERS, self.baseline_intervals, settle=0)
+                self._collect(sample)
+        elif isinstance(s, Measuring):
+            if s.settle > 0:
+                s.settle -= 1
+            else:
+                self._collect(sample)
+        else:
+            self._watch(s, sample)
+        return self.decision()
+
+    def decision(self) -> Decision:
+        predicted = None
+        base = self.estimates.get(DEFAULT_LEVERS)
+        chosen = self.estimates.get(self.levers)
+        if isinstance(self.state, Settled) and base and chosen:
+            unthrottled = base.efficiency * base.peak_cores
+            predicted = round(unthrottled / max(1e-12, chosen.throughput(self.target)), 3)
+        return Decision(self.levers, type(self.state).__name__, predicted)
+
+    # ---- transitions ----------------------------------------------------------------
+
+    def _collect(self, sample: LeverSample) -> None:
+        s = self.state
+        assert isinstance(s, Measuring)
+        if not sample.informative:
+            return
+        s.samples.append(sample)
+        baseline = s.levers == DEFAULT_LEVERS
+        if not baseline and len(s.samples) == 1 and len(s.samples) < s.needed:
+            trial = Estimate.of(s.levers, s.samples)
+            if trial.throughput(self.target) < self.abort_below * self._best_throughput():
+                self._finish(Estimate.of(s.levers, s.samples, aborted=True))
+                return
+        if len(s.samples) >= s.needed:
+            self._finish(Estimate.of(s.levers, s.samples))
+
+    def _finish(self, estimate: Estimate) -> None:
+        best_before = self._best_throughput()
+        self.estimates[estimate.levers] = estimate
+        if estimate.levers == DEFAULT_LEVERS:
+            # Nothing to save when the workload is already under the target.
+            self._queue = [] if estimate.peak_cores <= self.target else list(self.candidates)
+        elif estimate.throughput(self.target) < best_before:
+            # Fewer threads than a losing count will not win either: skip them.
+            self._queue = [c for c in self._queue if not _fewer_threads(c, estimate.levers)]
+        if self._queue:
+            self._measure(self._queue.pop(0), self.probe_intervals, self.settle_intervals)
+        else:
+            self._settle()
+
+    def _settle(self) -> None:
+        base = self.estimates[DEFAULT_LEVERS]
+        best = max(self.estimates.values(), key=lambda e: e.throughput(self.target))
+        if best.throughput(self.target) < (1 + MIN_GAIN) * base.throughput(self.target):
+            best = base
+        settle = self.settle_intervals if best.levers != self.levers else 0
+        self.state = Settled(best.levers, best, settle=settle)
+        self.history.append(("Settled", best.levers))
+
+    def _measure(self, levers: Levers, needed: int, settle: int) -> None:
+        self.state = Measuring(levers, needed, settle)
+        self.history.append(("Measuring", levers))
+
+    def _watch(self, s: Settled, sample: LeverSample) -> None:
+        if s.settle > 0:
+            s.settle -= 1
+            return
+        if not sample.informative:
+            return
+        e = s.estimate
+        tol = self.phase_tolerance
+        demand = sample.demand_cores
+        drifted = (abs(sample.efficiency / max(1e-12, e.efficiency) - 1) > tol
+                   or demand > e.peak_cores * (1 + tol)
+                   # settled as "under target", and now over it
+                   or e.peak_cores <= self.target < demand / (1 + MIN_GAIN))
+        s.drift = s.drift + 1 if drifted else 0
+        if s.drift >= self.phase_intervals:
+            # A new phase: forget the old model and measure again from the defaults.
+            self.estimates.clear()
+            self.explorations += 1
+            settle = self.settle_intervals if s.levers != DEFAULT_LEVERS else 0
+            self._measure(DEFAULT_LEVERS, self.baseline_intervals, settle)
+
+    def _best_throughput(self) -> float:
+        return max((e.throughput(self.target) for e in self.estimates.values()), default=0.0)
+
+
+def _fewer_threads(candidate: Levers, loser: Levers) -> bool:
+    return (loser.threads is not None and candidate.threads is not None
+            and candidate.batch_scale == loser.batch_scale and candidate.threads < loser.threads)
+
+
+def thread_candidates(cores: int, target_cores: float) -> list[Levers]:
+    """Thread counts worth probing on `cores` CPUs for a target: halvings of the core
+    count and the counts next to the target, most threads first (1 on a 2-core box)."""
+    counts = set()
+    n = cores // 2
+    while n >= 1:
+        counts.add(n)
+        n //= 2
+    for near in (int(target_cores), int(target_cores) + 1):
+        counts.add(near)
+    return [Levers(threads=t) for t in sorted(counts, reverse=True) if 1 <= t < cores]
