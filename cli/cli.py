@@ -95,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("-v", "--verbose", action="store_true", help="log more")
     op.add_argument("--debug", action="store_true", help="log everything")
     op.set_defaults(func=_operator)
+    lib = sub.add_parser("inject-lib", help="copy the runtime library and its auto-hook to DIR",
+                         description=(
+                             "Lay out a self-contained copy of the runtime library and a "
+                             "sitecustomize.py that loads the torch auto-hook; with DIR on "
+                             "PYTHONPATH any Python program is paced with no code change. "
+                             "The operator's init container runs this."))
+    lib.add_argument("dest", metavar="DIR", help="where to write (created if missing)")
+    lib.set_defaults(func=_inject_lib)
     return parser
 
 
@@ -185,6 +193,17 @@ def _operator(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from throttledjob.operator.main import run_operator
 
     return run_operator(args)
+
+
+def _inject_lib(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from throttledjob.runtime.inject import write_library
+
+    try:
+        dest = write_library(args.dest)
+    except OSError as e:
+        return _fail("throttledjob inject-lib", f"cannot write {args.dest}: {e.strerror or e}")
+    sys.stdout.write(f"throttledjob: runtime library written to {dest}\n")
+    return 0
 
 
 def _gpu_agent(prog: str, args: argparse.Namespace, policy):

@@ -20,9 +20,13 @@ from throttledjob.sidecar.policy import PolicyError, parse_cpu_quantity, parse_p
 
 from .crd import (
     API_VERSION,
+    DEFAULT_INJECT,
+    INJECT_CONTAINER,
+    INJECT_VOLUME,
     KIND,
     MAX_NAME_LENGTH,
     POLICY_VOLUME,
+    RESERVED_CONTAINERS,
     SHARED_VOLUME,
     SIDECAR_CONTAINER,
 )
@@ -30,6 +34,10 @@ from .crd import (
 SHARED_DIR = "/var/run/throttledjob"
 POLICY_DIR = "/etc/throttledjob"
 POLICY_KEY = "policy.yaml"
+# Zero-code injection (spec.throttle.inject: Auto): where the runtime library lands.
+INJECT_DIR = "/opt/throttledjob/python"
+# A user's PYTHONPATH given by valueFrom moves here, and PYTHONPATH expands it.
+USER_PYTHONPATH = "THROTTLEDJOB_USER_PYTHONPATH"
 METRICS_PORT = 9400
 METRICS_PORT_NAME = "metrics"
 LABEL_NAME = "throttledjob.io/name"
@@ -57,6 +65,7 @@ class OperatorSettings:
     sidecar_memory_request: str = "64Mi"
     sidecar_memory_limit: str = "128Mi"
     shared_dir_size_limit: str = "16Mi"
+    inject_dir_size_limit: str = "32Mi"
     status_interval_seconds: float = 10.0
     status_timeout_seconds: float = 2.0
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
@@ -68,7 +77,8 @@ class OperatorSettings:
                  "sidecar_cpu_request": "THROTTLEDJOB_SIDECAR_CPU_REQUEST",
                  "sidecar_memory_request": "THROTTLEDJOB_SIDECAR_MEMORY_REQUEST",
                  "sidecar_memory_limit": "THROTTLEDJOB_SIDECAR_MEMORY_LIMIT",
-                 "shared_dir_size_limit": "THROTTLEDJOB_SHARED_DIR_SIZE_LIMIT"}
+                 "shared_dir_size_limit": "THROTTLEDJOB_SHARED_DIR_SIZE_LIMIT",
+                 "inject_dir_size_limit": "THROTTLEDJOB_INJECT_DIR_SIZE_LIMIT"}
         values: dict[str, Any] = {attr: env[var] for attr, var in names.items() if env.get(var)}
         for attr, var in (("status_interval_seconds", "THROTTLEDJOB_STATUS_INTERVAL"),
                           ("status_timeout_seconds", "THROTTLEDJOB_STATUS_TIMEOUT")):
@@ -127,6 +137,8 @@ def policy_document(spec: Mapping[str, Any]) -> dict[str, Any]:
     Validated by the sidecar's own parser, so the operator refuses exactly what the
     sidecar would refuse (one implementation of the rules)."""
     doc = copy.deepcopy(dict(spec.get("throttle") or {}))
+    # `inject` shapes the pod, which the operator builds; the sidecar never reads it.
+    doc.pop("inject", None)
     if "parameters" in doc:
         raise SpecError("InvalidPolicy", "throttle.parameters is not a field: declare "
                                          "tunables in spec.parameters")
@@ -171,18 +183,18 @@ def validate(body: Mapping[str, Any]) -> dict[str, Any]:
     init = pod.get("initContainers") or []
     for c in [*containers, *init]:
         cname = c.get("name")
-        if cname == SIDECAR_CONTAINER:
-            raise SpecError("NameClash", f"container name {SIDECAR_CONTAINER} is reserved for "
-                                         "the injected sidecar")
+        if cname in RESERVED_CONTAINERS:
+            raise SpecError("NameClash", f"container name {cname} is reserved for the "
+                                         "injected sidecar and init container")
         for m in c.get("volumeMounts") or []:
-            if m.get("mountPath", "").rstrip("/") in (SHARED_DIR, POLICY_DIR):
+            if m.get("mountPath", "").rstrip("/") in (SHARED_DIR, POLICY_DIR, INJECT_DIR):
                 raise SpecError("MountPathClash", f"container {cname} mounts "
                                                   f"{m.get('mountPath')}, which the operator "
                                                   "uses for the throttle files")
         for e in c.get("env") or []:
-            if e.get("name") == ENV_DIR:
-                raise SpecError("EnvClash", f"container {cname} sets {ENV_DIR}; the operator "
-                                            f"sets it to {SHARED_DIR}")
+            if e.get("name") in (ENV_DIR, USER_PYTHONPATH):
+                raise SpecError("EnvClash", f"container {cname} sets {e.get('name')}, which "
+                                            "the operator sets")
         for p in c.get("ports") or []:
             if p.get("containerPort") == METRICS_PORT:
                 raise SpecError("PortClash", f"container {cname} uses port {METRICS_PORT}, "
@@ -192,7 +204,7 @@ def validate(body: Mapping[str, Any]) -> dict[str, Any]:
                                                     "workload from the sidecar, which measures "
                                                     "it; remove the field")
     for v in pod.get("volumes") or []:
-        if v.get("name") in (SHARED_VOLUME, POLICY_VOLUME):
+        if v.get("name") in (SHARED_VOLUME, POLICY_VOLUME, INJECT_VOLUME):
             raise SpecError("VolumeClash", f"volume name {v.get('name')} is reserved for the "
                                            "operator's volumes")
     _check_reachable(doc, containers)
@@ -293,6 +305,70 @@ def build_sidecar(settings: OperatorSettings, uid: int | None) -> dict[str, Any]
     }
 
 
+def inject_mode(spec: Mapping[str, Any]) -> str:
+    """`spec.throttle.inject` (Auto or None), defaulted as the CRD defaults it."""
+    return str((spec.get("throttle") or {}).get("inject") or DEFAULT_INJECT)
+
+
+def build_inject_container(settings: OperatorSettings) -> dict[str, Any]:
+    """The init container that copies the runtime library and its sitecustomize.py into
+    the `throttledjob-python` emptyDir (`throttledjob inject-lib DIR`, product image).
+
+    It runs to completion before the workload starts, as a non-root UID with nothing
+    but its own volume: the files it writes are world-readable, so any workload UID can
+    import them, and it needs no privilege at all (Pod Security "restricted")."""
+    return {
+        "name": INJECT_CONTAINER,
+        "image": settings.sidecar_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["inject-lib", INJECT_DIR],
+        # No .pyc files: the image's root filesystem is read-only here.
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                      "limits": {"memory": "64Mi"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": DEFAULT_SIDECAR_UID,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": INJECT_VOLUME, "mountPath": INJECT_DIR}],
+    }
+
+
+def inject_pythonpath(container: dict[str, Any]) -> None:
+    """Put INJECT_DIR first on the container's PYTHONPATH, keeping the user's value.
+
+    - `value` in `env`: prefixed in place.
+    - `valueFrom` in `env` (a ConfigMap or Secret key): the entry is renamed
+      THROTTLEDJOB_USER_PYTHONPATH, same source, same place, and a PYTHONPATH entry after
+      it expands it: `INJECT_DIR:$(THROTTLEDJOB_USER_PYTHONPATH)` (the kubelet expands
+      `$(VAR)` from entries defined before).
+    - no entry, but `envFrom`: `INJECT_DIR:$(PYTHONPATH)`, which the kubelet expands from
+      the envFrom sources (they are resolved before `env`); when none defines it, the
+      literal `$(PYTHONPATH)` stays, a directory that does not exist, which Python skips.
+    - neither: INJECT_DIR alone. A PYTHONPATH set only in the image (Dockerfile ENV) is
+      invisible to Kubernetes and is overridden: repeat it in the template's env.
+    """
+    env = container.setdefault("env", [])
+    for i, e in enumerate(env):
+        if e.get("name") != "PYTHONPATH":
+            continue
+        if "valueFrom" in e:
+            env[i] = {**e, "name": USER_PYTHONPATH}
+            env.insert(i + 1, {"name": "PYTHONPATH",
+                               "value": f"{INJECT_DIR}:$({USER_PYTHONPATH})"})
+        else:
+            user = e.get("value") or ""
+            env[i] = {"name": "PYTHONPATH",
+                      "value": f"{INJECT_DIR}:{user}" if user else INJECT_DIR}
+        return
+    value = f"{INJECT_DIR}:$(PYTHONPATH)" if container.get("envFrom") else INJECT_DIR
+    env.append({"name": "PYTHONPATH", "value": value})
+
+
 def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
               settings: OperatorSettings) -> dict[str, Any]:
     """The Job: the user's jobTemplate, kept as written, plus the sidecar, the shared
@@ -322,13 +398,25 @@ def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
     # First init container: a native sidecar starts before the later init containers
     # and the workload, so the settings file exists when the workload starts.
     uid = workload_uid(pod)
-    pod["initContainers"] = [build_sidecar(settings, uid), *(pod.get("initContainers") or [])]
-    pod.setdefault("volumes", []).extend([
+    ours = [build_sidecar(settings, uid)]
+    volumes = [
         {"name": SHARED_VOLUME, "emptyDir": {"sizeLimit": settings.shared_dir_size_limit}},
         {"name": POLICY_VOLUME, "configMap": {"name": configmap_name(name),
                                               "items": [{"key": POLICY_KEY,
                                                          "path": POLICY_KEY}]}},
-    ])
+    ]
+    if inject_mode(body["spec"]) == "Auto":
+        # After the sidecar (which must start first), before the user's init containers;
+        # the workload containers start only once it has completed.
+        ours.append(build_inject_container(settings))
+        volumes.append({"name": INJECT_VOLUME,
+                        "emptyDir": {"sizeLimit": settings.inject_dir_size_limit}})
+        for c in pod["containers"]:
+            inject_pythonpath(c)
+            c["volumeMounts"].append({"name": INJECT_VOLUME, "mountPath": INJECT_DIR,
+                                      "readOnly": True})
+    pod["initContainers"] = [*ours, *(pod.get("initContainers") or [])]
+    pod.setdefault("volumes", []).extend(volumes)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

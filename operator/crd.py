@@ -28,8 +28,15 @@ CRD_FILE = Path("charts/throttledjob/crds") / f"{GROUP}_{PLURAL}.yaml"
 
 # Names the operator injects into the pod; a user's template must not use them.
 SIDECAR_CONTAINER = "throttledjob-sidecar"
+INJECT_CONTAINER = "throttledjob-inject"
 SHARED_VOLUME = "throttledjob-shared"
 POLICY_VOLUME = "throttledjob-policy"
+INJECT_VOLUME = "throttledjob-python"
+RESERVED_CONTAINERS = (SIDECAR_CONTAINER, INJECT_CONTAINER)
+INJECT_MODES = ["Auto", "None"]
+# Opt-in: the init container and PYTHONPATH change every pod, and only Python programs
+# that import torch gain anything (see docs/operator.md, "Zero-code injection").
+DEFAULT_INJECT = "None"
 MAX_NAME_LENGTH = 63  # the Job is named after the ThrottledJob; Job names are label values
 PHASES = ["Pending", "Running", "Succeeded", "Failed"]
 PARAMETER_TYPES = ["Integer", "Number", "Boolean", "String"]
@@ -113,6 +120,14 @@ def throttle_schema() -> dict[str, Any]:
                                "the sidecar SIGSTOP/SIGCONT-cycles the workload's processes "
                                "(shares the pod's process namespace). Both: either."},
             "intervalSeconds": _num("Control interval, seconds.", 0.05, 3600, default=1),
+            "inject": {
+                "type": "string", "enum": INJECT_MODES, "default": DEFAULT_INJECT,
+                "description": "Auto: an init container copies the runtime library into the "
+                               "pod and PYTHONPATH loads its torch auto-hook in every "
+                               "workload container (paced at each optimizer step, no code "
+                               "change; THROTTLEDJOB_AUTOHOOK=0 in a container turns it off). "
+                               "None: the pod is left as written. Read by the operator "
+                               "when it creates the Job; a later edit does not reach it."},
             "levers": {
                 "type": "object",
                 "description": "Static cooperative levers, applied as they are.",
@@ -176,9 +191,10 @@ def job_template_schema() -> dict[str, Any]:
         "type": "object", "required": ["name"], "x-kubernetes-preserve-unknown-fields": True,
         "properties": {"name": {"type": "string", "maxLength": 63}},
     }
-    no_sidecar_name = _rule(f"self.all(c, c.name != '{SIDECAR_CONTAINER}')",
-                            f"the container name {SIDECAR_CONTAINER} is reserved for the "
-                            "injected sidecar")
+    no_sidecar_name = _rule(
+        "self.all(c, " + " && ".join(f"c.name != '{n}'" for n in RESERVED_CONTAINERS) + ")",
+        f"the container names {' and '.join(RESERVED_CONTAINERS)} are reserved for the "
+        "injected sidecar and init container")
     pod_spec = {
         "type": "object", "required": ["containers", "restartPolicy"],
         "x-kubernetes-preserve-unknown-fields": True,

@@ -166,6 +166,22 @@ def template_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     kopf.warn(body, reason="JobTemplateImmutable", message=message)
 
 
+@kopf.on.update(*RESOURCE, field="spec.throttle.inject")
+def inject_changed(body: kopf.Body, old: Any, new: Any, **_: Any) -> None:
+    """`inject` shapes the pod template, which a created Job cannot change."""
+    job = (body.status or {}).get("jobName")
+    if not job or (old or b.DEFAULT_INJECT) == (new or b.DEFAULT_INJECT):
+        return  # no Job yet: the create path (policy_changed -> ensure) reads it
+    message = (f"throttle.inject changed to {new or b.DEFAULT_INJECT}, but Job {job} is "
+               "already created and its pod template is immutable; it applies to the next "
+               "Job (delete and re-create the ThrottledJob)")
+    now, generation = b.now_iso(), body.meta.get("generation")
+    _kube().update_status(body.meta.namespace or "", body.meta.name or "", lambda st, _tj: {
+        **st, "conditions": b.set_condition(st.get("conditions"), "TemplateApplied", False,
+                                            "InjectImmutable", message, now, generation)})
+    kopf.warn(body, reason="InjectImmutable", message=message)
+
+
 @kopf.on.event("batch", "v1", "jobs", labels={b.LABEL_NAME: kopf.PRESENT})
 def job_event(body: kopf.Body, type: str | None, namespace: str | None,
               logger: logging.Logger, **_: Any) -> None:

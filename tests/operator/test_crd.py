@@ -167,8 +167,11 @@ BAD = [
     (f"{POD}.containers", [], "should be non-empty"),
     (f"{POD}.restartPolicy", "Always", "is not one of ['Never', 'OnFailure']"),
     (f"{POD}.restartPolicy", _DELETE, "'restartPolicy' is a required property"),
-    (f"{POD}.containers.0.name", "throttledjob-sidecar", "is reserved for the injected"),
-    (f"{POD}.initContainers", [{"name": "throttledjob-sidecar"}], "is reserved"),
+    (f"{POD}.containers.0.name", "throttledjob-sidecar", "are reserved for the injected"),
+    (f"{POD}.containers.0.name", "throttledjob-inject", "are reserved for the injected"),
+    (f"{POD}.initContainers", [{"name": "throttledjob-sidecar"}], "are reserved"),
+    ("spec.throttle.inject", "Always", "is not one of ['Auto', 'None']"),
+    ("spec.throttle.inject", "auto", "is not one of ['Auto', 'None']"),
     ("spec.jobTemplate.metadata.labels", {"team": 7}, "is not of type 'string'"),
     ("metadata.name", "x" * 64, "the name must be at most 63 characters"),
 ]

@@ -336,3 +336,36 @@ def test_restart_never_duplicates_the_job(emulator: Emulator,
     assert len(emulator.items(CM_PATH)) == 1
     assert status(emulator, "restart")["phase"] == "Pending"
     assert_valid_status(emulator, "restart")
+
+
+def test_inject_auto_job_has_init_container_volume_and_users_pythonpath(
+        emulator: Emulator, operator_process: OperatorProcess) -> None:
+    operator_process.start()
+    tj = make_tj("zero-code", throttle={"targets": {"cpu": {"peak": "1500m"}},
+                                        "inject": "Auto"})
+    tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "PYTHONPATH", "value": "/app/src"}]
+    emulator.call("POST", TJ_PATH, tj, content_type="application/json")
+    (job,) = wait_for(lambda: jobs_of(emulator, "zero-code"), TIMEOUT, what="the Job")
+    k8s_validate(job)
+    pod = job["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER,
+                                                          crd.INJECT_CONTAINER]
+    assert pod["initContainers"][1]["args"] == ["inject-lib", b.INJECT_DIR]
+    assert {"name": crd.INJECT_VOLUME, "emptyDir": {"sizeLimit": "32Mi"}} in pod["volumes"]
+    (trainer,) = pod["containers"]
+    assert {"name": "PYTHONPATH", "value": f"{b.INJECT_DIR}:/app/src"} in trainer["env"]
+    assert {"name": crd.INJECT_VOLUME, "mountPath": b.INJECT_DIR, "readOnly": True} \
+        in trainer["volumeMounts"]
+    cm = emulator.call("GET", f"{CM_PATH}/zero-code-throttle")
+    assert "inject" not in yaml.safe_load(cm["data"]["policy.yaml"])
+
+    # Turning it off later cannot reach the created Job: a condition says so.
+    wait_for(lambda: status(emulator, "zero-code").get("jobName"), TIMEOUT,
+             what="status.jobName")
+    emulator.call("PATCH", f"{TJ_PATH}/zero-code", {"spec": {"throttle": {"inject": "None"}}})
+    wait_for(lambda: cond(emulator, "zero-code", "TemplateApplied").get("reason")
+             == "InjectImmutable", TIMEOUT, what="TemplateApplied=False InjectImmutable")
+    assert len(jobs_of(emulator, "zero-code")) == 1
+    assert ("Warning", "InjectImmutable") in events(emulator, "zero-code")
+    assert_valid_status(emulator, "zero-code")
