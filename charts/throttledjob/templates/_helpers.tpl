@@ -1,0 +1,113 @@
+{{/*
+throttledjob.name: the chart name, or nameOverride; used in app.kubernetes.io/name.
+*/}}
+{{- define "throttledjob.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+throttledjob.fullname: the prefix of every resource name, so two releases never clash;
+"RELEASE" alone when the release name already contains the chart name.
+*/}}
+{{- define "throttledjob.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+throttledjob.labels: the recommended labels on every object the chart creates, so
+`kubectl get all -l app.kubernetes.io/instance=RELEASE` finds them.
+*/}}
+{{- define "throttledjob.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "throttledjob.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: throttledjob
+{{- end -}}
+
+{{/*
+throttledjob.selectorLabels: the immutable subset the Deployment selects its pods by.
+*/}}
+{{- define "throttledjob.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "throttledjob.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/*
+throttledjob.serviceAccountName: the ServiceAccount the operator runs as.
+*/}}
+{{- define "throttledjob.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "throttledjob.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+throttledjob.imageRef: "repository@digest" or "repository:tag" from an image dict, with
+fallbacks; one rule for the operator and the sidecar image.
+Arguments: (list IMAGE_DICT DEFAULT_REPOSITORY DEFAULT_TAG).
+*/}}
+{{- define "throttledjob.imageRef" -}}
+{{- $img := index . 0 -}}
+{{- $repo := default (index . 1) $img.repository -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $repo $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (default (index . 2) $img.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+throttledjob.image / throttledjob.sidecarImage: the operator's image, and the sidecar's,
+which defaults to the operator's (one image runs both).
+*/}}
+{{- define "throttledjob.image" -}}
+{{- include "throttledjob.imageRef" (list .Values.image .Values.image.repository .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "throttledjob.sidecarImage" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if and (not .Values.sidecar.image.repository) (not .Values.sidecar.image.tag) (not .Values.sidecar.image.digest) -}}
+{{- include "throttledjob.image" . -}}
+{{- else -}}
+{{- include "throttledjob.imageRef" (list .Values.sidecar.image .Values.image.repository $tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+throttledjob.operatorRules: the RBAC rules the operator needs in the namespaces it
+watches: exactly the API calls of operator/ (docs/operator.md, "API calls"), checked
+by tests/chart/test_rbac.py. kopf patches ThrottledJobs (progress annotations) and
+posts Events; operator/kube.py gets, creates and patches the rest.
+*/}}
+{{- define "throttledjob.operatorRules" -}}
+- apiGroups: [throttledjob.io]
+  resources: [throttledjobs]
+  verbs: [get, list, watch, patch]
+- apiGroups: [throttledjob.io]
+  resources: [throttledjobs/status]
+  verbs: [patch]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, watch, create]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end -}}
