@@ -8,73 +8,39 @@ second, and a PromQL query for every metric name the sidecar exposes must return
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Iterator
 
+import promserver
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import require_tool, wait_for
 
-from .conftest import HUNGRY, VENV_BIN, free_port, get
+from .conftest import HUNGRY, VENV_BIN, get
 
 
 @pytest.fixture
 def throttled_run() -> Iterator[str]:
     """A long `throttledjob run` with metrics on; yields its base URL."""
-    port = free_port()
-    env = {**os.environ, "THROTTLEDJOB_FAKE_GPUS": "2", "THROTTLEDJOB_FAKE_GPU_TRACE": "plateau"}
-    proc = subprocess.Popen(
-        [str(VENV_BIN / "throttledjob"), "run", "--quiet", "--cpu-peak", "1.2",
-         "--gpu-peak-util", "70", "--gpu-peak-power", "250", "--gpu-memory-fraction", "0.8",
-         "--max-slowdown", "1.6", "--gpu-backend", "fake", "--metrics-port", str(port),
-         "--", *HUNGRY, "--workers", "2", "--units", "100000"],
-        env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: get(url + "/readyz")[0] == 200, timeout=20, what="run's /readyz")
+    with promserver.throttled_run(
+            ["--cpu-peak", "1.2", "--gpu-peak-util", "70", "--gpu-peak-power", "250",
+             "--gpu-memory-fraction", "0.8", "--max-slowdown", "1.6", "--gpu-backend", "fake"],
+            [*HUNGRY, "--workers", "2", "--units", "100000"],
+            env={"THROTTLEDJOB_FAKE_GPUS": "2", "THROTTLEDJOB_FAKE_GPU_TRACE": "plateau"},
+    ) as url:
         yield url
-    finally:
-        proc.terminate()  # forwarded to the command; run exits with it
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
 def prometheus(tmp_path, throttled_run) -> Iterator[str]:
-    binary = require_tool("prometheus")
-    port = free_port()
-    target = throttled_run.removeprefix("http://")
-    config = tmp_path / "prometheus.yml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "throttledjob", "static_configs": [
-            {"targets": [target]}]}],
-    }))
-    proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: get(url + "/-/ready")[0] == 200, timeout=30, what="Prometheus ready")
+    with promserver.prometheus(tmp_path, [throttled_run.removeprefix("http://")]) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
-def promql(prometheus: str, query: str) -> list[dict]:
-    code, body = get(f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": query}))
-    assert code == 200, body
-    return json.loads(body)["data"]["result"]
+promql = promserver.promql
 
 
 def exported_names(metrics_text: str) -> set[str]:

@@ -1,0 +1,100 @@
+"""A real Prometheus server and a real `throttledjob run --metrics-port`, for tests.
+
+Shared by tests/sidecar/test_prometheus.py (every exported metric is queryable) and
+tests/chart/test_dashboard.py (every dashboard query returns data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from conftest import VENV_BIN, require_tool, wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """(status, body) of a GET; (0, error) when nothing answers yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
+
+
+@contextlib.contextmanager
+def throttled_run(args: Sequence[str], command: Sequence[str],
+                  env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """`throttledjob run --quiet --metrics-port PORT ARGS -- COMMAND`; yields its base URL
+    once /readyz answers; always stopped (SIGTERM is forwarded to the command)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "throttledjob"), "run", "--quiet", "--metrics-port", str(port),
+         *args, "--", *command],
+        env={**os.environ, **(env or {})}, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: get(url + "/readyz")[0] == 200 or proc.poll() is not None,
+                 timeout=20, what="run's /readyz")
+        assert proc.poll() is None, f"throttledjob run exited with {proc.returncode}"
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        # Workers of the command may outlive it: the whole session goes.
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def prometheus(workdir: Path, targets: Sequence[str], job: str = "throttledjob",
+               labels: Mapping[str, str] | None = None,
+               scrape_interval: str = "1s") -> Iterator[str]:
+    """A real Prometheus on 127.0.0.1 scraping `targets` ("host:port") as `job`, with
+    `labels` on every series (what a PodMonitor's relabelings add); yields its URL."""
+    binary = require_tool("prometheus")
+    port = free_port()
+    config = workdir / "prometheus.yml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [{"job_name": job, "static_configs": [
+            {"targets": list(targets), "labels": dict(labels or {})}]}],
+    }))
+    proc = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'prom-data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: get(url + "/-/ready")[0] == 200, timeout=30, what="Prometheus ready")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def promql(url: str, query: str) -> list[dict]:
+    """The result of an instant query; fails the test on a PromQL error."""
+    code, body = get(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": query}))
+    assert code == 200, f"{query}: {body}"
+    return json.loads(body)["data"]["result"]
