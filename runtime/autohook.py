@@ -5,7 +5,7 @@ never imports torch pays one cheap check per first import of a module. When torc
 imported, the hook
   - applies the thread cap and GPU memory fraction from the settings,
   - paces at every `Optimizer.step()` (a global optimizer post-hook), and, for loops
-    without an optimizer (inference), at every DataLoader batch,
+    without an optimizer (inference), at every DataLoader batch (never both),
   - overrides DataLoader `num_workers` when the settings ask for it.
 THROTTLEDJOB_AUTOHOOK=0 (or THROTTLEDJOB_DISABLE=1) turns it off.
 """
@@ -82,15 +82,21 @@ def on_torch_imported(torch: Any) -> None:
 
 
 def _pace_dataloader_batches(dataloader: Any, throttle: Any, state: dict) -> None:
-    """Inference loops have no optimizer: pace per batch until an optimizer step is seen."""
+    """Inference loops have no optimizer: a batch whose processing saw no optimizer step
+    is one step, paced when the next batch (or the end) is asked for."""
     iterator_class = dataloader._BaseDataLoaderIter
     original_next = iterator_class.__next__
 
     def __next__(self: Any) -> Any:
-        batch = original_next(self)
-        if state["optimizer_steps"] == 0:
+        seen = getattr(self, "_throttledjob_steps_seen", None)
+        if seen is not None and seen == state["optimizer_steps"]:
             throttle.step()
-        return batch
+        self._throttledjob_steps_seen = state["optimizer_steps"]
+        try:
+            return original_next(self)
+        except StopIteration:
+            self._throttledjob_steps_seen = None
+            raise
 
     iterator_class.__next__ = __next__
 

@@ -20,6 +20,7 @@ from throttledjob.runtime.settings import SETTINGS_FILE, Settings
 
 from .controller import CpuController, CpuDecision, CpuObservation
 from .enforcer import SignalEnforcer
+from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, thread_candidates
 from .policy import Policy
 from .processes import ProcessTree
 from .stats import PeakStats
@@ -68,6 +69,10 @@ class Agent:
         self.clock = clock
         self.controller = (CpuController(policy.cpu_peak_cores, policy.mode == "adaptive")
                            if policy.cpu_peak_cores else None)
+        # Cheaper cooperative levers than the quota, found online (sidecar/explorer.py);
+        # made at the first reported step, when the levers the workload uses are known.
+        self.explorer: Explorer | None = None
+        self._explorer_steps: int | None = None
         self.cpu_stats = PeakStats()
         self.status = CycleStatus()
         self.seq = 0
@@ -81,6 +86,7 @@ class Agent:
         self._last_coop_paused: dict[int, float] = {}
         self._last_step_time = -1e18
         self._last_signal_paused = 0.0
+        self._steps_by_pid: dict[int, int] = {}
 
     def start(self) -> None:
         """Arm the actuators before the workload runs its first instruction."""
@@ -97,13 +103,16 @@ class Agent:
         self._last_cpu, self._last_time = cpu, now
         self._record_sample(used, elapsed)
 
-        records = [r for r in read_progress(self.settings_dir) if _alive(r.pid)]
+        everyone = read_progress(self.settings_dir)
+        for r in everyone:  # the count survives the process that made it
+            self._steps_by_pid[r.pid] = max(r.steps, self._steps_by_pid.get(r.pid, 0))
+        records = [r for r in everyone if _alive(r.pid)]
         cooperating = [r.pid for r in records]
         coop_pause, coop_capped = self._cooperative_pause(records, elapsed)
         signal_paused = self.enforcer.paused_seconds if self.enforcer else 0.0
         sig_pause = (signal_paused - self._last_signal_paused) / elapsed
         self._last_signal_paused = signal_paused
-        steps = sum(r.steps for r in records)
+        steps = sum(self._steps_by_pid.values())
         if steps != self.status.steps:
             self._last_step_time = now
 
@@ -133,6 +142,7 @@ class Agent:
         self.status.budget_exhausted = self.status.budget_exhausted or gpu_exhausted
         self.status.throttling = self.status.throttling or bool(gpu_duty)
         self.status.quota_cores = quota
+        self._explore(obs, steps, elapsed, records)
         self._actuate(quota, now)
         self.last_cycle_seconds = time.perf_counter() - began
         for observer in self.observers:
@@ -143,6 +153,10 @@ class Agent:
         """Apply an edited policy (a live ConfigMap change) from the next cycle on."""
         old = self.policy
         self.policy = policy
+        if self._explorable(old) != self._explorable(policy):
+            self.explorer, self._explorer_steps = None, None
+        elif self.explorer and policy.cpu_peak_cores != old.cpu_peak_cores:
+            self.explorer.set_target(policy.cpu_peak_cores)
         if (policy.cpu_peak_cores, policy.mode) != (old.cpu_peak_cores, old.mode):
             self.controller = (CpuController(policy.cpu_peak_cores, policy.mode == "adaptive")
                                if policy.cpu_peak_cores else None)
@@ -196,9 +210,11 @@ class Agent:
         self.seq += 1
         settings = Settings(
             seq=self.seq, time=time.time(),
-            cpu_quota_cores=quota if use_coop and not use_signals else None,
+            # Published even while signals hold the tree: a process that starts calling
+            # step() paces from its first call, with no unthrottled hand-over gap.
+            cpu_quota_cores=quota if use_coop else None,
             max_pause_fraction=p.max_pause_fraction,
-            threads=p.threads, batch_scale=p.batch_scale,
+            threads=self.levers.threads, batch_scale=self.levers.batch_scale,
             rate_limit_per_second=p.rate_limit_per_second,
             gpu_memory_fraction=p.gpu_memory_fraction, params=p.params,
             stale_after_seconds=max(10.0, 5 * p.interval_seconds),
@@ -210,6 +226,60 @@ class Agent:
         if self.enforcer:
             self.enforcer.set(quota if use_signals else None, p.max_pause_fraction)
             self.status.enforcer_armed = bool(quota and use_signals)
+
+    @property
+    def levers(self) -> Levers:
+        """The cooperative levers in force: the explorer's choice, else the policy's."""
+        if self.explorer is not None:
+            return self.explorer.levers
+        return Levers(self.policy.threads, self.policy.batch_scale)
+
+    @staticmethod
+    def _explorable(p: Policy) -> bool:
+        """Levers are explored only where the runtime applies them and the user left
+        them free: adaptive mode, a CPU target, cooperative enforcement, no static levers."""
+        return bool(p.cpu_peak_cores and p.mode == "adaptive" and p.enforcement != "signals"
+                    and p.threads is None and p.batch_scale == 1.0)
+
+    def _explore(self, obs: CpuObservation, steps: int, elapsed: float, records) -> None:
+        if not self._explorable(self.policy):
+            return
+        done = 0 if self._explorer_steps is None else max(0, steps - self._explorer_steps)
+        self._explorer_steps = steps
+        if self.explorer is None:
+            if not done:
+                return  # no step reported (yet): the policy's levers, as without explorer
+            candidates = thread_candidates(_usable_cores(), self.policy.cpu_peak_cores)
+            if any(r.batch_size is not None for r in records):  # it uses tj.batch_size()
+                candidates += [Levers(batch_scale=0.5)]
+            if not candidates:
+                return
+            self.explorer = Explorer(self.policy.cpu_peak_cores, candidates)
+        self.explorer.update(LeverSample(obs.usage_cores, obs.pause_fraction, done, elapsed))
+
+    def explorer_report(self) -> dict | None:
+        """What the explorer measured and chose (None when it never ran)."""
+        ex = self.explorer
+        if ex is None:
+            return None
+        decision = ex.decision()
+        return {
+            "state": decision.state, "levers": str(decision.levers),
+            "predicted_slowdown": decision.predicted_slowdown,
+            "explorations": ex.explorations,
+            "estimates": {str(e.levers): {"steps_per_cpu_second": round(e.efficiency, 3),
+                                          "peak_cores": round(e.peak_cores, 3),
+                                          "samples": e.samples, "aborted": e.aborted}
+                          for e in ex.estimates.values()},
+            "chose_non_default": decision.levers != DEFAULT_LEVERS,
+        }
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _gpu_quota(obs: CpuObservation, duty: float | None) -> float | None:

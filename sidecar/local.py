@@ -177,6 +177,8 @@ def build_report(agent: Agent | None, policy: Policy, wall: float, exit_code: in
         "cpu_mean_cores": round(total_cpu / wall, 3) if wall > 0 else 0.0,
         "cpu_seconds": round(total_cpu, 3),
         "samples": stats.count if stats else 0,
+        # Units of work reported through the runtime library (step() or the auto-hook).
+        "steps": agent.status.steps if agent else 0,
         "max_slowdown": policy.max_slowdown,
         "enforcement": policy.enforcement,
         "mode": policy.mode,
