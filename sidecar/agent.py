@@ -21,6 +21,7 @@ from throttledjob.runtime.settings import SETTINGS_FILE, Settings
 from .controller import CpuController, CpuDecision, CpuObservation
 from .enforcer import SignalEnforcer
 from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, thread_candidates
+from .os_levers import OsLevers
 from .policy import Policy
 from .processes import ProcessTree
 from .stats import PeakStats
@@ -73,6 +74,7 @@ class Agent:
         # made at the first reported step, when the levers the workload uses are known.
         self.explorer: Explorer | None = None
         self._explorer_steps: int | None = None
+        self.os_levers = OsLevers(policy.nice, policy.cpu_affinity)
         self.cpu_stats = PeakStats()
         self.status = CycleStatus()
         self.seq = 0
@@ -90,6 +92,7 @@ class Agent:
 
     def start(self) -> None:
         """Arm the actuators before the workload runs its first instruction."""
+        self.os_levers.apply(self.tree.pids())
         quota = self.controller.quota if self.controller else None
         self._actuate(quota, now=self.started)
 
@@ -97,6 +100,7 @@ class Agent:
         began = time.perf_counter()
         now = self.clock()
         self.tree.refresh()
+        self.os_levers.apply(self.tree.pids())
         cpu = self.tree.cpu_seconds()
         elapsed = max(1e-6, now - self._last_time)
         used = max(0.0, cpu - self._last_cpu)
@@ -164,6 +168,7 @@ class Agent:
             self.gpu.set_policy(policy)
 
     def close(self) -> None:
+        self.os_levers.restore()
         if self.enforcer:
             self.enforcer.close()
         if self.gpu:

@@ -166,7 +166,9 @@ def build_report(agent: Agent | None, policy: Policy, wall: float, exit_code: in
     levers = [name for name, used in (("signals", signal_paused > 0), ("pacing", coop_paused > 0),
                                       ("threads", policy.threads is not None),
                                       ("batch", policy.batch_scale < 1),
-                                      ("rate_limit", policy.rate_limit_per_second is not None))
+                                      ("rate_limit", policy.rate_limit_per_second is not None),
+                                      ("nice", bool(policy.nice)),
+                                      ("cpu_affinity", policy.cpu_affinity is not None))
               if used]
     return {
         "exit_code": exit_code,

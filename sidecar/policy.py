@@ -34,6 +34,9 @@ class Policy:
     threads: int | None = None
     batch_scale: float = 1.0
     rate_limit_per_second: float | None = None
+    # Enforced without cooperation: niceness, and pinning to this many CPUs.
+    nice: int | None = None
+    cpu_affinity: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -81,7 +84,8 @@ def parse_policy(doc: Any) -> Policy:
     gpu = _mapping(targets.get("gpu") or {}, "targets.gpu")
     _known(gpu, "targets.gpu", {"peakUtilizationPercent", "peakPowerWatts", "memoryFraction"})
     levers = _mapping(doc.get("levers") or {}, "levers")
-    _known(levers, "levers", {"threads", "batchScale", "rateLimitPerSecond"})
+    _known(levers, "levers", {"threads", "batchScale", "rateLimitPerSecond", "nice",
+                              "cpuAffinity"})
     params = _mapping(doc.get("parameters") or {}, "parameters")
     policy = Policy(
         cpu_peak_cores=None if cpu.get("peak") is None
@@ -96,6 +100,8 @@ def parse_policy(doc: Any) -> Policy:
         threads=_num(levers, "threads"),
         batch_scale=_num(levers, "batchScale", 1.0),
         rate_limit_per_second=_num(levers, "rateLimitPerSecond"),
+        nice=_num(levers, "nice"),
+        cpu_affinity=_num(levers, "cpuAffinity"),
         params=dict(params),
     )
     return _validate(policy)
@@ -132,12 +138,15 @@ _BOUNDS: dict[str, tuple[float, float]] = {
     "threads": (1, 4096),
     "batch_scale": (0.001, 1.0),
     "rate_limit_per_second": (1e-6, 1e9),
+    "nice": (0, 19),
+    "cpu_affinity": (1, 4096),
 }
 _CAMEL = {"gpu_peak_utilization_percent": "targets.gpu.peakUtilizationPercent",
           "gpu_peak_power_watts": "targets.gpu.peakPowerWatts",
           "gpu_memory_fraction": "targets.gpu.memoryFraction", "max_slowdown": "maxSlowdown",
           "interval_seconds": "intervalSeconds", "threads": "levers.threads",
-          "batch_scale": "levers.batchScale", "rate_limit_per_second": "levers.rateLimitPerSecond"}
+          "batch_scale": "levers.batchScale", "rate_limit_per_second": "levers.rateLimitPerSecond",
+          "nice": "levers.nice", "cpu_affinity": "levers.cpuAffinity"}
 
 
 def _validate(p: Policy) -> Policy:
@@ -151,7 +160,7 @@ def _validate(p: Policy) -> Policy:
             raise PolicyError(f"{name} must be a finite number, got {value!r}")
         if not low <= value <= high:
             raise PolicyError(f"{name}={value} is out of range [{low}, {high}]")
-        if attr == "threads" and value != int(value):
+        if attr in ("threads", "nice", "cpu_affinity") and value != int(value):
             raise PolicyError(f"{name} must be a whole number, got {value}")
     if p.mode not in MODES:
         raise PolicyError(f"mode must be one of {MODES}, got {p.mode!r}")

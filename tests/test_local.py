@@ -199,3 +199,17 @@ def test_help_explains_every_subcommand(throttledjob_cmd):
     assert top.returncode == 0 and "run" in top.stdout
     sub = subprocess.run([*throttledjob_cmd, "run", "--help"], capture_output=True, text=True)
     assert "--cpu-peak" in sub.stdout and "--enforcement" in sub.stdout
+
+
+def test_affinity_and_nice_levers_need_no_cooperation(throttledjob_cmd, tmp_path):
+    policy = tmp_path / "p.yaml"
+    policy.write_text("levers: {cpuAffinity: 1, nice: 5}\n")
+    code = ("import os, time; time.sleep(0.3);"
+            "print(len(os.sched_getaffinity(0)), os.nice(0))")
+    out = subprocess.run([*throttledjob_cmd, "run", "--quiet", "--policy", str(policy), "--",
+                          sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    cpus, niceness = map(int, out.stdout.split())
+    assert niceness == 5
+    assert cpus == (1 if len(os.sched_getaffinity(0)) > 1 else len(os.sched_getaffinity(0)))
