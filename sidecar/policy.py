@@ -102,7 +102,7 @@ def parse_policy(doc: Any) -> Policy:
         rate_limit_per_second=_num(levers, "rateLimitPerSecond"),
         nice=_num(levers, "nice"),
         cpu_affinity=_num(levers, "cpuAffinity"),
-        params=dict(params),
+        params=_parameter_values(params),
     )
     return _validate(policy)
 
@@ -167,6 +167,21 @@ def _validate(p: Policy) -> Policy:
     if p.enforcement not in ENFORCEMENTS:
         raise PolicyError(f"enforcement must be one of {ENFORCEMENTS}, got {p.enforcement!r}")
     return p
+
+
+def _parameter_values(params: dict) -> dict[str, Any]:
+    """Live values of tunables: at most 256, named by short strings, finite scalars."""
+    if len(params) > 256:
+        raise PolicyError(f"parameters: at most 256 entries, got {len(params)}")
+    for name, value in params.items():
+        if not isinstance(name, str) or not 0 < len(name) <= 63:
+            raise PolicyError(f"parameters: name {str(name)[:40]!r} must be 1-63 characters")
+        if not isinstance(value, (bool, int, float, str)) or (
+                isinstance(value, float) and not math.isfinite(value)) or (
+                isinstance(value, str) and len(value) > 256):
+            raise PolicyError(f"parameters.{name} must be a finite number, a bool or a short "
+                              f"string, got {str(value)[:40]!r}")
+    return dict(params)
 
 
 def _mapping(value: Any, name: str) -> dict:

@@ -60,6 +60,9 @@ def test_empty_policy_has_defaults():
     ({"levers": {"threads": 1.5}}, "levers.threads must be a whole number"),
     ({"levers": {"batchScale": 2}}, "batchScale"),
     ({"targets": "lots"}, "targets must be a mapping"),
+    ({"parameters": {"a": [1]}}, "parameters.a must be a finite number"),
+    ({"parameters": {"a": float("inf")}}, "parameters.a must be a finite number"),
+    ({"parameters": {"": 1}}, "must be 1-63 characters"),
 ])
 def test_bad_policies_are_refused_with_the_field_named(doc, fragment):
     with pytest.raises(PolicyError, match=fragment.replace("(", r"\(")):
