@@ -95,14 +95,20 @@ while True:
 """
 
 
-def test_sigterm_reaches_the_command_and_nothing_is_left(throttledjob_cmd, tmp_path):
-    got, started = tmp_path / "got", tmp_path / "started"
-    tool = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--cpu-peak", "0.2",
-                             "--max-slowdown", "10", "--enforcement", "signals", "--",
-                             sys.executable, "-c", BUSY_UNTIL_TERM, str(got), str(started)])
+def start_until_stopped(throttledjob_cmd, code: str, started, *args):
+    """`throttledjob run` holding `code` hard; returns (tool, command) once it is stopped."""
+    tool = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--cpu-peak", "0.1",
+                             "--max-slowdown", "20", "--enforcement", "signals", "--",
+                             sys.executable, "-c", code, *map(str, args)])
     wait_for(started.exists, what="the command to start")
     child = psutil.Process(tool.pid).children()[0]
     wait_for(lambda: child.status() == psutil.STATUS_STOPPED, what="the command to be stopped")
+    return tool, child
+
+
+def test_sigterm_reaches_the_command_and_nothing_is_left(throttledjob_cmd, tmp_path):
+    got, started = tmp_path / "got", tmp_path / "started"
+    tool, child = start_until_stopped(throttledjob_cmd, BUSY_UNTIL_TERM, started, got, started)
     tool.send_signal(signal.SIGTERM)
     assert tool.wait(timeout=20) == 0
     assert got.read_text() == "got SIGTERM"
@@ -121,12 +127,7 @@ open(sys.argv[2], "w").write("done")
 
 def test_sigkill_of_the_tool_never_leaves_the_command_stopped(throttledjob_cmd, tmp_path):
     started, done = tmp_path / "started", tmp_path / "done"
-    tool = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--cpu-peak", "0.1",
-                             "--max-slowdown", "20", "--enforcement", "signals", "--",
-                             sys.executable, "-c", BUSY_THEN_DONE, str(started), str(done)])
-    wait_for(started.exists, what="the command to start")
-    child = psutil.Process(tool.pid).children()[0]
-    wait_for(lambda: child.status() == psutil.STATUS_STOPPED, what="the command to be stopped")
+    tool, _ = start_until_stopped(throttledjob_cmd, BUSY_THEN_DONE, started, started, done)
     tool.kill()  # at the worst moment: the command is stopped
     tool.wait()
     wait_for(done.exists, timeout=20, what="the command to resume and finish")
