@@ -1,0 +1,324 @@
+"""The Helm chart: lint, render, validate every object, refuse bad values, lock pods down."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import textwrap
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from throttledjob import __version__
+from throttledjob.operator import builders
+
+from .conftest import (
+    ALL_ON,
+    CHART,
+    NAMESPACE,
+    by_kind,
+    helm,
+    k8s_errors,
+    render,
+    restricted_violations,
+    template,
+)
+from .monitoring_schemas import SCHEMAS
+
+CONFIGS = {
+    "default": None,
+    "all-optional-on": ALL_ON,
+    "all-on, two namespaces": {**ALL_ON, "watchNamespaces": ["ml", "team-a"]},
+}
+
+
+def test_helm_lint_strict() -> None:
+    out = helm("lint", "--strict", str(CHART)).stdout
+    assert "0 chart(s) failed" in out
+    for name, values in CONFIGS.items():
+        if values:
+            args = [f"--set-json=monitoring={json.dumps(values['monitoring'])}"]
+            out = helm("lint", "--strict", str(CHART), *args).stdout
+            assert "0 chart(s) failed" in out, name
+
+
+def test_chart_metadata_matches_the_package() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    # The image the operator injects by default is the one the chart runs.
+    assert builders.OperatorSettings().sidecar_image.endswith(f":{__version__}")
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_every_rendered_object_is_valid(config: str, tmp_path) -> None:
+    objs = render(CONFIGS[config], tmp_path)
+    kinds = sorted(o["kind"] for o in objs)
+    assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= set(kinds)
+    errors = []
+    for obj in objs:
+        if obj["kind"] in SCHEMAS:  # not in kubernetes-validate: our strict schema
+            v = jsonschema.Draft202012Validator(SCHEMAS[obj["kind"]])
+            errors += [f"{obj['kind']}: {e.message} at {list(e.path)}"
+                       for e in v.iter_errors(obj)]
+        else:
+            errors += k8s_errors(obj)
+    assert errors == []
+    if CONFIGS[config]:
+        assert {"PodMonitor", "PrometheusRule", "ConfigMap"} <= set(kinds)
+    else:
+        assert not {"PodMonitor", "PrometheusRule", "ConfigMap"} & set(kinds)
+
+
+def test_the_validators_catch_a_broken_object(tmp_path) -> None:
+    """The checks above could fail: an unknown field and a bad PodMonitor are caught."""
+    objs = render(ALL_ON, tmp_path)
+    (deploy,) = by_kind(objs, "Deployment")
+    deploy["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}
+    assert k8s_errors(deploy)
+    (pm,) = by_kind(objs, "PodMonitor")
+    pm["spec"]["podMetricsEndpoints"][0]["interval"] = "15 seconds"
+    pm["spec"]["podMetricsEndpoints"][0]["prot"] = "metrics"
+    assert len(list(jsonschema.Draft202012Validator(SCHEMAS["PodMonitor"]).iter_errors(pm))) == 2
+
+
+def cr_errors(obj: dict[str, Any]) -> list[str]:
+    """A ThrottledJob against the CRD's schema (OpenAPI part), unknown fields refused."""
+    crd_doc = yaml.safe_load((CHART / "crds" / "throttledjob.io_throttledjobs.yaml").read_text())
+    schema = crd_doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return [f"{e.message} at {list(e.path)}"
+            for e in jsonschema.Draft202012Validator(schema).iter_errors(obj)]
+
+
+def operator_pod(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deploy,) = by_kind(objs, "Deployment")
+    return deploy["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_operator_pod_meets_restricted(config: str, tmp_path) -> None:
+    pod = operator_pod(render(CONFIGS[config], tmp_path))
+    assert restricted_violations(pod) == []
+    (c,) = pod["containers"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    # Writable scratch only where mounted.
+    assert [m["mountPath"] for m in c["volumeMounts"]] == ["/tmp"]
+
+
+def test_the_restricted_check_sees_a_violation(tmp_path) -> None:
+    # null deletes a default key in Helm's merge.
+    values = {"securityContext": {"allowPrivilegeEscalation": True, "runAsNonRoot": None,
+                                  "capabilities": {"drop": None, "add": ["SYS_ADMIN"]}},
+              "podSecurityContext": {"runAsUser": 0, "runAsNonRoot": None,
+                                     "seccompProfile": None}}
+    found = restricted_violations(operator_pod(render(values, tmp_path)))
+    assert {"operator: allowPrivilegeEscalation not false", "operator: capabilities added",
+            "operator: capabilities not dropped", "operator: runAsNonRoot not true",
+            "operator: seccompProfile", "operator: runAsUser 0"} <= set(found)
+
+
+def test_operator_gets_its_flags_probes_and_sidecar_defaults(tmp_path) -> None:
+    values = {"image": {"repository": "reg.example/tj", "tag": "1.2.3"},
+              "sidecar": {"image": {"digest": "sha256:" + "a" * 64}, "cpuRequest": "100m",
+                          "memoryLimit": "256Mi"},
+              "operator": {"statusIntervalSeconds": 5, "verbose": True, "healthPort": 9090}}
+    pod = operator_pod(render(values, tmp_path))
+    (c,) = pod["containers"]
+    assert c["image"] == "reg.example/tj:1.2.3"
+    assert c["args"][:3] == ["operator", "--standalone", "--all-namespaces"]
+    assert "--sidecar-image=reg.example/tj@sha256:" + "a" * 64 in c["args"]
+    assert "--status-interval=5" in c["args"] and "--verbose" in c["args"]
+    assert "--liveness=http://0.0.0.0:9090/healthz" in c["args"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    # The names the operator reads (operator/builders.py, OperatorSettings.from_env).
+    settings = builders.OperatorSettings.from_env(env)
+    assert settings.sidecar_cpu_request == "100m"
+    assert settings.sidecar_memory_limit == "256Mi"
+    assert settings.sidecar_memory_request == "64Mi"
+    assert settings.shared_dir_size_limit == "16Mi"
+    assert settings.status_timeout_seconds == 2.0
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["ports"] == [{"name": "health", "containerPort": 9090, "protocol": "TCP"}]
+
+
+def test_operator_flags_are_ones_the_cli_accepts(tmp_path) -> None:
+    """Every flag the chart passes is parsed by the real `throttledjob operator`."""
+    from throttledjob import cli
+
+    (c,) = operator_pod(render({"watchNamespaces": ["ml", "team-a"],
+                                "operator": {"debug": True}}, tmp_path))["containers"]
+    args = cli.build_parser().parse_args(c["args"])
+    assert args.namespace == ["ml", "team-a"] and not args.all_namespaces
+    assert args.standalone and args.debug
+    assert args.sidecar_image == f"ghcr.io/throttledjob/throttledjob:{__version__}"
+    assert args.liveness == "http://0.0.0.0:8080/healthz"
+
+
+def test_sidecar_image_defaults_to_the_operator_image(tmp_path) -> None:
+    (c,) = operator_pod(render({"image": {"tag": "9.9.9"}}, tmp_path))["containers"]
+    assert c["image"] == "ghcr.io/throttledjob/throttledjob:9.9.9"
+    assert "--sidecar-image=ghcr.io/throttledjob/throttledjob:9.9.9" in c["args"]
+
+
+def test_optional_parts_take_their_namespace_and_labels(tmp_path) -> None:
+    values = {"monitoring": {
+        "podMonitor": {"enabled": True, "namespace": "monitoring",
+                       "labels": {"release": "kps"}},
+        "prometheusRule": {"enabled": True, "namespace": "monitoring",
+                           "labels": {"release": "kps"}},
+        "dashboard": {"enabled": True, "namespace": "grafana", "sidecarLabel": "dash",
+                      "sidecarLabelValue": "yes", "annotations": {"grafana_folder": "Batch"}}},
+        "watchNamespaces": ["ml"]}
+    objs = render(values, tmp_path)
+    (pm,) = by_kind(objs, "PodMonitor")
+    (rule,) = by_kind(objs, "PrometheusRule")
+    (cm,) = by_kind(objs, "ConfigMap")
+    assert pm["metadata"]["namespace"] == rule["metadata"]["namespace"] == "monitoring"
+    assert pm["metadata"]["labels"]["release"] == rule["metadata"]["labels"]["release"] == "kps"
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
+    # The PodMonitor selects exactly the pods the operator builds, on their metrics port.
+    assert pm["spec"]["selector"]["matchLabels"] == {
+        builders.LABEL_MANAGED_BY: builders.MANAGED_BY}
+    assert pm["spec"]["selector"]["matchExpressions"] == [
+        {"key": builders.LABEL_NAME, "operator": "Exists"}]
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == builders.METRICS_PORT_NAME
+    relabel = pm["spec"]["podMetricsEndpoints"][0]["relabelings"][0]
+    assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_" + re.sub(
+        r"[^a-zA-Z0-9_]", "_", builders.LABEL_NAME)]
+    assert relabel["targetLabel"] == "throttledjob"  # what the dashboard and alerts use
+    assert cm["metadata"]["namespace"] == "grafana"
+    assert cm["metadata"]["labels"]["dash"] == "yes"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "Batch"}
+    (key,) = cm["data"]
+    assert json.loads(cm["data"][key])["uid"] == "throttledjob-overview"
+
+
+def test_cluster_wide_podmonitor_watches_every_namespace(tmp_path) -> None:
+    (pm,) = by_kind(render(ALL_ON, tmp_path), "PodMonitor")
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_notes_tell_the_user_what_to_do_next(tmp_path) -> None:
+    # `helm template` does not print NOTES.txt and `helm install --dry-run` needs a cluster:
+    # render the notes through tpl in a copy of the chart.
+    chart_copy = tmp_path / "chart"
+    shutil.copytree(CHART, chart_copy)
+    shutil.copy(CHART / "templates" / "NOTES.txt", chart_copy / "notes.txt")
+    (chart_copy / "templates" / "notes-as-configmap.yaml").write_text(
+        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
+        'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n')
+    for values, expect in ((None, ["every namespace", "kubectl get tj", "rollout status",
+                                   "monitoring.dashboard.enabled=true"]),
+                           ({**ALL_ON, "watchNamespaces": ["ml"]},
+                            ["namespaces: ml", "kubectl apply -n ml", "throttledjob-overview",
+                             "grafana/tj-throttledjob-dashboard", "PrometheusRule"])):
+        path = tmp_path / "v.yaml"
+        path.write_text(yaml.safe_dump(values or {}))
+        out = helm("template", "tj", str(chart_copy), "-n", NAMESPACE, "-f", str(path),
+                   "--show-only", "templates/notes-as-configmap.yaml").stdout
+        text = yaml.safe_load(out)["data"]["notes"]
+        for phrase in expect:
+            assert phrase in text, phrase
+        # The example ThrottledJob in the notes is a valid one.
+        example = yaml.safe_load(textwrap.dedent(
+            text.split("<<'YAML'\n")[1].split("   YAML\n")[0]))
+        assert example["kind"] == "ThrottledJob"
+        assert cr_errors(example) == []
+
+
+# --- values.schema.json ------------------------------------------------------------------
+
+BAD_VALUES = [
+    ({"unknownKey": 1}, "unknownKey"),
+    ({"image": {"tag": 5}}, "image.tag"),
+    ({"image": {"repository": ""}}, "image.repository"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
+    ({"image": {"digest": "latest"}}, "image.digest"),
+    ({"image": {"registry": "x"}}, "registry"),
+    ({"watchNamespaces": "ml"}, "watchNamespaces"),
+    ({"watchNamespaces": ["Not_A_Namespace"]}, "watchNamespaces"),
+    ({"watchNamespaces": ["ml", "ml"]}, "watchNamespaces"),
+    ({"operator": {"statusIntervalSeconds": 0}}, "statusIntervalSeconds"),
+    ({"operator": {"statusIntervalSeconds": "10"}}, "statusIntervalSeconds"),
+    ({"operator": {"statusTimeoutSeconds": -1}}, "statusTimeoutSeconds"),
+    ({"operator": {"healthPort": 80}}, "healthPort"),
+    ({"operator": {"healthPort": 8080.5}}, "healthPort"),
+    ({"operator": {"verbose": "yes"}}, "verbose"),
+    ({"sidecar": {"cpuRequest": "fast"}}, "cpuRequest"),
+    ({"sidecar": {"memoryLimit": 128}}, "memoryLimit"),
+    ({"sidecar": {"sharedDirSizeLimit": "16 MB"}}, "sharedDirSizeLimit"),
+    ({"sidecar": {"image": {"digest": "sha256:short"}}}, "digest"),
+    ({"sidecar": {"cpuLimit": "1"}}, "cpuLimit"),
+    ({"serviceAccount": {"create": "true"}}, "create"),
+    ({"serviceAccount": {"name": "Bad Name"}}, "serviceAccount.name"),
+    ({"rbac": {"create": 1}}, "rbac.create"),
+    ({"resources": {"request": {"cpu": "1"}}}, "request"),
+    ({"resources": {"limits": {"memory": 256}}}, "limits.memory"),
+    ({"podLabels": {"team": 1}}, "podLabels.team"),
+    ({"tolerations": {"key": "x"}}, "tolerations"),
+    ({"monitoring": {"podMonitor": {"enabled": "true"}}}, "enabled"),
+    ({"monitoring": {"podMonitor": {"interval": "15"}}}, "interval"),
+    ({"monitoring": {"podMonitor": {"namespace": "Monitoring"}}}, "namespace"),
+    ({"monitoring": {"prometheusRule": {"labels": ["release"]}}}, "labels"),
+    ({"monitoring": {"dashboard": {"sidecarLabel": ""}}}, "sidecarLabel"),
+    ({"monitoring": {"dashboard": {"sidecarLabelValue": 1}}}, "sidecarLabelValue"),
+    ({"monitoring": {"serviceMonitor": {"enabled": True}}}, "serviceMonitor"),
+]
+
+
+@pytest.mark.parametrize(("values", "field"), BAD_VALUES,
+                         ids=[f"{i}-{f}" for i, (_, f) in enumerate(BAD_VALUES)])
+def test_schema_refuses_bad_values(values: dict[str, Any], field: str, tmp_path) -> None:
+    proc = template(values, tmp_path)
+    assert proc.returncode != 0, f"accepted {values}"
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    leaf = field.split(".")[-1]
+    assert leaf in proc.stderr or field in proc.stderr, proc.stderr
+
+
+def test_schema_describes_every_key_and_refuses_unknown_ones() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        assert node.get("description") or path == "", f"{path}: no description"
+        if node.get("type") == "object" and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path}: open object"
+            for key, child in node["properties"].items():
+                walk(child, f"{path}.{key}" if path else key)
+
+    walk(schema, "")
+    # Every key of values.yaml is in the schema, and has a comment right above it.
+    values_text = (CHART / "values.yaml").read_text()
+    values = yaml.safe_load(values_text)
+
+    def keys(d: dict[str, Any], s: dict[str, Any], path: str) -> None:
+        for k, v in d.items():
+            assert k in s.get("properties", {}), f"{path}{k} not in the schema"
+            if isinstance(v, dict) and s["properties"][k].get("additionalProperties") is False:
+                keys(v, s["properties"][k], f"{path}{k}.")
+
+    keys(values, schema, "")
+    # Every chart key (one the schema describes) has a comment on the line above it;
+    # keys inside free-form Kubernetes objects (resources, securityContext) are exempt.
+    lines = values_text.splitlines()
+    stack: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)([A-Za-z]\w*):", line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        stack = [(n, k) for n, k in stack if n < indent] + [(indent, m.group(2))]
+        node: dict[str, Any] | None = schema
+        for _, k in stack:
+            node = (node or {}).get("properties", {}).get(k)
+        if node is not None:
+            assert lines[i - 1].strip().startswith("#"), f"values.yaml:{i + 1}: {line}"
+
+
+def test_default_values_render_without_overrides() -> None:
+    """The values file passes its own schema (helm checks it on every render)."""
+    helm("template", "tj", str(CHART))

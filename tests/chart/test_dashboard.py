@@ -1,0 +1,188 @@
+"""The Grafana dashboard, checked for real: a real Prometheus scrapes a real
+`throttledjob run --metrics-port ... --gpu-backend fake` holding a real workload, and every
+panel query, every annotation and every template variable, with the variables filled in as
+Grafana fills them, returns data. No Grafana server is installable here (TESTING.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import promserver
+import pytest
+
+from conftest import ROOT, wait_for
+
+sys.path.insert(0, str(ROOT / "tools"))
+import dashboard as generator
+
+CHART_COPY = ROOT / "charts" / "throttledjob" / "dashboards" / "throttledjob.json"
+STANDALONE = ROOT / "docs" / "grafana-dashboard.json"
+HUNGRY = [sys.executable, str(ROOT / "examples" / "cpu_hungry.py")]
+# What the chart's PodMonitor relabelings put on every series of a sidecar.
+POD_LABELS = {"namespace": "ml", "throttledjob": "train", "pod": "train-x7k2p"}
+SCRAPE_SECONDS = 1
+PER_GPU = (r"throttledjob_gpu_(utilization_ratio|memory_used_bytes|memory_total_bytes|"
+           r"memory_used_ratio|power_watts|power_limit_watts|temperature_celsius|"
+           r"sm_clock_hertz|clock_throttle_reason|info|process_memory_used_bytes)\b")
+# Grafana: $__rate_interval = max($__interval + scrape interval, 4 x scrape interval).
+RATE_INTERVAL = f"{4 * SCRAPE_SECONDS}s"
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, PromQL) of every panel target and annotation."""
+    out = [(f"panel {p['title']!r} {t['refId']}", t["expr"])
+           for p in dash["panels"] for t in p.get("targets", [])]
+    out += [(f"annotation {a['name']!r}", a["expr"])
+            for a in dash["annotations"]["list"] if "expr" in a]
+    return out
+
+
+def fill(expr: str, values: dict[str, str]) -> str:
+    """Substitute variables as Grafana does ($name and ${name}); none may be left."""
+    out = expr.replace("$__rate_interval", RATE_INTERVAL)
+    for name, value in values.items():
+        out = out.replace("${" + name + "}", value).replace("$" + name, value)
+    assert "$" not in out, f"unfilled variable in {out}"
+    return out
+
+
+# --- static checks: one source, the chart's copy, the standalone copy ----------------------
+
+def test_both_copies_are_generated_from_the_one_source() -> None:
+    text = generator.render()
+    assert CHART_COPY.read_text() == text, "run python tools/dashboard.py"
+    assert STANDALONE.read_text() == text, "run python tools/dashboard.py"
+    assert generator.main(["--check"]) == 0
+
+
+def test_dashboard_shape() -> None:
+    dash = load(CHART_COPY)
+    assert dash["uid"] == "throttledjob-overview" and dash.get("id") is None
+    names = [v["name"] for v in dash["templating"]["list"]]
+    assert names == ["datasource", "namespace", "throttledjob", "pod", "gpu"]
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in panels:
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p["fieldConfig"]["defaults"].get("unit"), f"{p['title']}: no unit"
+        assert p.get("description"), p["title"]
+        for t in p["targets"]:
+            # Every series is narrowed to the selected ThrottledJobs and pods.
+            for var in ("$namespace", "$throttledjob", "$pod"):
+                assert var in t["expr"], f"{p['title']}: {var} not used in {t['expr']}"
+            # Grafana's rate window, never a fixed one that breaks at other scrape intervals.
+            for window in re.findall(r"\[([^\]]+)\]", t["expr"]):
+                assert window == "$__rate_interval", f"{p['title']}: [{window}]"
+            # Series with a `gpu` label (docs/metrics.md, "GPUs") follow the gpu variable.
+            if re.search(PER_GPU, t["expr"]):
+                assert 'gpu=~"$gpu"' in t["expr"], f"{p['title']}: {t['expr']}"
+    # Grid: nothing overlaps, nothing wider than 24 columns.
+    cells = set()
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps"
+                cells.add((x, y))
+    titles = {p["title"] for p in panels}
+    assert {"CPU cores vs target", "GPU utilization vs target", "GPU power vs target",
+            "GPU memory", "Throttle level", "Levers in use", "Throughput",
+            "Slowdown vs budget", "CPU peak p99", "CPU peak max"} <= titles
+    assert {p["type"] for p in panels if "peak" in p["title"]} == {"stat"}
+
+
+def test_every_metric_the_dashboard_names_is_documented() -> None:
+    """A cheap drift check beside the real one below: names appear in docs/metrics.md."""
+    docs = (ROOT / "docs" / "metrics.md").read_text()
+    text = CHART_COPY.read_text()
+    for name in sorted(set(re.findall(r"throttledjob_[a-z_]+", text))):
+        short = name.removeprefix("throttledjob_")
+        assert name in docs or f"_{short.split('_', 1)[-1]}" in docs, name
+
+
+# --- for real --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory) -> Any:
+    """A cooperative 2-process workload held to 1.2 cores with 2 simulated GPUs under GPU
+    targets, scraped every second with the PodMonitor's labels; yields Prometheus's URL."""
+    workdir = tmp_path_factory.mktemp("dashboard")
+    with promserver.throttled_run(
+            ["--cpu-peak", "1.2", "--gpu-peak-util", "70", "--gpu-peak-power", "250",
+             "--gpu-memory-fraction", "0.8", "--max-slowdown", "1.6", "--gpu-backend",
+             "fake"],
+            [*HUNGRY, "--workers", "2", "--units", "100000", "--cooperative"],
+            env={"THROTTLEDJOB_FAKE_GPUS": "2", "THROTTLEDJOB_FAKE_GPU_TRACE": "plateau"},
+    ) as run_url, promserver.prometheus(workdir, [run_url.removeprefix("http://")],
+                                        labels=POD_LABELS,
+                                        scrape_interval=f"{SCRAPE_SECONDS}s") as prom:
+        wait_for(lambda: promserver.promql(prom, 'up{job="throttledjob"} == 1'), timeout=30,
+                 what="a successful scrape")
+        yield prom
+
+
+SELECTIONS = {
+    "one of each": {"namespace": "ml", "throttledjob": "train", "pod": "train-x7k2p",
+                    "gpu": "1"},
+    "All": {"namespace": ".*", "throttledjob": ".*", "pod": ".*", "gpu": ".*"},
+}
+
+
+@pytest.mark.parametrize("selection", list(SELECTIONS))
+def test_every_panel_query_returns_data_from_a_real_sidecar(scraped, selection) -> None:
+    values = {"datasource": "prometheus", **SELECTIONS[selection]}
+    todo = dict(queries(load(CHART_COPY)))
+    assert len(todo) >= 30
+
+    def remaining() -> dict[str, str]:
+        for where, expr in list(todo.items()):
+            if promserver.promql(scraped, fill(expr, values)):
+                del todo[where]
+        return todo
+
+    try:
+        wait_for(lambda: not remaining(), timeout=60, interval=1,
+                 what=f"data for every query ({selection})")
+    except pytest.fail.Exception:
+        pytest.fail(f"no data after 60s ({selection}) for: {json.dumps(todo, indent=1)}")
+
+
+def test_a_selection_that_matches_nothing_returns_nothing(scraped) -> None:
+    """The variables really filter: another ThrottledJob's selection is empty."""
+    values = {"datasource": "prometheus", "namespace": "ml", "throttledjob": "other",
+              "pod": ".*", "gpu": ".*"}
+    wait_for(lambda: promserver.promql(scraped, "throttledjob_build_info"), timeout=30,
+             what="first series")
+    for where, expr in queries(load(CHART_COPY)):
+        assert promserver.promql(scraped, fill(expr, values)) == [], where
+
+
+def test_template_variables_list_the_real_values(scraped) -> None:
+    """label_values(selector, label): the selector's series carry the label's value."""
+    values = {"namespace": ".*", "throttledjob": ".*", "pod": ".*"}
+    expected = {**POD_LABELS, "gpu": {"0", "1"}}
+    for var in load(CHART_COPY)["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        m = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"]["query"])
+        assert m, var["query"]
+        selector, label = fill(m.group(1), values), m.group(2)
+
+        def found(selector: str = selector, label: str = label) -> set[str]:
+            return {r["metric"].get(label) for r in promserver.promql(scraped, selector)}
+
+        want = expected[var["name"]]
+        want = want if isinstance(want, set) else {want}
+        wait_for(lambda found=found, want=want: found() == want, timeout=30,
+                 what=f"variable {var['name']} = {want}")
