@@ -51,7 +51,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         lib = write_library(os.path.join(settings_dir, "lib"))
         env["PYTHONPATH"] = pythonpath_with(lib, env.get("PYTHONPATH"))
     started = time.monotonic()
-    proc = agent = None
+    proc = agent = guardian = None
     previous_handlers = {}
     try:
         # The process starts in a session of its own so that our death never orphans it
@@ -59,6 +59,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         # this process cannot leave it stopped.
         proc = subprocess.Popen(cmd, env=env, start_new_session=True,
                                 preexec_fn=_continue_on_parent_death())
+        guardian = _start_guardian(proc.pid)
         tree = ProcessTree(root_pid=proc.pid)
         enforcer = SignalEnforcer(tree) if policy.enforcement in ("signals", "both") else None
         agent = Agent(policy, tree, settings_dir, enforcer, gpu=gpu)
@@ -79,6 +80,9 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
             exporter.close()
         if proc is not None:
             _leave_nothing_stopped(proc)
+        if guardian is not None:
+            guardian.stdin.close()
+            guardian.wait()
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
         shutil.rmtree(settings_dir, ignore_errors=True)
@@ -228,6 +232,22 @@ def _leave_nothing_stopped(proc: subprocess.Popen) -> None:
         # Leaving early (an error in this tool): fail open, the command runs on unthrottled
         # and we wait for it rather than orphan or kill it.
         proc.wait()
+
+
+def _start_guardian(pgid: int) -> subprocess.Popen | None:
+    """A tiny shell that resumes the command's whole process group when we are gone.
+
+    It blocks reading a pipe only we hold; when we exit, even by SIGKILL, the read ends
+    and it sends SIGCONT to the group: the command's descendants, not only the command
+    (which its parent-death signal covers), are never left stopped.
+    """
+    try:
+        return subprocess.Popen(
+            ["/bin/sh", "-c", 'read _ignored; kill -s CONT -- "-$1" 2>/dev/null', "guardian",
+             str(pgid)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return None
 
 
 def _continue_on_parent_death():

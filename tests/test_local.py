@@ -133,6 +133,20 @@ def test_sigkill_of_the_tool_never_leaves_the_command_stopped(throttledjob_cmd, 
     wait_for(done.exists, timeout=20, what="the command to resume and finish")
 
 
+def test_sigkill_of_the_tool_never_leaves_descendants_stopped(throttledjob_cmd, tmp_path):
+    # The busy process is a grandchild: only the guardian can resume it.
+    started, done = tmp_path / "started", tmp_path / "done"
+    shell = ("import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1], "
+             "sys.argv[2], sys.argv[3]])")
+    tool, child = start_until_stopped(throttledjob_cmd, shell, started, BUSY_THEN_DONE,
+                                      started, done)
+    grandchild = child.children()[0]
+    wait_for(lambda: grandchild.status() == psutil.STATUS_STOPPED, what="grandchild stopped")
+    tool.kill()
+    tool.wait()
+    wait_for(done.exists, timeout=20, what="the grandchild to resume and finish")
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--cpu-peak", "0", "--", "touch", "{marker}"], "--cpu-peak"),
     (["--cpu-peak", "abc", "--", "touch", "{marker}"], "--cpu-peak"),
