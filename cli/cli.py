@@ -152,7 +152,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _fail(prog, f"needs the sidecar extra ({e.name} is missing): "
                            "pip install 'throttledjob[sidecar]'")
     try:
-        base = load_policy_file(args.policy) if args.policy else Policy(enforcement="both")
+        base = load_policy_file(args.policy) if args.policy else Policy()
         policy = base.with_overrides(
             cpu_peak_cores=None if args.cpu_peak is None
             else parse_cpu_quantity(args.cpu_peak, "--cpu-peak"),

@@ -28,7 +28,8 @@ class Policy:
     gpu_memory_fraction: float | None = None
     max_slowdown: float = 1.25
     mode: str = "adaptive"
-    enforcement: str = "cooperative"
+    # Both: pacing while the workload calls step(), signals otherwise; works for any program.
+    enforcement: str = "both"
     interval_seconds: float = 1.0
     # Static cooperative levers (applied as they are, in both modes).
     threads: int | None = None
@@ -95,7 +96,7 @@ def parse_policy(doc: Any) -> Policy:
         gpu_memory_fraction=_num(gpu, "memoryFraction"),
         max_slowdown=_num(doc, "maxSlowdown", 1.25),
         mode=_enum(doc, "mode", MODES, "adaptive"),
-        enforcement=_enum(doc, "enforcement", ENFORCEMENTS, "cooperative"),
+        enforcement=_enum(doc, "enforcement", ENFORCEMENTS, "both"),
         interval_seconds=_num(doc, "intervalSeconds", 1.0),
         threads=_num(levers, "threads"),
         batch_scale=_num(levers, "batchScale", 1.0),
