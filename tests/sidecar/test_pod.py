@@ -2,7 +2,7 @@
 
 Policy reload through a kubelet-style `..data` symlink swap, the /status contract, and
 the fault list of the sidecar issue: a workload left stopped by a dead predecessor, exit
-while the workload is stopped, a corrupt progress file, a read-only shared directory,
+while the workload is stopped, a corrupt progress file, a read-only or full shared directory,
 GPUs lost mid-run, and no shared process namespace.
 """
 
@@ -135,19 +135,30 @@ def test_corrupt_progress_file_is_reported_and_ignored(workload, sidecar):
     assert side.proc.poll() is None
 
 
-def test_read_only_shared_dir_is_reported_and_the_loop_keeps_running(tmp_path, workload,
-                                                                     sidecar):
+MOUNTS = {
+    # A real read-only filesystem, and a real full one (a one-page tmpfs, filled up).
+    "read-only": "mount -t tmpfs -o ro tmpfs {d}",
+    "full": "mount -t tmpfs -o size=4k tmpfs {d} && (cat /dev/zero > {d}/fill 2>/dev/null;"
+            " true)",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(MOUNTS))
+def test_unwritable_shared_dir_is_reported_and_the_loop_keeps_running(tmp_path, workload,
+                                                                      sidecar, fault):
     proc = workload(*LONG)
-    shared = tmp_path / "ro"
+    shared = tmp_path / "shared"
     shared.mkdir()
     prefix = None
     if os.geteuid() == 0:
-        # Root ignores file modes: mount a real read-only filesystem in a private namespace.
+        # Root ignores file modes: mount a real filesystem in a private mount namespace.
         unshare = require_tool("unshare")
         prefix = [unshare, "-m", "sh", "-c",
-                  f'mount -t tmpfs -o ro tmpfs {shared} && exec "$@"', "sh"]
-    else:
+                  MOUNTS[fault].format(d=shared) + ' && exec "$@"', "sh"]
+    elif fault == "read-only":
         shared.chmod(0o500)
+    else:
+        pytest.skip("filling a filesystem needs a private mount namespace (root)")
     side = sidecar("targets: {cpu: {peak: 1}}\nenforcement: Signals\n", proc.pid,
                    shared=shared, prefix=prefix)
     st = wait_for(lambda: (s := side.status()) and s["errors"] and s, timeout=20,
