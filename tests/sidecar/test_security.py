@@ -1,0 +1,51 @@
+"""The sidecar's surface: it binds where told, leaks no environment, needs no API access."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+
+from conftest import wait_for
+
+from .conftest import HUNGRY, VENV_BIN, free_port, get
+
+SECRET = "s3cr3t-token-value"
+PATHS = ("/metrics", "/status", "/healthz", "/readyz", "/nope", "/status?x=../../etc/passwd")
+
+
+def listening(pid: int) -> set[str]:
+    return {c.laddr.ip for c in psutil.Process(pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN}
+
+
+def test_endpoints_expose_no_environment_and_bind_where_told(workload, sidecar):
+    proc = workload("--workers", "1", "--units", "100000")
+    side = sidecar("targets: {cpu: {peak: 1}}\n", proc.pid, env={"API_TOKEN": SECRET})
+    wait_for(lambda: side.status(), timeout=20, what="the sidecar to serve")
+    for path in PATHS:
+        code, body = get(side.url + path)
+        assert code in (200, 404), (path, code)
+        assert SECRET not in body and "API_TOKEN" not in body, path
+    assert listening(side.proc.pid) == {"127.0.0.1"}
+
+
+def test_local_metrics_default_to_loopback(tmp_path):
+    port = free_port()
+    tool = subprocess.Popen([str(VENV_BIN / "throttledjob"), "run", "--quiet", "--metrics-port",
+                             str(port), "--", *HUNGRY, "--workers", "1", "--units", "300"])
+    try:
+        wait_for(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, timeout=20,
+                 what="metrics")
+        assert listening(tool.pid) == {"127.0.0.1"}
+    finally:
+        tool.terminate()
+        tool.wait(timeout=30)
+
+
+def test_sidecar_needs_no_kubernetes_client():
+    code = ("import sys, throttledjob.sidecar.pod, throttledjob.sidecar.local;"
+            "print([m for m in ('kubernetes', 'kopf') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stderr
