@@ -3,20 +3,33 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.run-installed
 
-.PHONY: demo test lint unit tools bench install clean
+.PHONY: demo test lint unit tools bench install install-run clean
 
-$(STAMP): pyproject.toml requirements-dev.txt
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+# The demo needs only what `throttledjob run` needs; the suite needs everything.
+$(RUN_STAMP): requirements-run.txt | $(PY)
+	$(PY) -m pip install --quiet -r requirements-run.txt
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml requirements-run.txt requirements-dev.txt | $(PY)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 # Strict editable mode links each file, so the component folders map into one package;
 # rerun on every make so that new modules are linked too.
+EDITABLE = $(PY) -m pip install --quiet --no-build-isolation --no-deps \
+	--config-settings editable_mode=strict -e .
+
 install: $(STAMP)
-	$(PY) -m pip install --quiet --no-build-isolation --no-deps \
-		--config-settings editable_mode=strict -e .
+	$(EDITABLE)
+
+install-run: $(RUN_STAMP)
+	$(EDITABLE)
 
 # System tools the suite drives for real (TESTING.md): Prometheus/promtool, cpulimit.
 tools:
@@ -25,7 +38,7 @@ tools:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			prometheus cpulimit >/dev/null; }
 
-demo: install
+demo: install-run
 	$(PY) examples/demo.py
 
 lint: install
