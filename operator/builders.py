@@ -68,6 +68,11 @@ class OperatorSettings:
     inject_dir_size_limit: str = "32Mi"
     status_interval_seconds: float = 10.0
     status_timeout_seconds: float = 2.0
+    # Each API call of the operator's own (kopf has its own settings for its calls).
+    api_timeout_seconds: float = 10.0
+    # Level-triggered safety net: re-read each unfinished ThrottledJob's Job this often,
+    # so a Job event lost to an API failure or a restart still reaches the status.
+    resync_seconds: float = 60.0
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -81,7 +86,9 @@ class OperatorSettings:
                  "inject_dir_size_limit": "THROTTLEDJOB_INJECT_DIR_SIZE_LIMIT"}
         values: dict[str, Any] = {attr: env[var] for attr, var in names.items() if env.get(var)}
         for attr, var in (("status_interval_seconds", "THROTTLEDJOB_STATUS_INTERVAL"),
-                          ("status_timeout_seconds", "THROTTLEDJOB_STATUS_TIMEOUT")):
+                          ("status_timeout_seconds", "THROTTLEDJOB_STATUS_TIMEOUT"),
+                          ("api_timeout_seconds", "THROTTLEDJOB_API_TIMEOUT"),
+                          ("resync_seconds", "THROTTLEDJOB_RESYNC_INTERVAL")):
             if env.get(var):
                 values[attr] = float(env[var])
         return cls(**values)

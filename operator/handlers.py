@@ -6,8 +6,12 @@ objects between kopf, the builders and the API. Importing this module registers 
 
 from __future__ import annotations
 
+import contextvars
 import logging
-from dataclasses import dataclass
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import kopf
@@ -25,6 +29,10 @@ SETTINGS = b.OperatorSettings.from_env()
 class _Runtime:
     kube: Kube | None = None
     reader: StatusReader | None = None
+    # (namespace, name) -> (phase, jobName) of every ThrottledJob the watch has shown.
+    seen: dict[tuple[str, str], tuple[str | None, str | None]] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    context: contextvars.Context | None = None
 
 
 RUNTIME = _Runtime()
@@ -44,7 +52,7 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     try:
-        RUNTIME.kube = Kube(load_client())
+        RUNTIME.kube = Kube(load_client(), timeout_seconds=SETTINGS.api_timeout_seconds)
     except Exception as e:  # the client's ConfigException and file errors alike
         # Retrying cannot conjure a kubeconfig: stop with the reason instead.
         raise kopf.PermanentError(f"cannot find the cluster (in-cluster service account, "
@@ -57,6 +65,12 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
 def _kube() -> Kube:
     assert RUNTIME.kube is not None, "the startup handler did not run"
     return RUNTIME.kube
+
+
+def _retry_later(e: ApiError, retry: int) -> kopf.TemporaryError:
+    """The API failed even after Kube's own retries: kopf runs the handler again later,
+    backing off (1, 2, 4, ... 60 s); every handler is idempotent."""
+    return kopf.TemporaryError(str(e), delay=min(60, 2 ** min(retry, 6)))
 
 
 def _refuse(body: kopf.Body, error: b.SpecError, generation: int | None) -> NoReturn:
@@ -90,15 +104,18 @@ def _ensure(body: kopf.Body, logger: logging.Logger) -> None:
     job = b.build_job(body, doc, SETTINGS)
     kopf.adopt(job, owner=body)
     jobs_path = f"/apis/batch/v1/namespaces/{ns}/jobs"
-    created = kube.create(jobs_path, job) is not None
-    if not created:
-        existing = kube.get(f"{jobs_path}/{job['metadata']['name']}") or {}
-        if not b.owned_by(existing, body.meta.uid or ""):
+    current = kube.create(jobs_path, job)
+    created = current is not None
+    if current is None:
+        current = kube.get(f"{jobs_path}/{job['metadata']['name']}") or {}
+        if not b.owned_by(current, body.meta.uid or ""):
             _refuse(body, b.SpecError("JobNameTaken", f"Job {job['metadata']['name']} exists "
                                       "and is not owned by this ThrottledJob"), generation)
     now = b.now_iso()
-    kube.update_status(ns, name, lambda st, _tj: b.status_job_created(
-        st, job["metadata"]["name"], generation, now))
+    # The phase comes from the Job as it is now: after a restart the Job may be running
+    # or finished already, and its events may have been handled before this.
+    kube.update_status(ns, name, lambda st, _tj: b.status_from_job(b.status_job_created(
+        st, job["metadata"]["name"], generation, now), current.get("status"), now))
     if created:
         logger.info("created Job %s", job["metadata"]["name"])
         kopf.info(body, reason="JobCreated",
@@ -111,20 +128,21 @@ def _ensure(body: kopf.Body, logger: logging.Logger) -> None:
 
 @kopf.on.resume(*RESOURCE)
 @kopf.on.create(*RESOURCE)
-def ensure(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+def ensure(body: kopf.Body, logger: logging.Logger, retry: int = 0, **_: Any) -> None:
     try:
         _ensure(body, logger)
     except ApiError as e:
-        raise kopf.TemporaryError(str(e), delay=5) from e
+        raise _retry_later(e, retry) from e
 
 
 @kopf.on.update(*RESOURCE, field="spec.throttle")
 @kopf.on.update(*RESOURCE, field="spec.parameters")
-def policy_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+def policy_changed(body: kopf.Body, logger: logging.Logger, retry: int = 0,
+                   **_: Any) -> None:
     """A live edit: rewrite the ConfigMap; the kubelet projects it into the running pod."""
     kube, generation = _kube(), body.meta.get("generation")
     if not (body.status or {}).get("jobName"):
-        return ensure(body=body, logger=logger)  # refused before: maybe fixed now
+        return ensure(body=body, logger=logger, retry=retry)  # refused before: maybe fixed
     try:
         doc = b.validate(body)
     except b.SpecError as e:
@@ -146,17 +164,18 @@ def policy_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
                                           "ConfigMapUpdated", "the sidecar reads the new "
                                           "policy live", now, generation)})
     except ApiError as e:
-        raise kopf.TemporaryError(str(e), delay=5) from e
+        raise _retry_later(e, retry) from e
     kopf.info(body, reason="PolicyUpdated",
               message=f"Updated ConfigMap {cm['metadata']['name']}; running pods apply it live")
 
 
 @kopf.on.update(*RESOURCE, field="spec.jobTemplate")
-def template_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+def template_changed(body: kopf.Body, logger: logging.Logger, retry: int = 0,
+                     **_: Any) -> None:
     """A Job's pod template is immutable: say so instead of silently restarting."""
     job = (body.status or {}).get("jobName")
     if not job:
-        return ensure(body=body, logger=logger)
+        return ensure(body=body, logger=logger, retry=retry)
     message = (f"jobTemplate changed, but Job {job} is already created and a Job's template "
                "is immutable; delete and re-create the ThrottledJob to run the new template")
     now, generation = b.now_iso(), body.meta.get("generation")
@@ -194,6 +213,7 @@ def job_event(body: kopf.Body, type: str | None, namespace: str | None,
         result = _kube().update_status(
             namespace, owner, lambda st, _tj: b.status_from_job(st, body.get("status"), now))
     except ApiError as e:
+        # Event handlers are not retried by kopf; the resync timer catches up.
         logger.warning("cannot update %s/%s from its Job: %s", namespace, owner, e)
         return
     if result and result[1].get("phase") != result[2].get("phase"):
@@ -204,20 +224,85 @@ def job_event(body: kopf.Body, type: str | None, namespace: str | None,
                                                 f"is {phase}")
 
 
-@kopf.timer(*RESOURCE, interval=SETTINGS.status_interval_seconds,
-            when=lambda status, **_: status.get("phase") == "Running")
-def read_sidecars(name: str | None, namespace: str | None, **_: Any) -> None:
-    """Observed peaks from each running pod's sidecar /status into status.observed."""
-    if name is None or namespace is None:
+# --- periodic work, without kopf timers -------------------------------------------------
+# kopf puts a finalizer on every object that has a timer or daemon, so a ThrottledJob could
+# not be deleted while the operator is down. One thread instead walks the ThrottledJobs
+# this process has seen (kopf's watch feeds `track`, within the operator's namespaces).
+
+@kopf.on.event(*RESOURCE)
+def track(body: kopf.Body, type: str | None, **_: Any) -> None:
+    key = (body.meta.namespace or "", body.meta.name or "")
+    if RUNTIME.context is None:
+        # kopf.info/warn find kopf's event queue in context variables, set for handlers
+        # (not yet for startup activities): the poller's threads run in a copy of these.
+        RUNTIME.context = contextvars.copy_context()
+    if type == "DELETED":
+        RUNTIME.seen.pop(key, None)
+    else:
+        st = body.get("status") or {}
+        RUNTIME.seen[key] = (st.get("phase"), st.get("jobName"))
+
+
+@kopf.on.startup()
+def start_poller(logger: logging.Logger, **_: Any) -> None:
+    RUNTIME.stop.clear()
+    threading.Thread(target=_poll, args=(logger,), name="throttledjob-poller",
+                     daemon=True).start()
+
+
+@kopf.on.cleanup()
+def stop_poller(**_: Any) -> None:
+    RUNTIME.stop.set()
+
+
+def _poll(logger: logging.Logger) -> None:
+    """Every status interval: the sidecars of Running ThrottledJobs. Every resync interval:
+    the Job of each unfinished one (events lost to an API failure or a restart)."""
+    next_resync = time.monotonic() + SETTINGS.resync_seconds
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="throttledjob-read") as pool:
+        while not RUNTIME.stop.wait(SETTINGS.status_interval_seconds):
+            seen = list(RUNTIME.seen.items())
+            work = [(read_sidecars, ns, name, job) for (ns, name), (phase, job) in seen
+                    if phase == "Running"]
+            if time.monotonic() >= next_resync:
+                next_resync = time.monotonic() + SETTINGS.resync_seconds
+                work += [(resync_from_job, ns, name, job) for (ns, name), (phase, job) in seen
+                         if job and phase not in ("Succeeded", "Failed")]
+            context = RUNTIME.context or contextvars.copy_context()
+            errors = pool.map(lambda w, c=context: c.copy().run(_safely, *w), work)
+            for (fn, ns, name, _), error in zip(work, errors, strict=True):
+                if error:
+                    logger.warning("%s %s/%s: %s", fn.__name__, ns, name, error)
+
+
+def _safely(fn: Any, namespace: str, name: str, job: str | None) -> str | None:
+    try:
+        fn(namespace, name, job)
+    except Exception as e:  # the next tick tries again; the thread must live on
+        return str(e) or type(e).__name__
+    return None
+
+
+def resync_from_job(namespace: str, name: str, job_name: str | None) -> None:
+    """Level-triggered: the Job as it is now -> phase and conditions."""
+    if not job_name:
         return
+    kube = _kube()
+    job = kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job_name}")
+    if job is None:
+        return
+    now = b.now_iso()
+    kube.update_status(namespace, name,
+                       lambda st, _tj: b.status_from_job(st, job.get("status"), now))
+
+
+def read_sidecars(namespace: str, name: str, _job: str | None = None) -> None:
+    """Observed peaks from each running pod's sidecar /status into status.observed."""
     kube, reader = _kube(), RUNTIME.reader
     assert reader is not None
     reports: list[dict[str, Any]] = []
     failures: list[str] = []
-    try:
-        pods = kube.list_pods(namespace, f"{b.LABEL_NAME}={name}")
-    except ApiError as e:
-        raise kopf.TemporaryError(str(e), delay=5) from e
+    pods = kube.list_pods(namespace, f"{b.LABEL_NAME}={name}")
     for pod in pods:
         # Filter here too: a selector the server ignores must not mix ThrottledJobs.
         if (pod.get("metadata", {}).get("labels") or {}).get(b.LABEL_NAME) != name:

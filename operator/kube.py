@@ -7,7 +7,11 @@ what the builders return is exactly what is sent, with no model round trip.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import random
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -17,12 +21,28 @@ from .crd import GROUP, PLURAL, VERSION
 MERGE_PATCH = "application/merge-patch+json"
 # A read-modify-write of the status retries this often when someone else wrote first.
 STATUS_WRITE_ATTEMPTS = 8
+# Answers worth another try: throttled, or the server (or a proxy) failed. Status 0 is
+# ours: no answer at all (timeout, connection refused or reset).
+TRANSIENT = frozenset({0, 429, 500, 502, 503, 504})
+log = logging.getLogger(__name__)
 
 
 class ApiError(RuntimeError):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
+        super().__init__(f"HTTP {status}: {message}" if status else message)
         self.status = status
+        self.retry_after = retry_after
+
+    @property
+    def transient(self) -> bool:
+        return self.status in TRANSIENT
+
+
+def backoff_seconds(attempt: int, base: float = 0.2, cap: float = 5.0,
+                    retry_after: float | None = None) -> float:
+    """Exponential backoff with full jitter (attempt 0, 1, ...), at least Retry-After."""
+    delay = random.uniform(0, min(cap, base * 2 ** attempt))
+    return max(delay, min(retry_after or 0.0, 60.0))
 
 
 def load_client() -> Any:
@@ -39,28 +59,65 @@ def load_client() -> Any:
 class Kube:
     """JSON in, JSON out; one shared ApiClient (its connection pool is thread-safe)."""
 
-    def __init__(self, api_client: Any, timeout_seconds: float = 10.0) -> None:
+    def __init__(self, api_client: Any, timeout_seconds: float = 10.0,
+                 attempts: int = 5) -> None:
         self.api = api_client
         self.timeout_seconds = timeout_seconds
+        self.attempts = attempts
 
     def request(self, method: str, path: str, body: Any = None,
                 query: Mapping[str, str] | None = None,
                 content_type: str = "application/json") -> dict[str, Any]:
+        """One API call, retried with backoff on transient failures (429, 5xx, timeouts).
+
+        Every call the operator makes is safe to repeat: a create that reached the server
+        before its answer was lost comes back as 409 (handled by `create`), a merge patch
+        is idempotent, and a status write carries a resourceVersion precondition."""
         if query:
             path = f"{path}?{urlencode(query)}"
+        for attempt in range(self.attempts):
+            try:
+                return self._request_once(method, path, body, content_type)
+            except ApiError as e:
+                if not e.transient or attempt == self.attempts - 1:
+                    raise
+                delay = backoff_seconds(attempt, retry_after=e.retry_after)
+                log.warning("%s %s failed (%s); retry %d in %.2fs", method, path, e,
+                            attempt + 1, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _request_once(self, method: str, path: str, body: Any,
+                      content_type: str) -> dict[str, Any]:
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
         headers = {"Accept": "application/json", "Content-Type": content_type}
         method_, url, headers, body_, _ = self.api.param_serialize(
             method=method, resource_path=path, header_params=headers, body=body,
             auth_settings=["BearerToken"])
-        resp = self.api.call_api(method_, url, header_params=headers, body=body_,
-                                 _request_timeout=self.timeout_seconds)
-        data = resp.read()
+        try:
+            resp = self.api.call_api(method_, url, header_params=headers, body=body_,
+                                     _request_timeout=self.timeout_seconds)
+            data = resp.read()
+        except ApiException as e:  # the client's own (TLS failures, status 0)
+            raise ApiError(e.status or 0, str(e.reason)[:200]) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise ApiError(0, f"no answer from the API server: {type(e).__name__}: "
+                              f"{str(e)[:200]}") from e
         if resp.status >= 400:
+            retry_after = None
             try:
-                message = json.loads(data).get("message", "")
-            except ValueError:
+                doc = json.loads(data)
+                message = doc.get("message", "")
+                retry_after = (doc.get("details") or {}).get("retryAfterSeconds")
+            except (ValueError, AttributeError):
                 message = data[:200].decode(errors="replace")
-            raise ApiError(resp.status, message)
+            header = resp.headers.get("Retry-After") if resp.headers else None
+            with contextlib.suppress(ValueError):  # an HTTP date: keep the body's hint
+                retry_after = float(header) if header else retry_after
+            raise ApiError(resp.status, message,
+                           float(retry_after) if retry_after is not None else None)
         return json.loads(data) if data else {}
 
     # --- paths ---------------------------------------------------------------------------

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -141,8 +144,24 @@ def _make_emulator_class() -> type:
             self.counter = itertools.count(1000)
             self.mutations = asyncio.Lock()
             self.sent: list[tuple[str, str, Any]] = []  # (method, path, body) of writes
+            self.sent_at: dict[tuple[str, str], float] = {}  # (path, name) -> first create
+            self.faults: list[Fault] = []
 
         async def _handle(self, request: Any) -> Any:
+            fault = next((f for f in self.faults if f.matches(request)), None)
+            if fault is None:
+                return await self._handle_stamped(request)
+            fault.hits += 1
+            if not fault.after_commit:
+                await asyncio.sleep(fault.delay)
+                raise fault.error()
+            response = await self._handle_stamped(request)  # done, but the answer is lost
+            await asyncio.sleep(fault.delay)
+            if fault.status is None:
+                return response  # late: the client has given up by now
+            raise fault.error()
+
+        async def _handle_stamped(self, request: Any) -> Any:
             act = kmock.action
             if request.resource is None or request.action not in (
                     act.CREATE, act.UPDATE, act.DELETE):
@@ -157,6 +176,8 @@ def _make_emulator_class() -> type:
                     meta = request.data.setdefault("metadata", {})
                     if not meta.get("name") and meta.get("generateName"):
                         meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                    self.sent_at.setdefault((str(request.url.path), meta.get("name")),
+                                            time.monotonic())
                     meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self.counter)),
                                 generation=1, creationTimestamp=_now())
                 elif request.action == act.UPDATE and alive:
@@ -196,6 +217,36 @@ def _make_emulator_class() -> type:
                     await self._buses[resource].put({"type": "DELETED", "object": raw})
 
     return StampingEmulator
+
+
+@dataclasses.dataclass
+class Fault:
+    """An API failure the emulator plays: `times` requests whose method is `method` and
+    whose path matches `path` (a regex) fail with `status` after `delay` seconds. With
+    `after_commit` the server does the work first and only the answer is lost (the case
+    that duplicates objects in a careless client); status None then means a late answer
+    (a client timeout when `delay` exceeds it)."""
+
+    method: str
+    path: str
+    status: int | None = 500
+    times: int = 1
+    delay: float = 0.0
+    after_commit: bool = False
+    retry_after: int | None = None
+    hits: int = 0
+
+    def matches(self, request: Any) -> bool:
+        return (self.hits < self.times and str(request.method.value) == self.method
+                and re.search(self.path, str(request.url.path)) is not None)
+
+    def error(self) -> Exception:
+        import kmock
+
+        details = {"retryAfterSeconds": self.retry_after} if self.retry_after else {}
+        return kmock.KubernetesError(status=self.status or 504, reason="Injected",
+                                     message=f"injected fault {self.status}",
+                                     details=details)
 
 
 def _now() -> str:
@@ -295,6 +346,8 @@ class OperatorProcess:
 
     def __init__(self, emulator: Emulator, workdir: Path) -> None:
         self.workdir = workdir
+        # Test-sized defaults; a test may change them before start().
+        self.env = {"THROTTLEDJOB_RESYNC_INTERVAL": "2", "THROTTLEDJOB_API_TIMEOUT": "5"}
         self.kubeconfig = workdir / "kubeconfig"
         self.kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
@@ -311,7 +364,7 @@ class OperatorProcess:
         self.port = _free_port()
         log = open(self.workdir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "HOME": str(self.workdir),
-               "KUBERNETES_SERVICE_HOST": ""}
+               "KUBERNETES_SERVICE_HOST": "", **self.env}
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "throttledjob"), "operator", "--standalone", "-A", "--verbose",
              "--status-interval", "0.5", "--liveness",

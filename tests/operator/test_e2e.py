@@ -161,6 +161,8 @@ def test_lifecycle_job_status_sidecar_and_delete(
                         what="status.observed from the sidecar")
     assert observed["cpuPeakCores"] == 1.48 and observed["throttleLevel"] == 0.4
     assert observed["pods"] == 1 and sidecar.hits >= 1
+    # Periodic work adds no finalizer (kopf timers would): deletion never waits for us.
+    assert not tj_of(emulator, "train")["metadata"].get("finalizers")
     assert cond(emulator, "train", "Throttling")["status"] == "True"
     assert cond(emulator, "train", "TargetMet")["status"] == "True"
     assert status(emulator, "train")["startTime"] == "2026-01-01T00:00:00Z"
