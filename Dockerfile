@@ -10,7 +10,7 @@ FROM python:3.11.11-slim-bookworm AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 RUN python -m venv /opt/throttledjob
-COPY requirements-dev.txt pyproject.toml README.md ./
+COPY requirements-dev.txt requirements-run.txt pyproject.toml README.md ./
 COPY cli/ cli/
 COPY runtime/ runtime/
 COPY sidecar/ sidecar/

@@ -75,6 +75,15 @@ def test_shape_multi_stage_pinned_non_root_one_entrypoint() -> None:
         assert f"org.opencontainers.image.{key}=" in labels
 
 
+def requirements_text(path: Path) -> str:
+    """A requirements file with its `-r` includes inlined."""
+    out = []
+    for line in path.read_text().splitlines():
+        m = re.match(r"^-r\s+(\S+)", line)
+        out.append(requirements_text(path.parent / m.group(1)) if m else line)
+    return "\n".join(out)
+
+
 def norm(name: str) -> str:
     """A distribution name as pip compares them (PEP 503)."""
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -173,8 +182,8 @@ def test_build_stage_steps_install_a_working_package(tmp_path) -> None:
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, f"{sub}: {proc.stderr}"
     # The operator's and the sidecar's dependencies import, at the pinned versions.
-    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (ROOT / "requirements-dev.txt")
-                           .read_text(), re.M))
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", requirements_text(
+        ROOT / "requirements-dev.txt"), re.M))
     freeze = subprocess.run([str(venv_bin / "python"), "-m", "pip", "freeze"], env=final_env,
                             capture_output=True, text=True, timeout=60).stdout
     installed = {norm(k): v for k, v in re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", freeze, re.M)}
