@@ -177,7 +177,7 @@ class Explorer:
     """
 
     def __init__(self, target_cores: float, candidates: list[Levers], *,
-                 baseline_intervals: int = 3, probe_intervals: int = 2, settle_intervals: int = 1,
+                 baseline_intervals: int = 2, probe_intervals: int = 2, settle_intervals: int = 1,
                  abort_below: float = 0.8, phase_tolerance: float = 0.3,
                  phase_intervals: int = 3) -> None:
         if target_cores <= 0:

@@ -8,6 +8,7 @@ up at its next tick. The tests drive the explorer with it, interval by interval.
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -251,3 +252,80 @@ def test_thread_candidates():
 def test_bad_configuration_is_refused(kwargs):
     with pytest.raises(ValueError):
         Explorer(**kwargs)
+
+
+# ---- plugged into the agent: settings.json carries the explorer's levers ----------------
+
+class FakeTree:
+    """The CPU time of a model workload that reads the agent's settings file."""
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+
+    def refresh(self) -> None:
+        pass
+
+    def cpu_seconds(self) -> float:
+        return self.cpu
+
+    def pids(self) -> list[int]:
+        return []
+
+
+def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20):
+    """Drive an Agent for `intervals` seconds of fake time; the workload runs `model`
+    under the settings it finds (no duty cycling: none is in force with no pacing
+    process), reporting steps unless `model` is None. Returns the threads published."""
+    from throttledjob.runtime.files import read_json_bounded
+    from throttledjob.runtime.progress import Progress, write_progress
+    from throttledjob.runtime.settings import SETTINGS_FILE, parse_settings
+    from throttledjob.sidecar.agent import Agent
+
+    now = [0.0]
+    tree = FakeTree()
+    agent = Agent(policy, tree, str(tmp_path), clock=lambda: now[0])
+    agent.start()
+    steps, published = 0.0, []
+    for _ in range(intervals):
+        settings = parse_settings(read_json_bounded(str(tmp_path / SETTINGS_FILE)))
+        published.append(settings.threads)
+        demand, rate = (model or memory_bound()).busy(Levers(threads=settings.threads),
+                                                      quota=1e9)[::2]
+        tree.cpu += demand
+        if model is not None:
+            steps += rate
+            write_progress(str(tmp_path), Progress(pid=os.getpid(), steps=int(steps)))
+        now[0] += 1.0
+        agent.cycle()
+    return agent, published
+
+
+def test_agent_publishes_the_explorers_threads(tmp_path):
+    from throttledjob.sidecar.policy import Policy
+
+    agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
+                                 memory_bound())
+    assert agent.explorer is not None and agent.explorer.levers == ONE
+    assert published[0] is None and published[-1] == 1
+    report = agent.explorer_report()
+    assert report["levers"] == "threads=1" and report["state"] == "Settled"
+
+
+@pytest.mark.parametrize("changes", [{"enforcement": "signals"}, {"mode": "fixed"},
+                                     {"threads": 2}, {"cpu_peak_cores": None}])
+def test_agent_without_an_applicable_explorer_keeps_the_policy_levers(tmp_path, changes):
+    from throttledjob.sidecar.policy import Policy
+
+    policy = Policy(**{"cpu_peak_cores": 1.0, "enforcement": "both", **changes})
+    agent, published = run_agent(tmp_path, policy, memory_bound())
+    assert agent.explorer is None
+    assert set(published) == {policy.threads}
+
+
+def test_agent_without_steps_never_explores(tmp_path):
+    from throttledjob.sidecar.policy import Policy
+
+    agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
+                                 None)
+    assert agent.explorer is None
+    assert set(published) == {None}
