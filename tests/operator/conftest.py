@@ -225,7 +225,8 @@ class Fault:
     whose path matches `path` (a regex) fail with `status` after `delay` seconds. With
     `after_commit` the server does the work first and only the answer is lost (the case
     that duplicates objects in a careless client); status None then means a late answer
-    (a client timeout when `delay` exceeds it)."""
+    (a client timeout when `delay` exceeds it). Only requests whose User-Agent contains
+    `agent` count: by default the operator's own client, not kopf's or the test's."""
 
     method: str
     path: str
@@ -234,10 +235,12 @@ class Fault:
     delay: float = 0.0
     after_commit: bool = False
     retry_after: int | None = None
+    agent: str = "OpenAPI-Generator"
     hits: int = 0
 
     def matches(self, request: Any) -> bool:
         return (self.hits < self.times and str(request.method.value) == self.method
+                and self.agent in (request.headers or {}).get("User-Agent", "")
                 and re.search(self.path, str(request.url.path)) is not None)
 
     def error(self) -> Exception:
@@ -295,6 +298,23 @@ class Emulator:
             self.url = str(server.url).rstrip("/")
             self._ready.set()
             await self._stop.wait()
+
+    def watch_error(self, plural: str, code: int = 410) -> None:
+        """Send an ERROR event (410 Gone: "resource version too old") down every watch of
+        the resource named `plural`, as an API server does when a watch falls behind."""
+        event = {"type": "ERROR", "object": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "code": code, "reason": "Expired" if code == 410 else "InternalError",
+            "message": "too old resource version"}}
+        buses = [bus for resource, bus in list(self.handler._buses.items())
+                 if getattr(resource, "plural", None) == plural]
+        assert buses, f"nobody watches {plural}"
+
+        async def put() -> None:
+            for bus in buses:
+                await bus.put(event)
+
+        asyncio.run_coroutine_threadsafe(put(), self._loop).result(10)
 
     # --- a JSON client -------------------------------------------------------------------
 
@@ -400,6 +420,10 @@ class OperatorProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         return self.proc.returncode
+
+    def full_log(self) -> str:
+        return "".join(p.read_text(errors="replace")
+                       for p in sorted(self.workdir.glob("operator-*.log")))
 
     def log_text(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-6000:]

@@ -1,0 +1,134 @@
+"""The operator under API failures and crashes: each failure the emulator plays is retried
+with backoff, nothing is created twice, and a restart at the worst moment ends with exactly
+one Job and a true status."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from throttledjob.operator import kube
+
+from ..conftest import wait_for
+from .conftest import (
+    CM_PATH,
+    JOBS_PATH,
+    TJ_PATH,
+    Emulator,
+    Fault,
+    OperatorProcess,
+    make_tj,
+)
+from .test_e2e import TIMEOUT, assert_valid_status, cond, jobs_of, status
+
+JSON = "application/json"
+
+
+def created_once(emu: Emulator, name: str) -> None:
+    """One Job and one ConfigMap for `name`, status pointing at the Job, Ready."""
+    wait_for(lambda: status(emu, name).get("jobName") == name, TIMEOUT, what="status.jobName")
+    assert len(jobs_of(emu, name)) == 1
+    assert [c["metadata"]["name"] for c in emu.items(CM_PATH)
+            if c["metadata"]["name"].startswith(f"{name}-")] == [f"{name}-throttle"]
+    assert cond(emu, name, "Ready")["status"] == "True"
+    assert_valid_status(emu, name)
+
+
+def test_backoff_is_jittered_bounded_and_honours_retry_after() -> None:
+    delays = [kube.backoff_seconds(n) for n in range(12) for _ in range(20)]
+    assert all(0 <= d <= 5.0 for d in delays)
+    assert max(kube.backoff_seconds(0) for _ in range(50)) <= 0.2
+    assert len({round(d, 6) for d in delays}) > 100  # jitter: no thundering herd
+    assert kube.backoff_seconds(0, retry_after=3) >= 3
+    assert kube.backoff_seconds(0, retry_after=10_000) == 60.0
+    assert {e: kube.ApiError(e, "x").transient for e in (0, 409, 410, 429, 500, 503)} == {
+        0: True, 409: False, 410: False, 429: True, 500: True, 503: True}
+
+
+def test_transient_errors_are_retried_and_nothing_is_duplicated(
+        emulator: Emulator, operator_process: OperatorProcess) -> None:
+    faults = [
+        Fault("POST", r"/configmaps$", status=429, times=2, retry_after=1),
+        Fault("POST", r"/jobs$", status=503),  # refused before doing anything
+        Fault("POST", r"/jobs$", status=500, after_commit=True),  # done, answer lost
+        Fault("GET", r"/throttledjobs/flaky$", status=500),
+        Fault("PATCH", r"/throttledjobs/flaky/status$", status=409, times=2),
+        Fault("PATCH", r"/throttledjobs/flaky/status$", status=502),
+    ]
+    emulator.handler.faults.extend(faults)
+    operator_process.start()
+    emulator.call("POST", TJ_PATH, make_tj("flaky"), content_type=JSON)
+    created_once(emulator, "flaky")
+    assert [f.hits for f in faults] == [f.times for f in faults]  # each fault was played
+    assert status(emulator, "flaky")["phase"] == "Pending"
+    # Three POSTs: refused (never reached the store), done with the answer lost, and the
+    # retry, which met 409 and adopted the Job that exists instead of making another.
+    assert len(emulator.sent("CREATE", "/jobs")) == 2
+    log = operator_process.full_log()
+    assert "HTTP 429" in log and "retry" in log
+
+
+def test_a_timeout_after_the_server_acted_creates_no_duplicate(
+        emulator: Emulator, operator_process: OperatorProcess) -> None:
+    operator_process.env["THROTTLEDJOB_API_TIMEOUT"] = "1"
+    late = Fault("POST", r"/jobs$", status=None, delay=2.5, after_commit=True)
+    slow_status = Fault("PATCH", r"/throttledjobs/slow/status$", status=None, delay=2.5,
+                        after_commit=True)
+    emulator.handler.faults.extend([late, slow_status])
+    operator_process.start()
+    emulator.call("POST", TJ_PATH, make_tj("slow"), content_type=JSON)
+    created_once(emulator, "slow")
+    assert late.hits == 1 and slow_status.hits == 1
+    assert "no answer from the API server" in operator_process.full_log()
+
+
+def test_410_gone_on_the_watch_restarts_it_and_loses_nothing(
+        emulator: Emulator, operator_process: OperatorProcess) -> None:
+    operator_process.start()
+    emulator.call("POST", TJ_PATH, make_tj("before"), content_type=JSON)
+    created_once(emulator, "before")
+    emulator.watch_error("throttledjobs", 410)
+    emulator.watch_error("jobs", 410)
+    # Events after the error: a new object and an edit of the old one.
+    emulator.call("POST", TJ_PATH, make_tj("after"), content_type=JSON)
+    emulator.call("PATCH", f"{TJ_PATH}/before", {"spec": {"throttle": {"targets": {
+        "cpu": {"peak": "700m"}}}}})
+    created_once(emulator, "after")
+    wait_for(lambda: yaml.safe_load(emulator.call("GET", f"{CM_PATH}/before-throttle")[
+        "data"]["policy.yaml"])["targets"]["cpu"]["peak"] == "700m", TIMEOUT,
+        what="the edit after the 410")
+    assert len(jobs_of(emulator, "before")) == 1
+    # The Job watch restarted too: a Job status change still reaches the ThrottledJob.
+    emulator.call("PATCH", f"{JOBS_PATH}/after/status", {"status": {"active": 1}})
+    wait_for(lambda: status(emulator, "after").get("phase") == "Running", TIMEOUT,
+             what="phase Running after the 410")
+    assert "Restarting the watch-stream for throttledjobs" in operator_process.full_log()
+
+
+@pytest.mark.parametrize("moment", ["after-configmap", "after-job"])
+def test_killed_mid_create_restarts_to_one_job_and_a_true_status(
+        emulator: Emulator, operator_process: OperatorProcess, moment: str) -> None:
+    """SIGKILL while the Job create hangs: before the server made it (the ConfigMap exists,
+    the Job does not) or after (the Job exists, the status does not say so)."""
+    hang = Fault("POST", r"/jobs$", status=None, delay=20, after_commit=moment == "after-job")
+    emulator.handler.faults.append(hang)
+    operator_process.start()
+    emulator.call("POST", TJ_PATH, make_tj("crash"), content_type=JSON)
+    wait_for(lambda: hang.hits == 1, TIMEOUT, what="the Job create to hang")
+    assert emulator.call("GET", f"{CM_PATH}/crash-throttle") is not None
+    if moment == "after-job":
+        wait_for(lambda: jobs_of(emulator, "crash"), TIMEOUT, what="the Job, answer pending")
+    assert not status(emulator, "crash").get("jobName")
+    operator_process.kill()
+    if moment == "after-job":
+        # While the operator is down, the Job controller starts the pod.
+        emulator.call("PATCH", f"{JOBS_PATH}/crash/status", {"status": {
+            "active": 1, "startTime": "2026-01-01T00:00:00Z"}})
+    operator_process.start()
+    created_once(emulator, "crash")
+    expected = "Running" if moment == "after-job" else "Pending"
+    wait_for(lambda: status(emulator, "crash").get("phase") == expected, TIMEOUT,
+             what=f"phase {expected}")
+    assert len(jobs_of(emulator, "crash")) == 1
+    if moment == "after-job":
+        assert status(emulator, "crash")["startTime"] == "2026-01-01T00:00:00Z"
