@@ -302,9 +302,13 @@ def test_fixing_a_refused_spec_creates_the_job(emulator: Emulator,
     emulator.call("PATCH", f"{TJ_PATH}/fixme", {"spec": {"throttle": {"targets": {"cpu": {
         "peak": "1"}}}}})
     wait_for(lambda: jobs_of(emulator, "fixme"), TIMEOUT, what="the Job after the fix")
+    # The status is written just after the Job is created: poll, do not race it.
+    wait_for(lambda: status(emulator, "fixme").get("jobName") == "fixme", TIMEOUT,
+             what="status.jobName after the fix")
     st = status(emulator, "fixme")
     assert st["phase"] == "Pending"
     assert cond(emulator, "fixme", "Failed")["status"] == "False"
+    assert len(jobs_of(emulator, "fixme")) == 1
 
 
 def test_restart_never_duplicates_the_job(emulator: Emulator,
