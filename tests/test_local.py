@@ -54,12 +54,14 @@ def test_signals_hold_an_uncooperative_program_to_the_target(throttledjob_cmd, t
 
 
 def test_cooperative_pacing_holds_the_target(throttledjob_cmd, tmp_path):
-    proc, report = run(throttledjob_cmd, ["--cpu-peak", "1", "--max-slowdown", "4",
+    proc, report = run(throttledjob_cmd, ["--cpu-peak", "0.3", "--max-slowdown", "10",
                                           "--enforcement", "cooperative", "--",
-                                          *HUNGRY, "--units", "120", "--cooperative"],
+                                          *HUNGRY, "--units", "50", "--cooperative"],
                        tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert report["cpu_peak_cores"] <= 1.1
+    # The first sample holds interpreter start-up, before the first step() can pace.
+    assert report["cpu_peak_cores"] <= 0.3 * 1.1 + 0.1
+    assert report["steps"] == 100
     assert report["controller"]["levers_used"] == ["pacing"]
     assert report["controller"]["signal_paused_seconds"] == 0.0
 
