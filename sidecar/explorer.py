@@ -144,7 +144,8 @@ class Measuring:
 class Settled:
     """The best setting is applied; each interval is compared with its estimate.
 
-    -> Measuring(baseline) after `phase_intervals` consecutive informative intervals whose
+    -> Measuring(baseline) after `phase_intervals` (doubling with each re-exploration
+       until `calm_intervals` pass without drift) consecutive informative intervals whose
        efficiency or demand departs from the estimate by more than `phase_tolerance`
        (a phase change), or whose demand crosses the target when it was settled under it;
        idle or step-less intervals neither count nor reset.
@@ -154,6 +155,7 @@ class Settled:
     estimate: Estimate
     settle: int = 1
     drift: int = 0
+    steady: int = 0
 
 
 State = Waiting | Measuring | Settled
@@ -200,6 +202,9 @@ class Explorer:
         self.estimates: dict[Levers, Estimate] = {}
         self._queue: list[Levers] = []
         self.explorations = 0
+        # Re-explorations since the last long calm (the phase evidence needed doubles).
+        self._recent_explorations = 0
+        self.calm_intervals = 30
         self.history: list[tuple[str, Levers]] = []   # (state name, levers) per transition
 
     @property
@@ -298,10 +303,20 @@ class Explorer:
                    # settled as "under target", and now over it
                    or e.peak_cores <= self.target < demand / (1 + MIN_GAIN))
         s.drift = s.drift + 1 if drifted else 0
-        if s.drift >= self.phase_intervals:
+        if not drifted:
+            s.steady += 1
+            if s.steady >= self.calm_intervals:  # a long calm: phases are real again
+                self._recent_explorations = 0
+        else:
+            s.steady = 0
+        # Each new exploration in a row needs twice the evidence: a workload (or a machine
+        # shared with noisy neighbours) whose speed swings by more than the tolerance all
+        # the time must not be re-probed over and over.
+        if s.drift >= self.phase_intervals * 2 ** min(5, self._recent_explorations):
             # A new phase: forget the old model and measure again from the defaults.
             self.estimates.clear()
             self.explorations += 1
+            self._recent_explorations += 1
             settle = self.settle_intervals if s.levers != DEFAULT_LEVERS else 0
             self._measure(DEFAULT_LEVERS, self.baseline_intervals, settle)
 

@@ -167,6 +167,17 @@ def test_idle_intervals_of_a_bursty_workload_do_not_count_as_a_phase_change():
     assert ex.levers == ONE
 
 
+def test_a_workload_that_keeps_swinging_is_not_re_probed_over_and_over():
+    # Speed swings 3x every 4 intervals (a noisy neighbour): each swing looks like a phase.
+    slow = Model({DEFAULT_LEVERS: (2.0, 30.0), ONE: (1.0, 27.0)})
+    ex = Explorer(1.0, [ONE])
+    seen: list = []
+    for i in range(50):
+        seen, _ = drive(ex, memory_bound() if i % 2 else slow, 4, previous=seen)
+    assert ex.explorations <= 5       # 3, 6, 12, 24 intervals of evidence, then calm
+    assert ex.levers == ONE
+
+
 def test_noisy_measurements_still_choose_right_and_stay_put():
     ex = Explorer(1.0, [ONE])
     seen, _ = drive(ex, Model(memory_bound().table, noise=0.05, seed=3), 120)
