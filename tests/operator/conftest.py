@@ -205,6 +205,16 @@ def _make_emulator_class() -> type:
                     await self._collect_garbage(old_uid=current.last.raw["metadata"]["uid"])
                 return response
 
+        async def _serve_fetch(self, request: Any) -> Any:
+            """kmock scans every object on each GET; a keyed lookup keeps the 1,000-object
+            load test about the operator, not the emulator."""
+            key = (request.resource, request.namespace, request.name)
+            async with self._lock:
+                obj = self._objects[key] if key in self._objects else None  # noqa: SIM401 (no .get)
+            if obj is None or obj.deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            return obj.raw
+
         async def _collect_garbage(self, old_uid: str) -> None:
             """What the garbage collector does: delete the dependants of a deleted owner."""
             for (resource, _ns, _name), obj in list(self._objects.items()):
@@ -368,6 +378,7 @@ class OperatorProcess:
         self.workdir = workdir
         # Test-sized defaults; a test may change them before start().
         self.env = {"THROTTLEDJOB_RESYNC_INTERVAL": "2", "THROTTLEDJOB_API_TIMEOUT": "5"}
+        self.verbose = True
         self.kubeconfig = workdir / "kubeconfig"
         self.kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
@@ -386,8 +397,8 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "HOME": str(self.workdir),
                "KUBERNETES_SERVICE_HOST": "", **self.env}
         self.proc = subprocess.Popen(
-            [str(VENV_BIN / "throttledjob"), "operator", "--standalone", "-A", "--verbose",
-             "--status-interval", "0.5", "--liveness",
+            [str(VENV_BIN / "throttledjob"), "operator", "--standalone", "-A",
+             *(["--verbose"] if self.verbose else []), "--status-interval", "0.5", "--liveness",
              f"http://127.0.0.1:{self.port}/healthz"],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
         log.close()
@@ -447,3 +458,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     if report.when == "call":
         item.rep_call = report  # type: ignore[attr-defined]
     return report
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "load: the 1,000-ThrottledJob operator run "
+                                       "(a few minutes on 2 cores; part of make test)")
