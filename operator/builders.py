@@ -264,7 +264,7 @@ def workload_uid(pod: Mapping[str, Any]) -> int | None:
 
 
 def uses_signals(policy_doc: Mapping[str, Any]) -> bool:
-    return str(policy_doc.get("enforcement", "Cooperative")).lower() in ("signals", "both")
+    return str(policy_doc.get("enforcement", "Both")).lower() in ("signals", "both")
 
 
 def build_sidecar(settings: OperatorSettings, uid: int | None) -> dict[str, Any]:

@@ -115,10 +115,11 @@ def throttle_schema() -> dict[str, Any]:
                      "description": "Adaptive trims by feedback; Fixed holds static settings."},
             "enforcement": {
                 "type": "string", "enum": ["Cooperative", "Signals", "Both"],
-                "default": "Cooperative",
+                "default": "Both",
                 "description": "Cooperative: the runtime library paces the workload. Signals: "
                                "the sidecar SIGSTOP/SIGCONT-cycles the workload's processes "
-                               "(shares the pod's process namespace). Both: either."},
+                               "(shares the pod's process namespace). Both: pacing while the "
+                               "workload calls step(), signals otherwise."},
             "intervalSeconds": _num("Control interval, seconds.", 0.05, 3600, default=1),
             "inject": {
                 "type": "string", "enum": INJECT_MODES, "default": DEFAULT_INJECT,
