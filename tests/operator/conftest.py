@@ -148,6 +148,11 @@ def _make_emulator_class() -> type:
             self.faults: list[Fault] = []
 
         async def _handle(self, request: Any) -> Any:
+            # kmock keeps every request and, to route a new one, scans them all: O(n) per
+            # request, O(n^2) over a run, which made the emulator (not the operator) the
+            # bottleneck of the load test. The tests keep their own record (self.sent).
+            if len(self._requests) > 200:
+                del self._requests[:-50]
             fault = next((f for f in self.faults if f.matches(request)), None)
             if fault is None:
                 return await self._handle_stamped(request)
