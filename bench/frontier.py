@@ -45,19 +45,16 @@ def measure(options: list[str], cmd: list[str], wrap: list[str] | None = None) -
     """One run under `throttledjob run OPTIONS` (optionally inside another limiter)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
-        explorer = os.path.join(tmp, "explorer.json")
-        full = [sys.executable, str(ROOT / "bench" / "tjrun.py"), explorer, "run", "--quiet",
+        full = [str(BIN / "throttledjob"), "run", "--quiet",
                 "--report", report, *options, "--", *(wrap or []), sys.executable, *cmd]
         proc = subprocess.run(full, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{full} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
         with open(report) as f:
             r = json.load(f)
-        with open(explorer) as f:
-            extra = json.load(f)
     out = {"wall": r["wall_seconds"], "p99": r["cpu_peak_cores"], "max": r["cpu_max_cores"],
-           "mean": r["cpu_mean_cores"], "explorer": extra["explorer"],
-           "samples": extra["cpu_samples"]}
+           "mean": r["cpu_mean_cores"], "explorer": r["controller"]["explorer"],
+           "samples": r["cpu_recent_samples"]}
     for line in proc.stdout.splitlines()[::-1]:
         if line.startswith("{"):
             out["threads_s"] = json.loads(line).get("seconds_by_threads", {})

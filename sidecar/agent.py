@@ -277,6 +277,7 @@ class Agent:
                                           "samples": e.samples, "aborted": e.aborted}
                           for e in ex.estimates.values()},
             "chose_non_default": decision.levers != DEFAULT_LEVERS,
+            "history": [f"{state}({levers})" for state, levers in ex.history],
         }
 
 

@@ -57,7 +57,7 @@ class CpuController:
         self.quota = self.setpoint
         # Anti-windup bounds: the trim corrects measurement gaps, it never runs away.
         self._low = 0.1 * self.setpoint
-        self._high = 2.0 * self.setpoint
+        self._high = 1.5 * self.setpoint
 
     def update(self, obs: CpuObservation) -> CpuDecision:
         binding = obs.pause_fraction > BINDING_PAUSE_FRACTION
@@ -69,8 +69,13 @@ class CpuController:
         if self.adaptive and (binding or over) and not obs.pause_capped:
             # One odd interval (a start-up burst, a child found late) moves the quota by
             # at most MAX_STEP of the setpoint; a real bias is still gone in a few steps.
+            # Raising the quota is the risky direction (usage held low by something else,
+            # a neighbour's load, an idle peer, lets it climb, and the next burst uses it
+            # all): up-moves are half as fast as down-moves and stop at 1.5x the setpoint.
             step = self.gain * (self.setpoint - obs.usage_cores)
             limit = MAX_STEP * self.setpoint
+            if step > 0:
+                step, limit = step / 2, limit / 2
             self.quota += min(limit, max(-limit, step))
             self.quota = min(self._high, max(self._low, self.quota))
         return CpuDecision(self.quota, binding or over, budget_exhausted)

@@ -7,6 +7,8 @@ is resumed when it stops itself, whatever the exit path.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 import time
@@ -20,8 +22,11 @@ class SignalEnforcer:
     """A daemon thread that holds a process tree's CPU rate to a quota by stopping it."""
 
     def __init__(self, tree: ProcessTree, tick: float = 0.02, burst_seconds: float = 0.05,
-                 refresh_every: float = 0.1) -> None:
+                 refresh_every: float = 0.1, process_group: int | None = None) -> None:
         self.tree = tree
+        # Also stop the whole group (local mode: the command's session): a child forked
+        # since the last scan is stopped with its parent instead of running free.
+        self.process_group = process_group
         self.tick = tick
         self.refresh_every = refresh_every
         self.budget = CpuBudget(burst_seconds=burst_seconds)
@@ -78,6 +83,7 @@ class SignalEnforcer:
                 if pause > 0.0:
                     pause = min(pause, self.tick * 5)
                     self._stopped = self.tree.signal(signal.SIGSTOP)
+                    self._signal_group(signal.SIGSTOP)
                     self._quit.wait(pause)
                     self._resume()
                     self.budget.record_pause(time.monotonic() - now)
@@ -88,4 +94,10 @@ class SignalEnforcer:
 
     def _resume(self) -> None:
         stopped, self._stopped = self._stopped, []
+        self._signal_group(signal.SIGCONT)
         resume(stopped)
+
+    def _signal_group(self, sig: int) -> None:
+        if self.process_group is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.process_group, sig)

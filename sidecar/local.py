@@ -61,7 +61,8 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
                                 preexec_fn=_continue_on_parent_death())
         guardian = _start_guardian(proc.pid)
         tree = ProcessTree(root_pid=proc.pid)
-        enforcer = SignalEnforcer(tree) if policy.enforcement in ("signals", "both") else None
+        enforcer = (SignalEnforcer(tree, process_group=proc.pid)
+                    if policy.enforcement in ("signals", "both") else None)
         agent = Agent(policy, tree, settings_dir, enforcer, gpu=gpu)
         if exporter:
             exporter.attach(agent, f"psutil: process tree of pid {proc.pid}").start()
@@ -167,9 +168,13 @@ def build_report(agent: Agent | None, policy: Policy, wall: float, exit_code: in
     signal_paused = agent.enforcer.paused_seconds if agent and agent.enforcer else 0.0
     coop_paused = agent.cooperative_paused_seconds if agent else 0.0
     paused = max(signal_paused, coop_paused)
+    explorer = agent.explorer_report() if agent else None
+    chosen = agent.explorer.decision().levers if agent and agent.explorer else None
     levers = [name for name, used in (("signals", signal_paused > 0), ("pacing", coop_paused > 0),
-                                      ("threads", policy.threads is not None),
-                                      ("batch", policy.batch_scale < 1),
+                                      ("threads", policy.threads is not None
+                                       or bool(chosen and chosen.threads)),
+                                      ("batch", policy.batch_scale < 1
+                                       or bool(chosen and chosen.batch_scale < 1)),
                                       ("rate_limit", policy.rate_limit_per_second is not None),
                                       ("nice", bool(policy.nice)),
                                       ("cpu_affinity", policy.cpu_affinity is not None))
@@ -183,6 +188,8 @@ def build_report(agent: Agent | None, policy: Policy, wall: float, exit_code: in
         "cpu_mean_cores": round(total_cpu / wall, 3) if wall > 0 else 0.0,
         "cpu_seconds": round(total_cpu, 3),
         "samples": stats.count if stats else 0,
+        # The last minute of 1-second samples, oldest first.
+        "cpu_recent_samples": [round(c, 3) for c in agent.recent_cpu] if agent else [],
         # Units of work reported through the runtime library (step() or the auto-hook).
         "steps": agent.status.steps if agent else 0,
         "max_slowdown": policy.max_slowdown,
@@ -197,6 +204,8 @@ def build_report(agent: Agent | None, policy: Policy, wall: float, exit_code: in
             "budget_exhausted_seconds": round(agent.budget_exhausted_seconds, 3) if agent else 0,
             "final_quota_cores": round(agent.controller.quota, 3)
             if agent and agent.controller else None,
+            # What the lever explorer measured and chose (None when it did not run).
+            "explorer": explorer,
             # This tool's own CPU (start-up, sampling, control, signals), not the command's.
             "own_cpu_seconds": round(_own_cpu_seconds(), 3),
         },

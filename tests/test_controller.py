@@ -91,6 +91,22 @@ def test_no_windup_during_idle_periods():
     assert usages[0] <= 1.0
 
 
+def test_quota_winds_up_slowly_and_boundedly_while_something_else_holds_usage_down():
+    ctl = CpuController(1.0)
+    # Pacing binds, but a neighbour leaves the workload only 0.3 cores for a minute.
+    for _ in range(60):
+        ctl.update(CpuObservation(usage_cores=0.3, pause_fraction=0.2))
+    assert ctl.quota <= 1.5 * ctl.setpoint
+    # The neighbour leaves: the quota comes back down by a tenth of the setpoint a step.
+    usages = []
+    for _ in range(12):
+        usage = min(2.0, ctl.quota)
+        usages.append(usage)
+        ctl.update(CpuObservation(usage_cores=usage, pause_fraction=0.5))
+    assert usages[-1] <= 1.01 * ctl.setpoint
+    assert sum(u > 1.05 for u in usages) <= 6
+
+
 def test_budget_exhaustion_is_reported_and_does_not_wind_down():
     ctl = CpuController(0.5)
     usages, quotas, decisions = drive(ctl, Plant(), [2.0] * 30, cap=0.2)
