@@ -21,9 +21,9 @@ TARGET = 1.0
 WORKLOADS = {
     # name: (command, enforcement for our run, target cores)
     "saturating": ([*HUNGRY, "--units", "250"], "signals", TARGET),
-    # cpulimit limits each process on its own (-m starts one limiter per child), so the
-    # side-by-side with it uses one worker process at half a core.
-    "saturating-1proc": ([*HUNGRY, "--workers", "1", "--units", "150"], "signals", 0.5),
+    # cpulimit limits each process on its own (-m starts one limiter per child, each at
+    # the full limit), so the side-by-side with it is one process at half a core.
+    "saturating-1proc": ([*HUNGRY, "--inline", "--units", "150"], "signals", 0.5),
     # Both (the default): signals until the program calls step(), then pacing.
     "cooperative": ([*HUNGRY, "--units", "250", "--cooperative"], "both", TARGET),
     "bursty": ([*HUNGRY, "--units", "180", "--pattern", "bursty"], "both", TARGET),

@@ -56,7 +56,12 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=200, help="work units per worker")
     parser.add_argument("--pattern", choices=["saturate", "bursty", "light"], default="saturate")
     parser.add_argument("--cooperative", action="store_true", help="call tj.step() per unit")
+    parser.add_argument("--inline", action="store_true",
+                        help="one worker in this process, no child (for per-process limiters)")
     args = parser.parse_args()
+    if args.inline:
+        worker(args.units, args.pattern, args.cooperative)
+        return
     procs = [multiprocessing.Process(target=worker, args=(args.units, args.pattern,
                                                           args.cooperative))
              for _ in range(args.workers)]

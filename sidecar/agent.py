@@ -124,6 +124,7 @@ class Agent:
             usage_cores=used / elapsed,
             pause_fraction=min(1.0, max(coop_pause, sig_pause)),
             pause_capped=coop_capped or bool(self.enforcer and self.enforcer.pause_capped),
+            may_under_deliver=not self.status.enforcer_armed or bool(cooperating),
         )
         gpu_duty = self.gpu.cycle(elapsed, obs.pause_fraction,
                                   sorted({d for r in records for d in r.visible_devices})

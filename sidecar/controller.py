@@ -31,6 +31,11 @@ class CpuObservation:
     pause_fraction: float = 0.0
     # True when an actuator wanted to pause more but the slowdown budget forbade it.
     pause_capped: bool = False
+    # Only cooperative pacing can hold usage below the quota by a bias of its own (equal
+    # shares among peers that use them unequally); the signal enforcer counts exactly
+    # what is measured. Without that bias, usage under the setpoint while pausing means
+    # an interval that was partly idle (a burst ending), never a reason to raise the quota.
+    may_under_deliver: bool = True
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class CpuController:
             step = self.gain * (self.setpoint - obs.usage_cores)
             limit = MAX_STEP * self.setpoint
             if step > 0:
+                if not obs.may_under_deliver:
+                    step = 0.0
                 step, limit = step / 2, limit / 2
             self.quota += min(limit, max(-limit, step))
             self.quota = min(self._high, max(self._low, self.quota))

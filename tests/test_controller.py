@@ -107,6 +107,17 @@ def test_quota_winds_up_slowly_and_boundedly_while_something_else_holds_usage_do
     assert sum(u > 1.05 for u in usages) <= 6
 
 
+def test_partly_idle_intervals_under_signals_never_raise_the_quota():
+    ctl = CpuController(1.0)
+    # Bursts that end mid-interval: paused part of the time, yet under the setpoint.
+    for _ in range(30):
+        ctl.update(CpuObservation(usage_cores=0.5, pause_fraction=0.25,
+                                  may_under_deliver=False))
+    assert ctl.quota == ctl.setpoint
+    ctl.update(CpuObservation(usage_cores=1.2, pause_fraction=0.4, may_under_deliver=False))
+    assert ctl.quota < ctl.setpoint  # escaping usage still brings it down
+
+
 def test_budget_exhaustion_is_reported_and_does_not_wind_down():
     ctl = CpuController(0.5)
     usages, quotas, decisions = drive(ctl, Plant(), [2.0] * 30, cap=0.2)

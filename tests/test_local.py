@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -97,20 +98,39 @@ while True:
 """
 
 
-def start_until_stopped(throttledjob_cmd, code: str, started, *args):
-    """`throttledjob run` holding `code` hard; returns (tool, command) once it is stopped."""
-    tool = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--cpu-peak", "0.1",
-                             "--max-slowdown", "20", "--enforcement", "signals", "--",
-                             sys.executable, "-c", code, *map(str, args)])
-    wait_for(started.exists, what="the command to start")
-    child = psutil.Process(tool.pid).children()[0]
-    wait_for(lambda: child.status() == psutil.STATUS_STOPPED, what="the command to be stopped")
-    return tool, child
+@pytest.fixture
+def start_until_stopped(throttledjob_cmd):
+    """Start `throttledjob run` holding a command hard; returns (tool, command) once the
+    command is stopped. Whatever the test's outcome, nothing is left running or stopped."""
+    tools: list[subprocess.Popen] = []
+    sessions: set[int] = set()
+
+    def start(code: str, started, *args):
+        tool = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--cpu-peak", "0.1",
+                                 "--max-slowdown", "20", "--enforcement", "signals", "--",
+                                 sys.executable, "-c", code, *map(str, args)])
+        tools.append(tool)
+        wait_for(started.exists, what="the command to start")
+        child = psutil.Process(tool.pid).children()[0]
+        sessions.add(child.pid)  # the command leads a session of its own
+        wait_for(lambda: child.status() == psutil.STATUS_STOPPED,
+                 what="the command to be stopped")
+        return tool, child
+
+    yield start
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(p.pid) in sessions:
+                p.resume()
+                p.kill()
+    for tool in tools:
+        tool.kill()
+        tool.wait()
 
 
-def test_sigterm_reaches_the_command_and_nothing_is_left(throttledjob_cmd, tmp_path):
+def test_sigterm_reaches_the_command_and_nothing_is_left(start_until_stopped, tmp_path):
     got, started = tmp_path / "got", tmp_path / "started"
-    tool, child = start_until_stopped(throttledjob_cmd, BUSY_UNTIL_TERM, started, got, started)
+    tool, child = start_until_stopped(BUSY_UNTIL_TERM, started, got, started)
     tool.send_signal(signal.SIGTERM)
     assert tool.wait(timeout=20) == 0
     assert got.read_text() == "got SIGTERM"
@@ -127,21 +147,20 @@ open(sys.argv[2], "w").write("done")
 """
 
 
-def test_sigkill_of_the_tool_never_leaves_the_command_stopped(throttledjob_cmd, tmp_path):
+def test_sigkill_of_the_tool_never_leaves_the_command_stopped(start_until_stopped, tmp_path):
     started, done = tmp_path / "started", tmp_path / "done"
-    tool, _ = start_until_stopped(throttledjob_cmd, BUSY_THEN_DONE, started, started, done)
+    tool, _ = start_until_stopped(BUSY_THEN_DONE, started, started, done)
     tool.kill()  # at the worst moment: the command is stopped
     tool.wait()
     wait_for(done.exists, timeout=20, what="the command to resume and finish")
 
 
-def test_sigkill_of_the_tool_never_leaves_descendants_stopped(throttledjob_cmd, tmp_path):
+def test_sigkill_of_the_tool_never_leaves_descendants_stopped(start_until_stopped, tmp_path):
     # The busy process is a grandchild: only the guardian can resume it.
     started, done = tmp_path / "started", tmp_path / "done"
     shell = ("import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1], "
              "sys.argv[2], sys.argv[3]])")
-    tool, child = start_until_stopped(throttledjob_cmd, shell, started, BUSY_THEN_DONE,
-                                      started, done)
+    tool, child = start_until_stopped(shell, started, BUSY_THEN_DONE, started, done)
     grandchild = child.children()[0]
     wait_for(lambda: grandchild.status() == psutil.STATUS_STOPPED, what="grandchild stopped")
     tool.kill()
