@@ -60,8 +60,10 @@ def test_cooperative_pacing_holds_the_target(throttledjob_cmd, tmp_path):
                                           *HUNGRY, "--units", "50", "--cooperative"],
                        tmp_path)
     assert proc.returncode == 0, proc.stderr
-    # The first sample holds interpreter start-up, before the first step() can pace.
-    assert report["cpu_peak_cores"] <= 0.3 * 1.1 + 0.1
+    # Pacing starts at the first step(): the first sample holds interpreter start-up and
+    # forks, unpaced in this mode (Both, the default, covers it with signals).
+    first, *rest = report["cpu_recent_samples"]
+    assert rest and max(rest) <= 0.3 * 1.1
     assert report["steps"] == 100
     assert report["controller"]["levers_used"] == ["pacing"]
     assert report["controller"]["signal_paused_seconds"] == 0.0
