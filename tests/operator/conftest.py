@@ -25,6 +25,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,26 @@ RESOURCES = {
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
 
+def api_call(method: str, path: str, watch: bool) -> tuple[str, str, str] | None:
+    """(API group, resource, RBAC verb) of a request, as the API server authorizes it;
+    None for discovery (/api, /apis/GROUP/VERSION), which every client may read."""
+    parts = [p for p in path.split("/") if p]
+    core = parts[:1] == ["api"]
+    group = "" if core else (parts[1] if len(parts) > 1 else "")
+    rest = parts[2:] if core else parts[3:]
+    if not rest:
+        return None
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]  # a namespaced resource (not the namespaces themselves)
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    named = len(rest) > 1
+    verb = {"POST": "create", "PATCH": "patch", "PUT": "update",
+            "DELETE": "delete" if named else "deletecollection"}.get(method)
+    if verb is None:
+        verb = "get" if named else ("watch" if watch else "list")
+    return group, resource, verb
+
+
 def _make_emulator_class() -> type:
     import kmock
 
@@ -146,6 +167,7 @@ def _make_emulator_class() -> type:
             self.sent: list[tuple[str, str, Any]] = []  # (method, path, body) of writes
             self.sent_at: dict[tuple[str, str], float] = {}  # (path, name) -> first create
             self.faults: list[Fault] = []
+            self.calls: set[tuple[str, str, str]] = set()  # (group, resource, verb)
 
         async def _handle(self, request: Any) -> Any:
             # kmock keeps every request and, to route a new one, scans them all: O(n) per
@@ -153,6 +175,12 @@ def _make_emulator_class() -> type:
             # bottleneck of the load test. The tests keep their own record (self.sent).
             if len(self._requests) > 200:
                 del self._requests[:-50]
+            # Every call a client other than the tests' own makes, for the RBAC check.
+            agent = (request.headers or {}).get("User-Agent", "")
+            call = api_call(str(request.method.value), str(request.url.path),
+                            "watch" in str(request.url.query_string))
+            if call and not agent.startswith("Python-urllib"):
+                self.calls.add(call)
             fault = next((f for f in self.faults if f.matches(request)), None)
             if fault is None:
                 return await self._handle_stamped(request)
@@ -468,3 +496,40 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "load: the 1,000-ThrottledJob operator run "
                                        "(a few minutes on 2 cores; part of make test)")
+
+
+class FakeSidecar:
+    """A real HTTP server answering GET /status with `self.doc`."""
+
+    def __init__(self) -> None:
+        self.doc: dict[str, Any] = {}
+        self.hits = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.hits += 1
+                body = json.dumps(outer.doc).encode()
+                self.send_response(200 if self.path == "/status" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def sidecar() -> Iterator[FakeSidecar]:
+    s = FakeSidecar()
+    yield s
+    s.close()

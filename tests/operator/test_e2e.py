@@ -8,10 +8,6 @@ the kubelet (creates a Running pod with an IP) and the sidecar (a real HTTP serv
 from __future__ import annotations
 
 import copy
-import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -30,6 +26,7 @@ from .conftest import (
     PODS_PATH,
     TJ_PATH,
     Emulator,
+    FakeSidecar,
     OperatorProcess,
     cr_errors,
     k8s_validate,
@@ -37,43 +34,6 @@ from .conftest import (
 )
 
 TIMEOUT = 30.0
-
-
-class FakeSidecar:
-    """A real HTTP server answering GET /status with `self.doc`."""
-
-    def __init__(self) -> None:
-        self.doc: dict[str, Any] = {}
-        self.hits = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.hits += 1
-                body = json.dumps(outer.doc).encode()
-                self.send_response(200 if self.path == "/status" else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def sidecar() -> Iterator[FakeSidecar]:
-    s = FakeSidecar()
-    yield s
-    s.close()
 
 
 def tj_of(emu: Emulator, name: str) -> dict[str, Any]:
