@@ -62,7 +62,7 @@ def test_cooperative_pacing_holds_the_target(throttledjob_cmd, tmp_path):
     assert proc.returncode == 0, proc.stderr
     # Pacing starts at the first step(): the first sample holds interpreter start-up and
     # forks, unpaced in this mode (Both, the default, covers it with signals).
-    first, *rest = report["cpu_recent_samples"]
+    _, *rest = report["cpu_recent_samples"]
     assert rest and max(rest) <= 0.3 * 1.1
     assert report["steps"] == 100
     assert report["controller"]["levers_used"] == ["pacing"]
