@@ -159,7 +159,7 @@ def test_unwritable_shared_dir_is_reported_and_the_loop_keeps_running(tmp_path, 
         shared.chmod(0o500)
     else:
         pytest.skip("filling a filesystem needs a private mount namespace (root)")
-    side = sidecar("targets: {cpu: {peak: 1}}\nenforcement: Signals\n", proc.pid,
+    side = sidecar("targets: {cpu: {peak: 1}}\nmaxSlowdown: 3\nenforcement: Signals\n", proc.pid,
                    shared=shared, prefix=prefix)
     st = wait_for(lambda: (s := side.status()) and s["errors"] and s, timeout=20,
                   what="settings error")
