@@ -30,8 +30,6 @@ class SignalEnforcer:
         self.tick = tick
         self.refresh_every = refresh_every
         self.budget = CpuBudget(burst_seconds=burst_seconds)
-        # Charge CPU from now (the workload's start), not from the thread's first tick.
-        self.budget.pause_for(tree.cpu_seconds(), time.monotonic())
         self._stopped: list[int] = []
         self._quit = threading.Event()
         self._lock = threading.Lock()
