@@ -68,7 +68,8 @@ def test_cooperative_pacing_holds_the_target(throttledjob_cmd, tmp_path):
     _, *rest = report["cpu_recent_samples"]
     assert rest and max(rest) <= 0.3 * 1.1
     assert report["steps"] == 100
-    assert report["controller"]["levers_used"] == ["pacing"]
+    levers = report["controller"]["levers_used"]
+    assert "pacing" in levers and "signals" not in levers  # (the explorer may add threads)
     assert report["controller"]["signal_paused_seconds"] == 0.0
 
 
