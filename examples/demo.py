@@ -26,7 +26,7 @@ def main() -> None:
     print(f"2/3 throttledjob run --cpu-peak {TARGET} --enforcement signals ...", flush=True)
     signals = throttledjob_run([*options, "--enforcement", "signals"], [*HUNGRY, *WORK])
     print(f"3/3 throttledjob run --cpu-peak {TARGET} (workload calls tj.step()) ...", flush=True)
-    paced = throttledjob_run([*options, "--enforcement", "cooperative"],
+    paced = throttledjob_run(options,  # Both, the default: pacing once step() is called
                              [*HUNGRY, *WORK, "--cooperative"])
     rows = [row("unthrottled", base, None), row("signals (no code change)", signals, base),
             row("cooperative pacing", paced, base)]
