@@ -27,6 +27,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds; always reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
     """(status, body) of a GET; (0, error) when nothing answers yet."""
     try:
@@ -55,12 +66,7 @@ def throttled_run(args: Sequence[str], command: Sequence[str],
         assert proc.poll() is None, f"throttledjob run exited with {proc.returncode}"
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout=20)
         # Workers of the command may outlive it: the whole session goes.
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -89,8 +95,7 @@ def prometheus(workdir: Path, targets: Sequence[str], job: str = "throttledjob",
         wait_for(lambda: get(url + "/-/ready")[0] == 200, timeout=30, what="Prometheus ready")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        stop(proc, timeout=20)
 
 
 def promql(url: str, query: str) -> list[dict]:

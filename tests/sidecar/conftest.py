@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from promserver import free_port, get
+from promserver import free_port, get, stop
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -37,16 +37,6 @@ class Sidecar:
 
     def stderr(self) -> str:
         return self.proc.stderr.read() if self.proc.stderr else ""
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
@@ -96,4 +86,4 @@ def sidecar(tmp_path) -> Iterator[Callable[..., Sidecar]]:
 
     yield start
     for p in started:
-        _stop(p)
+        stop(p)
