@@ -28,7 +28,7 @@ WORKLOADS: dict[str, tuple[list[str], list[str]]] = {
     "matmul": ([str(ROOT / "bench" / "zoo.py"), "matmul"], []),
     "elementwise": ([str(ROOT / "bench" / "zoo.py"), "elementwise"], []),
     "bursty": ([str(ROOT / "bench" / "zoo.py"), "bursty"], []),
-    "torch_train": ([str(ROOT / "examples" / "torch_train.py"), "--steps", "500",
+    "torch_train": ([str(ROOT / "examples" / "torch_train.py"), "--steps", "5000",
                      "--width", "384"], ["--inject"]),
     "phases": ([str(ROOT / "bench" / "zoo.py"), "phases"], []),
 }
@@ -86,18 +86,18 @@ def main() -> None:
 
     s = args.scale
     if args.workload == "matmul":
-        run(matmul, int(700 * s))
+        run(matmul, int(12000 * s))
     elif args.workload == "elementwise":
-        run(elementwise, int(400 * s))
+        run(elementwise, int(8000 * s))
     elif args.workload == "bursty":
-        for _ in range(5):
-            run(matmul, int(120 * s))     # about a second of compute on 2 cores
+        for _ in range(10):
+            run(matmul, int(600 * s))     # about a second of compute on 2 cores
             time.sleep(1.0)
             clock.tick()
     else:  # phases
-        run(elementwise, int(150 * s))
-        run(matmul, int(450 * s))
-        run(elementwise, int(150 * s))
+        run(elementwise, int(4000 * s))
+        run(matmul, int(6000 * s))
+        run(elementwise, int(4000 * s))
     json.dump({"workload": args.workload, "steps": steps,
                "seconds": round(time.perf_counter() - started, 3),
                "seconds_by_threads": {str(k): round(v, 2)

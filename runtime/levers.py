@@ -26,11 +26,14 @@ class ThreadCap:
         if threads == self.applied and not force:
             return
         torch = sys.modules.get("torch")
-        if torch is not None and hasattr(torch, "set_num_threads"):
-            if self._torch_default is None:
-                self._torch_default = torch.get_num_threads()
-            torch.set_num_threads(threads or self._torch_default)
+        if torch is not None and hasattr(torch, "set_num_threads") \
+                and self._torch_default is None:
+            self._torch_default = torch.get_num_threads()
+        # Pools first: threadpoolctl records the limits it will restore when it starts,
+        # and torch's OpenMP pool is one of them, so torch must not be capped yet.
         self._apply_pools(threads)
+        if self._torch_default is not None:
+            torch.set_num_threads(threads or self._torch_default)
         self.applied = threads
 
     def _apply_pools(self, threads: int | None) -> None:

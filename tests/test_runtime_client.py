@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import time
-import types
 
 import pytest
 
@@ -192,20 +191,39 @@ def test_oom_guard_gives_up_after_retries(tmp_path):
     assert t.oom_events == 2
 
 
-def test_thread_cap_applies_to_torch_and_restores(tmp_path, monkeypatch):
-    calls = []
-    fake_torch = types.SimpleNamespace(get_num_threads=lambda: 8,
-                                       set_num_threads=calls.append)
-    monkeypatch.setitem(sys.modules, "torch", fake_torch)
-    publish(str(tmp_path), threads=2)
-    t = Throttle(str(tmp_path))
+def test_thread_cap_applies_to_real_torch_and_restores_every_pool(tmp_path):
+    """Capped and lifted twice, through settings.json: torch and its OpenMP/BLAS pools
+    end where they began (threadpoolctl once recorded the already-capped count as the
+    original, leaving torch at one thread after the cap was lifted)."""
+    import subprocess
+
+    code = f"""
+import json, os, time, torch
+from threadpoolctl import threadpool_info
+from throttledjob.runtime import Throttle
+from throttledjob.runtime.files import write_json_atomic
+from throttledjob.runtime.settings import SETTINGS_FILE, Settings
+torch.set_num_threads(2)
+def state():
+    return [torch.get_num_threads(), sorted(i["num_threads"] for i in threadpool_info())]
+def publish(seq, threads):
+    s = Settings(seq=seq, time=time.time(), threads=threads)
+    write_json_atomic(os.path.join({str(tmp_path)!r}, SETTINGS_FILE), s.to_dict())
+    t._watcher._next_check = t._next_tick = 0
+seen = [state()]
+t = Throttle({str(tmp_path)!r})
+for seq, threads in enumerate([1, None, 1, None], 1):
+    publish(seq, threads)
     t.step()
-    publish(str(tmp_path))
-    os.utime(tmp_path / SETTINGS_FILE, (time.time() + 1, time.time() + 1))
-    t._next_tick = 0
-    t._watcher._next_check = 0
-    t.step()
-    assert calls[0] == 2 and calls[-1] == 8
+    seen.append(state())
+print(json.dumps(seen))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    before, capped, lifted, capped2, lifted2 = json.loads(out)
+    assert before[0] == 2 and 2 in before[1]
+    assert capped == capped2 == [1, [1] * len(before[1])]
+    assert lifted == lifted2 == before
 
 
 def test_runtime_does_not_import_heavy_libraries(tmp_path):
