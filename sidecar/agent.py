@@ -279,6 +279,9 @@ class Agent:
                           for e in ex.estimates.values()},
             "chose_non_default": decision.levers != DEFAULT_LEVERS,
             "history": [f"{state}({levers})" for state, levers in ex.history],
+            # levers, cores used, paused fraction, steps per second: the last intervals
+            "trace": [[str(levers), round(s.usage_cores, 3), round(s.pause_fraction, 3),
+                       round(s.steps / s.elapsed_seconds, 1)] for levers, s in ex.trace],
         }
 
 

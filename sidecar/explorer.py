@@ -35,6 +35,7 @@ Each state is a dataclass below; its docstring gives its transitions.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 # A lever setting counts as better than the defaults only if it wins by this much: noise
@@ -116,7 +117,7 @@ class Estimate:
 class Waiting:
     """No step seen yet (start-up, imports): the defaults apply.
 
-    -> Measuring(baseline) at the first informative interval.
+    -> Measuring(baseline) after the first informative interval (not counted: start-up).
     """
 
     levers: Levers = DEFAULT_LEVERS
@@ -206,6 +207,8 @@ class Explorer:
         self._recent_explorations = 0
         self.calm_intervals = 30
         self.history: list[tuple[str, Levers]] = []   # (state name, levers) per transition
+        # The last intervals seen, for reports: (levers in force, sample).
+        self.trace: collections.deque[tuple[Levers, LeverSample]] = collections.deque(maxlen=120)
 
     @property
     def levers(self) -> Levers:
@@ -221,12 +224,13 @@ class Explorer:
 
     def update(self, sample: LeverSample) -> Decision:
         s = self.state
+        self.trace.append((s.levers, sample))
         if isinstance(s, Waiting):
             if sample.informative:
                 self.explorations += 1
-                # This interval already ran under the defaults: count it.
+                # Not this interval: it holds the start-up (imports, warm-up) as well as the
+                # first steps, and would understate the defaults' steps per CPU-second.
                 self._measure(DEFAULT_LEVERS, self.baseline_intervals, settle=0)
-                self._collect(sample)
         elif isinstance(s, Measuring):
             if s.settle > 0:
                 s.settle -= 1

@@ -237,9 +237,20 @@ def test_deterministic():
     assert runs[0] == runs[1]
 
 
+def test_the_start_up_interval_does_not_count_against_the_defaults():
+    # The first interval with steps also held the imports: 1.5 cores for 10 steps.
+    ex = Explorer(1.0, [ONE])
+    ex.update(LeverSample(usage_cores=1.5, pause_fraction=0.0, steps=10))
+    drive(ex, compute_bound(), 30)
+    # Measured on clean intervals only, the defaults' 50 steps/s under the quota tie
+    # with one thread's: no reason to leave them.
+    assert ex.estimates[DEFAULT_LEVERS].efficiency == pytest.approx(50.0)
+    assert ex.levers == DEFAULT_LEVERS
+
+
 def test_measuring_discards_the_interval_after_a_change():
     ex = Explorer(1.0, [ONE], baseline_intervals=1)
-    drive(ex, memory_bound(), 1)
+    drive(ex, memory_bound(), 2)   # the start-up interval, then the baseline
     assert isinstance(ex.state, Measuring) and ex.state.levers == ONE
     assert ex.state.settle == 1
     drive(ex, memory_bound(), 1)
