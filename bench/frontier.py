@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,7 +73,7 @@ def static_policy(tmp: str, threads: int | None) -> str:
 
 
 def sweep_workload(name: str, scale: float, fractions: tuple[float, ...], tmp: str,
-                   with_cpulimit: bool, log) -> dict:
+                   with_cpulimit: bool, repeat: int, log) -> dict:
     cmd, extra = WORKLOADS[name]
     cmd = [*cmd, "--scale", str(scale)] if "zoo.py" in cmd[0] else cmd
     runs: list[dict] = []
@@ -87,27 +88,53 @@ def sweep_workload(name: str, scale: float, fractions: tuple[float, ...], tmp: s
             f"threads_s {r.get('threads_s')} explorer {_explored(r)}")
         return r
 
+    # The first round finds the peak, the targets and the settings worth running; later
+    # rounds rerun the same list in the same order, so a load swing on this shared
+    # machine lands on every column alike, and each setting is judged by its median.
     base = run("baseline", None, None, [])
     peak = base["p99"]
     targets = [round(f * peak, 3) for f in fractions]
-    one = run("static", 1, None, ["--policy", static_policy(tmp, 1)])
+    plan = [("static", 1, None, ["--policy", static_policy(tmp, 1)], None)]
+    one = run(*plan[0])
     for t in targets:
-        run("adaptive", None, t, ["--cpu-peak", str(t), "--max-slowdown", "10",
-                                  "--enforcement", "both", "--mode", "adaptive"])
-        run("signals", None, t, ["--cpu-peak", str(t), "--max-slowdown", "10",
-                                 "--enforcement", "signals", "--mode", "adaptive"])
-        # (threads=default, quota=t) is the signals run above: duty cycling alone
+        plan.append(("adaptive", None, t, ["--cpu-peak", str(t), "--max-slowdown", "10",
+                                           "--enforcement", "both", "--mode", "adaptive"], None))
+        # (threads=default, quota=t) is this run: duty cycling alone
+        plan.append(("signals", None, t, ["--cpu-peak", str(t), "--max-slowdown", "10",
+                                          "--enforcement", "signals", "--mode", "adaptive"], None))
         if one["p99"] > t * TOLERANCE:  # otherwise threads=1 alone already meets it
-            run("static", 1, t, ["--policy", static_policy(tmp, 1), "--cpu-peak", str(t)])
+            plan.append(("static", 1, t,
+                         ["--policy", static_policy(tmp, 1), "--cpu-peak", str(t)], None))
         if with_cpulimit and t == targets[len(targets) // 2]:
-            run("cpulimit", None, t, [],
-                wrap=["cpulimit", "-l", str(max(1, round(t * 100))), "-m", "-f", "--"])
-    base2 = run("baseline", None, None, [])
-    wall0 = (base["wall"] + base2["wall"]) / 2
-    for r in runs:
+            plan.append(("cpulimit", None, t, [],
+                         ["cpulimit", "-l", str(max(1, round(t * 100))), "-m", "-f", "--"]))
+    for spec in plan[1:]:
+        run(*spec)
+    run("baseline", None, None, [])
+    for _ in range(repeat - 1):
+        for spec in [("baseline", None, None, [], None), *plan]:
+            run(*spec)
+    medians = aggregate(runs)
+    wall0 = medians[("baseline", None, None)]["wall"]
+    for r in [*runs, *medians.values()]:
         r["slowdown"] = round(r["wall"] / wall0, 3)
     return {"workload": name, "peak": peak, "targets": targets, "baseline_wall": wall0,
-            "runs": runs, "results": judge(runs, targets)}
+            "repeat": repeat, "raw_runs": runs, "runs": list(medians.values()),
+            "results": judge(list(medians.values()), targets)}
+
+
+def aggregate(runs: list[dict]) -> dict[tuple, dict]:
+    """One run per setting: the median wall time and p99 over its repeats."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["kind"], r["threads"], r["target"]), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        mid = sorted(rs, key=lambda r: r["wall"])[len(rs) // 2]   # its explorer, threads
+        out[key] = {**mid, "wall": statistics.median(r["wall"] for r in rs),
+                    "p99": statistics.median(r["p99"] for r in rs), "repeats": len(rs),
+                    "walls": [r["wall"] for r in rs], "p99s": [r["p99"] for r in rs]}
+    return out
 
 
 def judge(runs: list[dict], targets: list[float]) -> list[dict]:
@@ -222,6 +249,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="3 workloads, half the work, targets 50/90%%, no cpulimit")
     parser.add_argument("--scale", type=float, help="multiply the work of bench/zoo.py")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every setting this many times, rotating; judge medians")
     parser.add_argument("--workloads", help="comma-separated subset of " + ",".join(WORKLOADS))
     parser.add_argument("--json", default=str(ROOT / "bench" / "out" / "frontier.json"))
     parser.add_argument("--plots", default=str(ROOT / "docs"), help="folder for the PNGs")
@@ -242,7 +271,8 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            results.append(sweep_workload(name, scale, fractions, tmp, with_cpulimit, log))
+            results.append(sweep_workload(name, scale, fractions, tmp, with_cpulimit,
+                                          args.repeat, log))
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps({"results": results}, indent=1))
     for w in results:

@@ -24,6 +24,12 @@ class CpuBudget:
 
     rate_cores: float | None = None
     burst_seconds: float = 0.05
+    # Debt smaller than this many seconds of pause is carried, not paused for at once:
+    # one pause per few steps instead of one per step. Each pause costs more than its
+    # length on a multi-threaded workload (idle OpenMP workers spin on for a while when
+    # the main thread sleeps, and run cold when it wakes), so short steps paced one by
+    # one lost over half their CPU to it (2-thread torch matmul at 1 ms steps).
+    min_pause_seconds: float = 0.0
     max_pause_fraction: float = 0.0
     _tokens: float = 0.0
     _last_cpu: float | None = None
@@ -61,6 +67,8 @@ class CpuBudget:
         # sample, nor may a capped pause pile up a backlog.
         self._tokens = max(self._tokens, -self.rate_cores * MAX_DEBT_SECONDS)
         wanted = -self._tokens / self.rate_cores
+        if wanted < self.min_pause_seconds:
+            return 0.0
         start = now if self._start_wall is None else self._start_wall
         allowed = self.max_pause_fraction * (now - start) - self.paused_seconds
         self.pause_capped = wanted > allowed

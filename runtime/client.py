@@ -26,6 +26,10 @@ T = TypeVar("T")
 # A cooperating process that has not written progress for this long no longer shares
 # the quota (it finished, or stopped calling step()).
 PEER_MAX_AGE_SECONDS = 2.0
+# Pace in pauses of at least this long (see CpuBudget.min_pause_seconds): on a 2-thread
+# torch loop of 1 ms steps held to 1 core, pausing at every step took 44 s for work that
+# 20 ms pauses did in 21 s (bench/zoo.py matmul --scale 0.5, docs/frontier.md).
+MIN_PAUSE_SECONDS = 0.02
 
 
 class Throttle:
@@ -40,7 +44,7 @@ class Throttle:
         self.oom_events = 0
         self._oom_scale = 1.0
         self._settings = UNTHROTTLED
-        self._budget = CpuBudget()
+        self._budget = CpuBudget(min_pause_seconds=MIN_PAUSE_SECONDS)
         self._threads = ThreadCap()
         self._memory_fraction: float | None = None
         self._next_step_at = 0.0

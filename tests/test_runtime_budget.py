@@ -71,3 +71,31 @@ def test_debt_is_bounded_after_a_late_burst_of_cpu():
     b.pause_for(0.0, 0.0)
     # 3 core-seconds appear at once (a child found late): pause at most a fraction of a second
     assert b.pause_for(3.0, 0.01) <= 0.25
+
+
+def test_short_steps_are_paced_in_few_long_pauses_at_the_same_rate():
+    """1 ms steps at 2 cores, held to 1 core: with a 20 ms minimum pause the rate holds
+    as before, with a tenth of the pauses, each at least 20 ms, and 1-second windows
+    stay within the burst plus one minimum pause of the quota."""
+    counts = {}
+    for min_pause in (0.0, 0.02):
+        b = CpuBudget(rate_cores=1.0, max_pause_fraction=0.9, min_pause_seconds=min_pause)
+        pauses, trace, cpu, wall = [], [], 0.0, 0.0
+        b.pause_for(cpu, wall)
+        while wall < 10:
+            cpu += 0.002
+            wall += 0.001
+            pause = b.pause_for(cpu, wall)
+            if pause:
+                pauses.append(pause)
+                wall += pause
+                b.record_pause(pause)
+            trace.append((wall, cpu))
+        assert cpu / wall == pytest.approx(1.0, rel=0.02)
+        assert min(pauses) >= min_pause
+        for i, (w0, c0) in enumerate(trace[::50]):
+            later = [c for w, c in trace[i * 50:] if w <= w0 + 1.0]
+            if trace[-1][0] >= w0 + 1.0:
+                assert later[-1] - c0 <= 1.0 * (1 + 0.05 + min_pause) + 0.002
+        counts[min_pause] = len(pauses)
+    assert counts[0.02] * 10 <= counts[0.0]
