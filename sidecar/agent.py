@@ -89,6 +89,11 @@ class Agent:
         self._last_step_time = -1e18
         self._last_signal_paused = 0.0
         self._steps_by_pid: dict[int, int] = {}
+        # Pacing was by stop in the last cycle: signals stay armed for one interval more
+        # when the explorer hands pacing back to the runtime, which picks the quota up
+        # only at its next settings check.
+        self._stop_pacing = False
+        self._coop_pacing = False
 
     def start(self) -> None:
         """Arm the actuators before the workload runs its first instruction."""
@@ -124,7 +129,8 @@ class Agent:
             usage_cores=used / elapsed,
             pause_fraction=min(1.0, max(coop_pause, sig_pause)),
             pause_capped=coop_capped or bool(self.enforcer and self.enforcer.pause_capped),
-            may_under_deliver=not self.status.enforcer_armed or bool(cooperating),
+            may_under_deliver=not self.status.enforcer_armed or (bool(cooperating)
+                                                                 and self._coop_pacing),
         )
         gpu_duty = self.gpu.cycle(elapsed, obs.pause_fraction,
                                   sorted({d for r in records for d in r.visible_devices})
@@ -209,10 +215,15 @@ class Agent:
 
     def _actuate(self, quota: float | None, now: float) -> None:
         p = self.policy
-        use_coop = p.enforcement in ("cooperative", "both")
+        stop_pacing = p.enforcement == "both" and self.levers.pacing == "stop"
+        handing_over, self._stop_pacing = self._stop_pacing, stop_pacing
+        use_coop = p.enforcement in ("cooperative", "both") and not stop_pacing
         use_signals = p.enforcement == "signals" or (
             p.enforcement == "both"
-            and now - self._last_step_time > COOPERATION_TIMEOUT_INTERVALS * p.interval_seconds)
+            and (stop_pacing or handing_over
+                 or now - self._last_step_time > COOPERATION_TIMEOUT_INTERVALS
+                 * p.interval_seconds))
+        self._coop_pacing = use_coop
         self.seq += 1
         settings = Settings(
             seq=self.seq, time=time.time(),
@@ -256,6 +267,9 @@ class Agent:
             if not done:
                 return  # no step reported (yet): the policy's levers, as without explorer
             candidates = thread_candidates(_usable_cores(), self.policy.cpu_peak_cores)
+            if self.enforcer is not None and self.policy.enforcement == "both":
+                # first: the probe that changes least in the workload itself
+                candidates.insert(0, Levers(pacing="stop"))
             if any(r.batch_size is not None for r in records):  # it uses tj.batch_size()
                 candidates += [Levers(batch_scale=0.5)]
             if not candidates:

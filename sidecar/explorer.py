@@ -49,15 +49,24 @@ MAX_PAUSE_FOR_DEMAND = 0.9
 
 @dataclass(frozen=True)
 class Levers:
-    """One setting of the cooperative levers (None / 1.0: the workload's own default)."""
+    """One setting of the levers (None / 1.0 / "sleep": the defaults).
+
+    `pacing` is how the quota's duty cycle is delivered: "sleep", by the runtime at step
+    boundaries, or "stop", by the sidecar's SIGSTOP of the whole tree. Sleeping one
+    thread leaves a multi-threaded workload's other threads running (idle OpenMP
+    workers spin on for milliseconds, burning quota), which stopping does not.
+    """
 
     threads: int | None = None
     batch_scale: float = 1.0
+    pacing: str = "sleep"
 
     def __str__(self) -> str:
         parts = [f"threads={self.threads or 'default'}"]
         if self.batch_scale != 1.0:
             parts.append(f"batch_scale={self.batch_scale:g}")
+        if self.pacing != "sleep":
+            parts.append(f"pacing={self.pacing}")
         return ",".join(parts)
 
 
@@ -330,7 +339,8 @@ class Explorer:
 
 def _fewer_threads(candidate: Levers, loser: Levers) -> bool:
     return (loser.threads is not None and candidate.threads is not None
-            and candidate.batch_scale == loser.batch_scale and candidate.threads < loser.threads)
+            and (candidate.batch_scale, candidate.pacing) == (loser.batch_scale, loser.pacing)
+            and candidate.threads < loser.threads)
 
 
 def thread_candidates(cores: int, target_cores: float) -> list[Levers]:

@@ -351,3 +351,78 @@ def test_agent_without_steps_never_explores(tmp_path):
                                  None)
     assert agent.explorer is None
     assert set(published) == {None}
+
+
+STOP = Levers(pacing="stop")
+
+
+class SpinningModel(Model):
+    """Two OpenMP threads: paced by sleeping the main thread, the idle worker spins on
+    and burns 40% of the quota; stopped with the whole process, nothing is lost."""
+
+    def busy(self, levers, quota, fraction=1.0):
+        usage, pause, steps = super().busy(levers, quota, fraction)
+        if pause and levers.pacing == "sleep" and levers.threads is None:
+            steps *= 0.6
+        return usage, pause, steps
+
+
+def test_a_spinning_workload_is_paced_by_stopping_it():
+    ex = Explorer(1.0, [STOP, ONE])
+    seen, _ = drive(ex, SpinningModel(compute_bound().table), 30)
+    assert ex.levers == STOP and seen[-1] == STOP
+    assert ex.estimates[STOP].efficiency == pytest.approx(50.0, rel=0.02)
+    assert ex.estimates[DEFAULT_LEVERS].efficiency == pytest.approx(30.0, rel=0.02)
+
+
+def test_the_pacing_probe_does_not_prune_thread_probes():
+    # Stopping is no better than sleeping for this workload; one thread still is.
+    ex = Explorer(1.0, [STOP, ONE])
+    drive(ex, memory_bound(), 30)
+    assert set(ex.estimates) == {DEFAULT_LEVERS, STOP, ONE}
+    assert ex.levers == ONE
+
+
+class RecordingEnforcer:
+    def __init__(self) -> None:
+        self.quotas: list[float | None] = []
+        self.paused_seconds = 0.0
+        self.pause_capped = False
+
+    def set(self, quota, max_pause_fraction) -> None:
+        self.quotas.append(quota)
+
+    def close(self) -> None:
+        pass
+
+
+def test_agent_hands_pacing_between_stopping_and_the_runtime_without_a_gap(tmp_path):
+    """Pacing by stop: the enforcer holds the quota and the runtime gets none (it would
+    sleep too). Back to sleeping: the runtime gets the quota at once and the enforcer
+    keeps it for one more interval, until the runtime has read it."""
+    import types
+
+    from throttledjob.runtime.files import read_json_bounded
+    from throttledjob.runtime.progress import Progress, write_progress
+    from throttledjob.runtime.settings import SETTINGS_FILE, parse_settings
+    from throttledjob.sidecar.agent import Agent
+    from throttledjob.sidecar.policy import Policy
+
+    now, tree, enforcer = [0.0], FakeTree(), RecordingEnforcer()
+    agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
+                  enforcer=enforcer, clock=lambda: now[0])
+    agent.start()
+    agent.explorer = types.SimpleNamespace(levers=STOP, update=lambda sample: None)
+    agent._explorer_steps = 0
+    published = []
+    for i, levers in enumerate([STOP, STOP, DEFAULT_LEVERS, DEFAULT_LEVERS, DEFAULT_LEVERS]):
+        agent.explorer.levers = levers
+        tree.cpu += 1.0
+        write_progress(str(tmp_path), Progress(pid=os.getpid(), steps=100 * (i + 1)))
+        now[0] += 1.0
+        agent.cycle()
+        settings = parse_settings(read_json_bounded(str(tmp_path / SETTINGS_FILE)))
+        published.append(settings.cpu_quota_cores)
+    armed = [q is not None for q in enforcer.quotas[1:]]   # [0]: start(), before any step
+    assert published[:2] == [None, None] and None not in published[2:]
+    assert armed == [True, True, True, False, False]
