@@ -249,6 +249,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="3 workloads, half the work, targets 50/90%%, no cpulimit")
     parser.add_argument("--scale", type=float, help="multiply the work of bench/zoo.py")
+    parser.add_argument("--fractions", help="comma-separated targets as fractions of the "
+                        "peak (default 0.5,0.7,0.9; --quick 0.5,0.9)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every setting this many times, rotating; judge medians")
     parser.add_argument("--workloads", help="comma-separated subset of " + ",".join(WORKLOADS))
@@ -260,7 +262,8 @@ def main() -> None:
     with_cpulimit = not args.quick and bool(shutil.which("cpulimit"))
     if not args.quick and not with_cpulimit:
         sys.exit("cpulimit is missing: make tools installs it")
-    fractions = (0.5, 0.9) if args.quick else FRACTIONS
+    fractions = (tuple(float(f) for f in args.fractions.split(",")) if args.fractions
+                 else (0.5, 0.9) if args.quick else FRACTIONS)
     scale = args.scale or (0.5 if args.quick else 1.0)
     started = time.monotonic()
 

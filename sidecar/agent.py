@@ -20,7 +20,7 @@ from throttledjob.runtime.settings import SETTINGS_FILE, Settings
 
 from .controller import CpuController, CpuDecision, CpuObservation
 from .enforcer import SignalEnforcer
-from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, thread_candidates
+from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, probe_order
 from .os_levers import OsLevers
 from .policy import Policy
 from .processes import ProcessTree
@@ -266,10 +266,8 @@ class Agent:
         if self.explorer is None:
             if not done:
                 return  # no step reported (yet): the policy's levers, as without explorer
-            candidates = thread_candidates(_usable_cores(), self.policy.cpu_peak_cores)
-            if self.enforcer is not None and self.policy.enforcement == "both":
-                # first: the probe that changes least in the workload itself
-                candidates.insert(0, Levers(pacing="stop"))
+            stop = self.enforcer is not None and self.policy.enforcement == "both"
+            candidates = probe_order(_usable_cores(), self.policy.cpu_peak_cores, stop)
             if any(r.batch_size is not None for r in records):  # it uses tj.batch_size()
                 candidates += [Levers(batch_scale=0.5)]
             if not candidates:

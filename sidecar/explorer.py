@@ -354,3 +354,19 @@ def thread_candidates(cores: int, target_cores: float) -> list[Levers]:
     for near in (int(target_cores), int(target_cores) + 1):
         counts.add(near)
     return [Levers(threads=t) for t in sorted(counts, reverse=True) if 1 <= t < cores]
+
+
+def probe_order(cores: int, target_cores: float, stop_pacing: bool) -> list[Levers]:
+    """The candidates, most promising first, for a workload nothing is known about.
+
+    If threads scaled perfectly, `threads=k` would run as fast as the defaults under a
+    target of k cores or less (it needs no duty cycling), and any parallel overhead makes
+    it faster: those come first. Pacing by stop (when the sidecar may stop the tree) can
+    only win back what sleeping wastes, and thread counts under the target lose k/T of
+    the speed unless the workload scales badly: those follow. Probing the likely winner
+    first lets the later, clearly worse probes be cut short after one sample.
+    """
+    threads = thread_candidates(cores, target_cores)
+    first = [c for c in threads if c.threads >= target_cores]
+    rest = [c for c in threads if c.threads < target_cores]
+    return first + ([Levers(pacing="stop")] if stop_pacing else []) + rest

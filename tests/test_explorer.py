@@ -21,6 +21,7 @@ from throttledjob.sidecar.explorer import (
     Measuring,
     Settled,
     Waiting,
+    probe_order,
     thread_candidates,
 )
 
@@ -426,3 +427,17 @@ def test_agent_hands_pacing_between_stopping_and_the_runtime_without_a_gap(tmp_p
     armed = [q is not None for q in enforcer.quotas[1:]]   # [0]: start(), before any step
     assert published[:2] == [None, None] and None not in published[2:]
     assert armed == [True, True, True, False, False]
+
+
+def test_probe_order_puts_thread_counts_that_need_no_duty_cycling_first():
+    assert probe_order(2, 0.9, stop_pacing=True) == [ONE, STOP]
+    assert probe_order(2, 1.4, stop_pacing=True) == [STOP, ONE]
+    assert probe_order(2, 1.4, stop_pacing=False) == [ONE]
+    assert [c.threads for c in probe_order(8, 3.0, stop_pacing=True)] == [4, 3, None, 2, 1]
+
+
+def test_after_a_winning_first_probe_a_worse_one_is_cut_short():
+    ex = Explorer(0.9, probe_order(2, 0.9, stop_pacing=True))
+    seen, _ = drive(ex, SpinningModel(memory_bound().table), 30)
+    assert ex.levers == ONE
+    assert ex.estimates[STOP].aborted and seen.count(STOP) == 2
