@@ -129,8 +129,10 @@ class Agent:
             usage_cores=used / elapsed,
             pause_fraction=min(1.0, max(coop_pause, sig_pause)),
             pause_capped=coop_capped or bool(self.enforcer and self.enforcer.pause_capped),
-            may_under_deliver=not self.status.enforcer_armed or (bool(cooperating)
-                                                                 and self._coop_pacing),
+            # Only peers given equal shares they use unequally can leave usage under the
+            # quota by the actuator's own bias; one paced process or the enforcer gets
+            # exactly its quota, so a shortfall while pacing is a partly idle interval.
+            may_under_deliver=self._coop_pacing and len(cooperating) >= 2,
         )
         gpu_duty = self.gpu.cycle(elapsed, obs.pause_fraction,
                                   sorted({d for r in records for d in r.visible_devices})

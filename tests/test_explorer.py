@@ -441,3 +441,33 @@ def test_after_a_winning_first_probe_a_worse_one_is_cut_short():
     seen, _ = drive(ex, SpinningModel(memory_bound().table), 30)
     assert ex.levers == ONE
     assert ex.estimates[STOP].aborted and seen.count(STOP) == 2
+
+
+@pytest.mark.parametrize("peers", [1, 2])
+def test_partly_idle_intervals_raise_the_quota_only_for_peers_sharing_it(tmp_path, peers):
+    """A bursty loop paced by the runtime: each interval half busy (paced), half idle, so
+    usage sits under the setpoint while pacing binds. One process gets exactly its quota:
+    raising it would only let the next burst past the target (bursty p99 0.63 against a
+    0.555 target before this). Peers get equal shares they may use unequally: for them the
+    shortfall can be the actuator's own, and the quota may rise."""
+    from throttledjob.runtime.progress import Progress, write_progress
+    from throttledjob.sidecar.agent import Agent
+    from throttledjob.sidecar.policy import Policy
+
+    now, tree = [0.0], FakeTree()
+    agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="cooperative", threads=1),
+                  tree, str(tmp_path), clock=lambda: now[0])
+    agent.start()
+    pids = [os.getpid(), os.getppid()][:peers]
+    for i in range(1, 21):
+        tree.cpu += 0.5
+        for pid in pids:
+            write_progress(str(tmp_path), Progress(pid=pid, steps=10 * i,
+                                                   paused_seconds=0.25 * i))
+        now[0] += 1.0
+        agent.cycle()
+    setpoint = agent.controller.setpoint
+    if peers == 1:
+        assert agent.controller.quota == pytest.approx(setpoint)
+    else:
+        assert agent.controller.quota > 1.2 * setpoint
