@@ -93,6 +93,7 @@ class Agent:
         # when the explorer hands pacing back to the runtime, which picks the quota up
         # only at its next settings check.
         self._stop_pacing = False
+        # The runtime was given the quota in the last cycle (read by the next observation).
         self._coop_pacing = False
 
     def start(self) -> None:
