@@ -25,10 +25,18 @@ the quota: the peak target holds during exploration too.
 The state machine (one `update()` per control interval, observations in, levers out;
 pure and deterministic, so it is tested on synthetic workloads):
 
-    Waiting --steps advance--> Measuring(baseline)
+    Waiting --steps advance--> Measuring(reference)
     Measuring(s) --enough samples--> Measuring(next candidate) | Settled(best)
     Measuring(probe) --first sample clearly worse than the best--> next (probe aborted)
-    Settled --workload drifts (phase change) for a few intervals--> Measuring(baseline)
+    Settled --workload drifts (phase change) for a few intervals--> Measuring(reference)
+
+The reference, measured first, is the defaults, unless the workload wants more than the
+target and a thread count at or over the target exists: then the fewest such threads
+(`threads=1` for any target up to one core). A prior prunes what cannot win. If more
+threads never make a workload faster per thread (no superlinear scaling), then at or
+over the target every extra thread only adds duty cycling: a setting with more threads
+than one measured at the target does fewer steps per CPU-second under the same quota, so
+it is never probed. Fewer threads than a count that lost are not probed either.
 
 Each state is a dataclass below; its docstring gives its transitions.
 """
@@ -126,7 +134,7 @@ class Estimate:
 class Waiting:
     """No step seen yet (start-up, imports): the defaults apply.
 
-    -> Measuring(baseline) after the first informative interval (not counted: start-up).
+    -> Measuring(reference) after the first informative interval (not counted: start-up).
     """
 
     levers: Levers = DEFAULT_LEVERS
@@ -140,8 +148,8 @@ class Measuring:
     -> Measuring(next candidate) after `needed` informative samples, or after one sample
        when it is clearly worse than the best so far (the probe is aborted: a bad probe
        costs at most settle + 1 intervals);
-    -> Settled(best) when no candidate is left, or at once after the baseline when the
-       workload's peak is already under the target (nothing to save: do nothing).
+    -> Settled(best) when no candidate is left (or none can win), or at once after the
+       defaults when the workload's peak is already under the target (nothing to save).
     """
 
     levers: Levers
@@ -154,7 +162,7 @@ class Measuring:
 class Settled:
     """The best setting is applied; each interval is compared with its estimate.
 
-    -> Measuring(baseline) after `phase_intervals` (doubling with each re-exploration
+    -> Measuring(reference) after `phase_intervals` (doubling with each re-exploration
        until `calm_intervals` pass without drift) consecutive informative intervals whose
        efficiency or demand departs from the estimate by more than `phase_tolerance`
        (a phase change), or whose demand crosses the target when it was settled under it;
@@ -182,10 +190,10 @@ class Decision:
 class Explorer:
     """Chooses the cooperative levers that meet a CPU target at the least slowdown.
 
-    `candidates` are the non-default settings to probe, in order (most threads first:
-    the least disruptive probe first). Along the thread axis probing stops at the first
-    candidate that loses to the best so far: fewer threads do not help a workload that
-    already lost speed faster than cores at a higher count.
+    `candidates` are the non-default settings to probe, in order (`probe_order`). Along
+    the thread axis probing stops at the first candidate that loses to the best so far
+    (fewer threads do not help a workload that already lost speed faster than cores at a
+    higher count), and skips counts above one that already reached the target.
     """
 
     def __init__(self, target_cores: float, candidates: list[Levers], *,
@@ -211,6 +219,7 @@ class Explorer:
         self.state: State = Waiting()
         self.estimates: dict[Levers, Estimate] = {}
         self._queue: list[Levers] = []
+        self.reference: Levers = DEFAULT_LEVERS   # measured first in this exploration
         self.explorations = 0
         # Re-explorations since the last long calm (the phase evidence needed doubles).
         self._recent_explorations = 0
@@ -224,22 +233,27 @@ class Explorer:
         return self.state.levers
 
     def set_target(self, target_cores: float) -> None:
-        """A new target re-ranks what was measured (no re-probing needed)."""
+        """A new target re-ranks what was measured (no re-probing), unless it starts from
+        another reference, which was not measured."""
         if target_cores <= 0:
             raise ValueError(f"target must be positive, got {target_cores}")
         self.target = target_cores
         if isinstance(self.state, Settled) and self.estimates:
-            self._settle()
+            demand = max(e.peak_cores for e in self.estimates.values())
+            if self._reference_for(demand) == self.reference:
+                self._settle()
+            else:  # what was measured is not what this target starts from
+                self.estimates.clear()
+                self._explore(demand, current=self.levers)
 
     def update(self, sample: LeverSample) -> Decision:
         s = self.state
         self.trace.append((s.levers, sample))
         if isinstance(s, Waiting):
             if sample.informative:
-                self.explorations += 1
-                # Not this interval: it holds the start-up (imports, warm-up) as well as the
+                # Not a sample: it holds the start-up (imports, warm-up) as well as the
                 # first steps, and would understate the defaults' steps per CPU-second.
-                self._measure(DEFAULT_LEVERS, self.baseline_intervals, settle=0)
+                self._explore(sample.demand_cores, current=DEFAULT_LEVERS)
         elif isinstance(s, Measuring):
             if s.settle > 0:
                 s.settle -= 1
@@ -250,7 +264,7 @@ class Explorer:
         return self.decision()
 
     def decision(self) -> Decision:
-        predicted = None
+        predicted = None   # known only when the defaults were measured
         base = self.estimates.get(DEFAULT_LEVERS)
         chosen = self.estimates.get(self.levers)
         if isinstance(self.state, Settled) and base and chosen:
@@ -266,8 +280,7 @@ class Explorer:
         if not sample.informative:
             return
         s.samples.append(sample)
-        baseline = s.levers == DEFAULT_LEVERS
-        if not baseline and len(s.samples) == 1 and len(s.samples) < s.needed:
+        if s.levers != self.reference and len(s.samples) == 1 and len(s.samples) < s.needed:
             trial = Estimate.of(s.levers, s.samples)
             if trial.throughput(self.target) < self.abort_below * self._best_throughput():
                 self._finish(Estimate.of(s.levers, s.samples, aborted=True))
@@ -278,19 +291,30 @@ class Explorer:
     def _finish(self, estimate: Estimate) -> None:
         best_before = self._best_throughput()
         self.estimates[estimate.levers] = estimate
-        if estimate.levers == DEFAULT_LEVERS:
+        if estimate.levers == self.reference:
             # Nothing to save when the workload is already under the target.
-            self._queue = [] if estimate.peak_cores <= self.target else list(self.candidates)
+            nothing = estimate.levers == DEFAULT_LEVERS and estimate.peak_cores <= self.target
+            self._queue = [] if nothing else [c for c in [DEFAULT_LEVERS, *self.candidates]
+                                              if c != self.reference]
         elif estimate.throughput(self.target) < best_before:
             # Fewer threads than a losing count will not win either: skip them.
             self._queue = [c for c in self._queue if not _fewer_threads(c, estimate.levers)]
+        self._queue = [c for c in self._queue if not self._dominated(c)]
         if self._queue:
             self._measure(self._queue.pop(0), self.probe_intervals, self.settle_intervals)
         else:
             self._settle()
 
+    def _dominated(self, candidate: Levers) -> bool:
+        """More threads than a setting measured at the target: they would be duty-cycled
+        to the same cores at fewer steps per CPU-second (the prior in the module doc).
+        Within MIN_GAIN of the target counts as at it: no more than that is left to win."""
+        return any(_more_threads(candidate, e.levers)
+                   and e.peak_cores * (1 + MIN_GAIN) >= self.target
+                   for e in self.estimates.values())
+
     def _settle(self) -> None:
-        base = self.estimates[DEFAULT_LEVERS]
+        base = self.estimates[self.reference]
         best = max(self.estimates.values(), key=lambda e: e.throughput(self.target))
         if best.throughput(self.target) < (1 + MIN_GAIN) * base.throughput(self.target):
             best = base
@@ -326,15 +350,41 @@ class Explorer:
         # shared with noisy neighbours) whose speed swings by more than the tolerance all
         # the time must not be re-probed over and over.
         if s.drift >= self.phase_intervals * 2 ** min(5, self._recent_explorations):
-            # A new phase: forget the old model and measure again from the defaults.
+            # A new phase: forget the old model and measure again from the reference.
             self.estimates.clear()
-            self.explorations += 1
             self._recent_explorations += 1
-            settle = self.settle_intervals if s.levers != DEFAULT_LEVERS else 0
-            self._measure(DEFAULT_LEVERS, self.baseline_intervals, settle)
+            self._explore(demand, current=s.levers)
+
+    def _explore(self, demand_cores: float, current: Levers) -> None:
+        """Start an exploration: measure the reference first (module doc)."""
+        self.explorations += 1
+        self.reference = self._reference_for(demand_cores)
+        settle = self.settle_intervals if self.reference != current else 0
+        self._measure(self.reference, self.baseline_intervals, settle)
+
+    def _reference_for(self, demand_cores: float) -> Levers:
+        """The defaults, or the fewest threads at or over the target when the workload
+        wants the target (they dominate every count above: module doc). Demand within
+        MIN_GAIN of the target counts: under fewer threads it is all that shows."""
+        at_target = [c for c in self.candidates if c.threads is not None
+                     and c.threads >= self.target and c == Levers(threads=c.threads)]
+        if demand_cores * (1 + MIN_GAIN) >= self.target and at_target:
+            return min(at_target, key=lambda c: c.threads)
+        return DEFAULT_LEVERS
 
     def _best_throughput(self) -> float:
         return max((e.throughput(self.target) for e in self.estimates.values()), default=0.0)
+
+
+def _more_threads(candidate: Levers, measured: Levers) -> bool:
+    """`candidate` differs from `measured` only by more threads (default: the most). A
+    change of pacing counts too when `measured` has one thread: pacing one thread by
+    sleeping wastes nothing that stopping would save."""
+    def count(levers: Levers) -> float:
+        return float("inf") if levers.threads is None else levers.threads
+    return (candidate.batch_scale == measured.batch_scale
+            and (candidate.pacing == measured.pacing or measured.threads == 1)
+            and count(candidate) > count(measured))
 
 
 def _fewer_threads(candidate: Levers, loser: Levers) -> bool:

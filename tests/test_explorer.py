@@ -80,14 +80,14 @@ def drive(ex: Explorer, model: Model, intervals: int, quota: float | None = None
 
 
 def test_memory_bound_workload_gets_fewer_threads_instead_of_duty_cycling():
-    ex = Explorer(1.0, [ONE])
+    ex = Explorer(1.2, [ONE])
     seen, _ = drive(ex, memory_bound(), 30)
     assert isinstance(ex.state, Settled)
     assert ex.levers == ONE
     assert seen[-1] == ONE
-    # Measured: duty cycling alone would run at 50 steps/s; one thread runs at 90.
-    assert ex.estimates[ONE].throughput(1.0) == pytest.approx(90.0, rel=0.02)
-    assert ex.estimates[DEFAULT_LEVERS].throughput(1.0) == pytest.approx(50.0, rel=0.02)
+    # Measured: duty cycling alone would run at 60 steps/s; one thread runs at 90.
+    assert ex.estimates[ONE].throughput(1.2) == pytest.approx(90.0, rel=0.02)
+    assert ex.estimates[DEFAULT_LEVERS].throughput(1.2) == pytest.approx(60.0, rel=0.02)
     assert ex.decision().predicted_slowdown == pytest.approx(100 / 90, rel=0.02)
 
 
@@ -100,9 +100,9 @@ def test_memory_bound_near_its_peak_keeps_threads_and_duty_cycles_instead():
 
 
 def test_compute_bound_workload_keeps_its_threads():
-    ex = Explorer(1.0, [ONE])
+    ex = Explorer(1.5, [ONE])
     drive(ex, compute_bound(), 30)
-    # One thread halves speed exactly as duty cycling does: no gain, keep the defaults.
+    # One thread halves speed, duty cycling to 1.5 cores costs a quarter: keep the defaults.
     assert ex.levers == DEFAULT_LEVERS
     assert isinstance(ex.state, Settled)
 
@@ -135,7 +135,7 @@ def test_no_steps_no_exploration():
 
 
 def test_phase_change_triggers_a_new_exploration():
-    ex = Explorer(1.0, [ONE])
+    ex = Explorer(1.2, [ONE])
     seen, _ = drive(ex, memory_bound(), 20)
     assert ex.levers == ONE
     seen, _ = drive(ex, compute_bound(), 30, previous=seen)
@@ -206,10 +206,12 @@ def test_thread_axis_is_pruned_after_a_losing_count():
     table.update({Levers(threads=t): (float(t), 10.0 * t) for t in (6, 4, 3, 2, 1)})
     ex = Explorer(6.0, thread_candidates(8, 6.0))
     drive(ex, Model(table), 40)
-    assert Levers(threads=6) in ex.estimates   # 6 threads: no gain at a 6-core target
-    assert Levers(threads=4) in ex.estimates   # loses: fewer are not tried
+    six = Levers(threads=6)
+    assert ex.reference == six                 # the fewest threads at the target...
+    assert DEFAULT_LEVERS not in ex.estimates and Levers(threads=7) not in ex.estimates
+    assert Levers(threads=4) in ex.estimates   # ...4 loses: fewer are not tried
     assert Levers(threads=2) not in ex.estimates and Levers(threads=1) not in ex.estimates
-    assert ex.levers == DEFAULT_LEVERS
+    assert ex.levers == six
 
 
 def test_batch_scale_is_explored_like_any_lever():
@@ -221,12 +223,22 @@ def test_batch_scale_is_explored_like_any_lever():
 
 
 def test_new_target_reranks_without_probing_again():
-    ex = Explorer(1.0, [ONE])
+    ex = Explorer(1.2, [ONE])
     drive(ex, memory_bound(), 20)
     assert ex.levers == ONE
     ex.set_target(1.95)
     assert ex.levers == DEFAULT_LEVERS
     assert isinstance(ex.state, Settled)
+
+
+def test_new_target_with_another_reference_measures_it():
+    ex = Explorer(1.0, [ONE])
+    drive(ex, memory_bound(), 20)
+    assert set(ex.estimates) == {ONE}
+    ex.set_target(1.5)   # one thread's 1.0 core is under it: start from the defaults
+    assert isinstance(ex.state, Measuring) and ex.levers == DEFAULT_LEVERS
+    drive(ex, memory_bound(), 20, previous=[ONE])
+    assert ex.levers == ONE and set(ex.estimates) == {DEFAULT_LEVERS, ONE}
 
 
 def test_deterministic():
@@ -240,17 +252,16 @@ def test_deterministic():
 
 def test_the_start_up_interval_does_not_count_against_the_defaults():
     # The first interval with steps also held the imports: 1.5 cores for 10 steps.
-    ex = Explorer(1.0, [ONE])
+    ex = Explorer(1.5, [ONE])
     ex.update(LeverSample(usage_cores=1.5, pause_fraction=0.0, steps=10))
     drive(ex, compute_bound(), 30)
-    # Measured on clean intervals only, the defaults' 50 steps/s under the quota tie
-    # with one thread's: no reason to leave them.
+    # Measured on clean intervals only, the defaults do 50 steps per CPU-second.
     assert ex.estimates[DEFAULT_LEVERS].efficiency == pytest.approx(50.0)
     assert ex.levers == DEFAULT_LEVERS
 
 
 def test_measuring_discards_the_interval_after_a_change():
-    ex = Explorer(1.0, [ONE], baseline_intervals=1)
+    ex = Explorer(1.5, [ONE], baseline_intervals=1)
     drive(ex, memory_bound(), 2)   # the start-up interval, then the baseline
     assert isinstance(ex.state, Measuring) and ex.state.levers == ONE
     assert ex.state.settle == 1
@@ -369,7 +380,7 @@ class SpinningModel(Model):
 
 
 def test_a_spinning_workload_is_paced_by_stopping_it():
-    ex = Explorer(1.0, [STOP, ONE])
+    ex = Explorer(1.5, [STOP, ONE])
     seen, _ = drive(ex, SpinningModel(compute_bound().table), 30)
     assert ex.levers == STOP and seen[-1] == STOP
     assert ex.estimates[STOP].efficiency == pytest.approx(50.0, rel=0.02)
@@ -378,7 +389,7 @@ def test_a_spinning_workload_is_paced_by_stopping_it():
 
 def test_the_pacing_probe_does_not_prune_thread_probes():
     # Stopping is no better than sleeping for this workload; one thread still is.
-    ex = Explorer(1.0, [STOP, ONE])
+    ex = Explorer(1.2, [STOP, ONE])
     drive(ex, memory_bound(), 30)
     assert set(ex.estimates) == {DEFAULT_LEVERS, STOP, ONE}
     assert ex.levers == ONE
@@ -437,10 +448,31 @@ def test_probe_order_puts_thread_counts_that_need_no_duty_cycling_first():
 
 
 def test_after_a_winning_first_probe_a_worse_one_is_cut_short():
+    ex = Explorer(1.5, probe_order(2, 1.5, stop_pacing=True))
+    seen, _ = drive(ex, SpinningModel(compute_bound().table), 30)
+    assert ex.levers == STOP
+    assert ex.estimates[ONE].aborted and seen.count(ONE) == 2
+
+
+@pytest.mark.parametrize("model", [compute_bound(), memory_bound(),
+                                   SpinningModel(compute_bound().table)])
+def test_at_a_target_of_one_core_one_thread_is_all_there_is_to_measure(model):
+    # One thread needs no duty cycling at 1 core; two threads held to 1 core do fewer
+    # steps per CPU-second unless they scale better than linearly: nothing to probe.
     ex = Explorer(0.9, probe_order(2, 0.9, stop_pacing=True))
-    seen, _ = drive(ex, SpinningModel(memory_bound().table), 30)
-    assert ex.levers == ONE
-    assert ex.estimates[STOP].aborted and seen.count(STOP) == 2
+    seen, _ = drive(ex, model, 30)
+    assert seen[0] == DEFAULT_LEVERS and set(seen[1:]) == {ONE}
+    assert set(ex.estimates) == {ONE} and isinstance(ex.state, Settled)
+    assert ex.explorations == 1
+
+
+def test_one_thread_under_the_target_still_measures_the_defaults():
+    # Light load: one thread wants 0.5 core of a 0.7 target; two use the headroom.
+    light = Model({DEFAULT_LEVERS: (0.8, 80.0), ONE: (0.5, 50.0)})
+    ex = Explorer(0.7, probe_order(2, 0.7, stop_pacing=True))
+    drive(ex, light, 30)
+    assert ex.reference == ONE and DEFAULT_LEVERS in ex.estimates
+    assert ex.levers == DEFAULT_LEVERS
 
 
 @pytest.mark.parametrize("peers", [1, 2])
