@@ -136,8 +136,8 @@ class Agent:
             may_under_deliver=self._coop_pacing and len(cooperating) >= 2,
         )
         gpu_duty = self.gpu.cycle(elapsed, obs.pause_fraction,
-                                  sorted({d for r in records for d in r.visible_devices})
-                                  ) if self.gpu else None
+                                  sorted({d for r in records for d in r.visible_devices}),
+                                  steps - self.status.steps) if self.gpu else None
         # While the GPU quota is the one holding the workload back, the CPU controller must
         # not read that pause as its own (it would wind its quota up meanwhile).
         cpu_obs = replace(obs, pause_fraction=0.0, pause_capped=False) \

@@ -128,6 +128,39 @@ class Estimate:
                         max(s.demand_cores for s in samples), len(samples), aborted)
 
 
+@dataclass
+class PhaseGate:
+    """When drift from a settled estimate is a new phase, worth exploring again.
+
+    `intervals` drifting intervals in a row prove a new phase. Each new exploration in a
+    row needs twice the evidence (a workload, or a machine shared with noisy neighbours,
+    whose speed swings by more than the tolerance all the time must not be re-probed over
+    and over) until `calm` intervals in a row pass without drift. Intervals that say
+    nothing (idle, no steps) are not observed: they neither count nor reset.
+    """
+
+    intervals: int = 3
+    calm: int = 30
+    drift: int = 0
+    steady: int = 0
+    recent: int = 0      # explorations since the last long calm
+
+    def settled(self) -> None:
+        self.drift = self.steady = 0
+
+    def observe(self, drifted: bool) -> bool:
+        """One informative interval; True when it proves a new phase."""
+        self.drift = self.drift + 1 if drifted else 0
+        self.steady = 0 if drifted else self.steady + 1
+        if self.steady >= self.calm:  # a long calm: phases are real again
+            self.recent = 0
+        if self.drift < self.intervals * 2 ** min(5, self.recent):
+            return False
+        self.recent += 1
+        self.drift = 0
+        return True
+
+
 # ---- states -------------------------------------------------------------------------
 
 @dataclass
@@ -172,8 +205,6 @@ class Settled:
     levers: Levers
     estimate: Estimate
     settle: int = 1
-    drift: int = 0
-    steady: int = 0
 
 
 State = Waiting | Measuring | Settled
@@ -215,15 +246,12 @@ class Explorer:
         self.settle_intervals = settle_intervals
         self.abort_below = abort_below
         self.phase_tolerance = phase_tolerance
-        self.phase_intervals = phase_intervals
         self.state: State = Waiting()
         self.estimates: dict[Levers, Estimate] = {}
         self._queue: list[Levers] = []
         self.reference: Levers = DEFAULT_LEVERS   # measured first in this exploration
         self.explorations = 0
-        # Re-explorations since the last long calm (the phase evidence needed doubles).
-        self._recent_explorations = 0
-        self.calm_intervals = 30
+        self.phases = PhaseGate(phase_intervals)
         self.history: list[tuple[str, Levers]] = []   # (state name, levers) per transition
         # The last intervals seen, for reports: (levers in force, sample).
         self.trace: collections.deque[tuple[Levers, LeverSample]] = collections.deque(maxlen=120)
@@ -320,6 +348,7 @@ class Explorer:
             best = base
         settle = self.settle_intervals if best.levers != self.levers else 0
         self.state = Settled(best.levers, best, settle=settle)
+        self.phases.settled()
         self.history.append(("Settled", best.levers))
 
     def _measure(self, levers: Levers, needed: int, settle: int) -> None:
@@ -339,20 +368,9 @@ class Explorer:
                    or demand > e.peak_cores * (1 + tol)
                    # settled as "under target", and now over it
                    or e.peak_cores <= self.target < demand / (1 + MIN_GAIN))
-        s.drift = s.drift + 1 if drifted else 0
-        if not drifted:
-            s.steady += 1
-            if s.steady >= self.calm_intervals:  # a long calm: phases are real again
-                self._recent_explorations = 0
-        else:
-            s.steady = 0
-        # Each new exploration in a row needs twice the evidence: a workload (or a machine
-        # shared with noisy neighbours) whose speed swings by more than the tolerance all
-        # the time must not be re-probed over and over.
-        if s.drift >= self.phase_intervals * 2 ** min(5, self._recent_explorations):
+        if self.phases.observe(drifted):
             # A new phase: forget the old model and measure again from the reference.
             self.estimates.clear()
-            self._recent_explorations += 1
             self._explore(demand, current=s.levers)
 
     def _explore(self, demand_cores: float, current: Levers) -> None:

@@ -5,9 +5,12 @@ replays the same way at any interval. The model is rough but has the shape of a 
 GPU fed by a host process:
 - utilization = the trace's demand x the fraction of time the workload was not held
   back (a paused or paced feeder launches no kernels);
-- power = idle + (TDP - idle) x utilization, clipped by the power limit; when clipped,
-  the SM clock drops in proportion and `sw_power_cap` is raised, while utilization
-  stays where it was (kernels run longer at lower clocks, as on real boards);
+- power = idle + (TDP - idle) x utilization x clock^2 (dynamic power ~ C V^2 f, the
+  voltage following the clock part of the way). Under a power limit the SM clock drops
+  until the power fits and `sw_power_cap` is raised, while utilization stays where it
+  was (kernels run longer at lower clocks, as on real boards);
+- the work done (`speed`) = the time not held back x clock^sensitivity: 1 for a
+  compute-bound kernel mix, near 0 for a memory-bound one;
 - temperature follows power with a lag; memory follows demand, capped by the memory
   fraction the workload was told to use.
 
@@ -19,12 +22,19 @@ THROTTLEDJOB_FAKE_GPU_FAIL_AFTER (reads before the GPUs fall off the bus; defaul
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .gpu import GpuBackend, GpuError, GpuReading
+
+if TYPE_CHECKING:
+    from .gpu_agent import GpuAgent
 
 IDLE_WATTS = 60.0
 TDP_WATTS = 300.0
 MIN_LIMIT_WATTS = 100.0
+# Dynamic power grows with the SM clock to this power (see the module doc).
+POWER_CLOCK_EXPONENT = 2.0
 MAX_SM_CLOCK_HERTZ = 1.41e9
 MEMORY_BYTES = 40 * 1024**3
 AMBIENT_CELSIUS = 30.0
@@ -64,7 +74,7 @@ class FakeGpuBackend(GpuBackend):
     simulated = True
 
     def __init__(self, count: int = 1, trace: str | Callable[[int], float] = "plateau",
-                 fail_after: int | None = None) -> None:
+                 fail_after: int | None = None, clock_sensitivity: float = 1.0) -> None:
         if not 1 <= count <= 64:
             raise GpuError(f"fake GPU count must be between 1 and 64, got {count}")
         if isinstance(trace, str):
@@ -80,6 +90,7 @@ class FakeGpuBackend(GpuBackend):
         self.pause_fraction = 0.0
         self.memory_fraction: float | None = None
         self.limits = [TDP_WATTS] * count
+        self.clock_sensitivity = clock_sensitivity
         self._temps = [AMBIENT_CELSIUS + 10.0] * count
         self.limit_calls: list[tuple[int, float]] = []
 
@@ -110,10 +121,10 @@ class FakeGpuBackend(GpuBackend):
         # Each GPU a little lighter than the one before: per-GPU series stay distinguishable.
         demand = min(1.0, max(0.0, self.trace(t) - 0.01 * i))
         util = demand * (1.0 - self.pause_fraction)
-        wanted_watts = IDLE_WATTS + (TDP_WATTS - IDLE_WATTS) * util
-        watts = min(wanted_watts, self.limits[i])
-        capped = wanted_watts > self.limits[i] + 1e-9
-        clock = MAX_SM_CLOCK_HERTZ * (watts / wanted_watts if capped else 1.0)
+        clock = self._clock(i, util)
+        dynamic = (TDP_WATTS - IDLE_WATTS) * util
+        capped = clock < 1.0
+        watts = IDLE_WATTS + dynamic * clock ** POWER_CLOCK_EXPONENT
         self._temps[i] += 0.3 * (AMBIENT_CELSIUS + 0.15 * watts - self._temps[i])
         cap = self.memory_fraction or 1.0
         used = int(MEMORY_BYTES * min(cap, 0.1 + 0.6 * demand))
@@ -123,9 +134,23 @@ class FakeGpuBackend(GpuBackend):
             utilization_ratio=round(util, 4), memory_used_bytes=used,
             memory_total_bytes=MEMORY_BYTES, power_watts=round(watts, 2),
             power_limit_watts=self.limits[i], temperature_celsius=round(self._temps[i], 2),
-            sm_clock_hertz=round(clock), throttle_reasons=frozenset(reasons),
+            sm_clock_hertz=round(MAX_SM_CLOCK_HERTZ * clock), throttle_reasons=frozenset(reasons),
             process_memory_bytes={},
         )
+
+    def _clock(self, i: int, util: float) -> float:
+        """The SM clock, as a fraction of the maximum, at which the power fits the limit."""
+        dynamic = (TDP_WATTS - IDLE_WATTS) * util
+        if IDLE_WATTS + dynamic <= self.limits[i] + 1e-9:
+            return 1.0
+        return ((self.limits[i] - IDLE_WATTS) / dynamic) ** (1 / POWER_CLOCK_EXPONENT)
+
+    def speed(self, index: int = 0) -> float:
+        """The work the interval now running does (the next read reports it), as a
+        fraction of the unthrottled rate: under the hold-back and limit in force now."""
+        demand = min(1.0, max(0.0, self.trace(self.reads) - 0.01 * index))
+        util = demand * (1.0 - self.pause_fraction)
+        return (1.0 - self.pause_fraction) * self._clock(index, util) ** self.clock_sensitivity
 
     def power_limit_range_watts(self, index: int) -> tuple[float, float]:
         return MIN_LIMIT_WATTS, TDP_WATTS
@@ -135,3 +160,26 @@ class FakeGpuBackend(GpuBackend):
             raise GpuError(f"power limit {watts} W outside [{MIN_LIMIT_WATTS}, {TDP_WATTS}]")
         self.limits[index] = watts
         self.limit_calls.append((index, watts))
+
+
+@dataclass(frozen=True)
+class SimulatedInterval:
+    power_watts: float      # the busiest GPU
+    duty: float             # hold-back in force
+    speed: float            # work done, as a fraction of the unthrottled rate
+    limit_watts: float      # the first GPU's power limit in force
+
+
+def drive(agent: GpuAgent, gpu: FakeGpuBackend, intervals: int,
+          steps_per_second: float = 100.0) -> list[SimulatedInterval]:
+    """Run a GPU agent against the simulator with a perfect actuator (the duty it asks
+    for is the hold-back in force next interval), the workload reporting its steps."""
+    duty, rows = 0.0, []
+    for _ in range(intervals):
+        gpu.observe_pause(duty)
+        speed, limit = gpu.speed(), gpu.limits[0]
+        next_duty = agent.cycle(1.0, duty, [], steps=steps_per_second * speed) or 0.0
+        rows.append(SimulatedInterval(max(r.power_watts or 0.0 for r in agent.readings),
+                                      duty, speed, limit))
+        duty = next_duty
+    return rows

@@ -1,5 +1,11 @@
 """The GPU half of a control cycle: read the backend, keep peaks, decide a duty, and
 own the opt-in power-limit lever. Degrades to CPU-only when the GPUs go away.
+
+With the lever, a power target is held by capping the board at the controller's setpoint
+(the prior: the cap changes nothing until the workload draws that much), and the hold-back
+duty answers only for what the cap cannot hold (a utilization target, a board whose
+minimum limit is over the target). Once the workload reports steps, the explorer
+(sidecar/gpu_explorer.py) measures whether the cap or the hold-back alone costs less.
 """
 
 from __future__ import annotations
@@ -8,7 +14,8 @@ import collections
 import logging
 
 from .gpu import GpuBackend, GpuError, GpuReading, NullGpuBackend, select_gpus
-from .gpu_controller import GpuController, GpuDecision, GpuObservation
+from .gpu_controller import DEFAULT_MARGIN, GpuController, GpuDecision, GpuObservation
+from .gpu_explorer import UNCAPPED, GpuSample, PowerLimitExplorer
 from .policy import Policy
 from .stats import PeakStats
 
@@ -16,6 +23,9 @@ log = logging.getLogger("throttledjob.sidecar")
 # Recent 1-second samples kept for "is the target met now" (the run-long p99 remembers
 # the start-up, before the controller acted).
 RECENT_SAMPLES = 60
+# Intervals the duty tracks the control law down after the cap is lifted (it converges
+# from above, a third of the way or more per interval).
+TRACK_INTERVALS = 8
 # Consecutive failed reads before transient errors count as a lost GPU.
 MAX_FAILED_READS = 3
 
@@ -38,7 +48,12 @@ class GpuAgent:
         self._failed_reads = 0
         self._window: list[tuple[float, float | None, float]] = []
         self._saved_limits: dict[int, float] = {}
+        # True while the board's caps hold the power target (the duty need not).
+        self.cap_holds = False
+        self.explorer: PowerLimitExplorer | None = None
+        self._tracking = 0   # intervals left in which the duty tracks the law both ways
         self.controller = GpuController()
+        self.policy = policy
         self.set_policy(policy)
 
     @property
@@ -52,23 +67,47 @@ class GpuAgent:
         return "fake (simulated)" if self.backend.simulated else self.backend.kind
 
     def set_policy(self, policy: Policy) -> None:
-        util = policy.gpu_peak_utilization_percent
-        targets = (None if util is None else util / 100.0, policy.gpu_peak_power_watts)
-        if (targets != (self.controller.targets["utilization"], self.controller.targets["power"])
-                or self.controller.max_duty != policy.max_pause_fraction):
-            duty = self.controller.duty
-            self.controller = GpuController(*targets, max_duty=policy.max_pause_fraction)
-            # Keep the duty in force: a new target moves from here, not from zero.
-            self.controller.duty = min(duty, self.controller.max_duty) if any(
-                t is not None for t in targets) else 0.0
+        if policy.gpu_peak_power_watts != self.policy.gpu_peak_power_watts:
+            self.explorer = None   # what it measured was for another target
         self.policy = policy
+        self._sync_controller()
         if hasattr(self.backend, "memory_fraction"):  # the simulator honours the cap
             self.backend.memory_fraction = policy.gpu_memory_fraction
         if self.power_limit_lever and self.readings:
             self._apply_power_limits()
 
-    def cycle(self, elapsed: float, pause_fraction: float, visible: list[str]) -> float | None:
-        """Read, record and decide; returns the duty wanted (None: no GPU target)."""
+    @property
+    def cap_watts(self) -> float | None:
+        """The power limit that holds the target: the controller's setpoint, so that the
+        duty does not act on top of the cap (None: no target, or the lever is off)."""
+        target = self.policy.gpu_peak_power_watts
+        if not self.power_limit_lever or target is None:
+            return None
+        return target * (1.0 - DEFAULT_MARGIN)
+
+    @property
+    def power_limit_watts(self) -> float | None:
+        """The cap wanted now: the explorer's choice, else the prior (the cap)."""
+        return self.explorer.limit if self.explorer else self.cap_watts
+
+    def _sync_controller(self) -> None:
+        p = self.policy
+        util = p.gpu_peak_utilization_percent
+        power = None if self.cap_holds else p.gpu_peak_power_watts
+        targets = (None if util is None else util / 100.0, power)
+        if (targets != (self.controller.targets["utilization"], self.controller.targets["power"])
+                or self.controller.max_duty != p.max_pause_fraction):
+            duty, track = self.controller.duty, self.controller.track
+            self.controller = GpuController(*targets, max_duty=p.max_pause_fraction)
+            # Keep the duty in force: a new target moves from here, not from zero.
+            self.controller.duty = min(duty, self.controller.max_duty) if any(
+                t is not None for t in targets) else 0.0
+            self.controller.track = track
+
+    def cycle(self, elapsed: float, pause_fraction: float, visible: list[str],
+              steps: float = 0.0) -> float | None:
+        """Read, record and decide; returns the duty wanted (None: no GPU target).
+        `steps`: what the workload reported done over the interval."""
         if isinstance(self.backend, NullGpuBackend):
             return None
         self.backend.observe_pause(pause_fraction)
@@ -85,12 +124,37 @@ class GpuAgent:
         power = max((r.power_watts for r in self.readings if r.power_watts is not None),
                     default=None)
         self._record(elapsed, util, power)
-        if not self.controller.active:
+        if not self.controller.active and not self.cap_holds:
             self.decision = None
             return None
         self.decision = self.controller.update(
             GpuObservation(util, power, duty=pause_fraction))
+        if power is not None and steps > 0 and self.explorer is None and self.cap_watts:
+            self.explorer = PowerLimitExplorer(self.policy.gpu_peak_power_watts,
+                                               self.cap_watts)
+        if self.explorer and power is not None:
+            capped = any("sw_power_cap" in r.throttle_reasons for r in self.readings)
+            self._explore(GpuSample(steps, elapsed, power, pause_fraction, capped))
         return self.decision.duty
+
+    def _explore(self, sample: GpuSample) -> None:
+        ex = self.explorer
+        before = ex.limit
+        ex.update(sample)
+        self._tracking = max(0, self._tracking - 1)
+        self.controller.track = ex.probing or self._tracking > 0
+        if ex.limit == before:
+            return
+        self._apply_power_limits()
+        if ex.limit is UNCAPPED:
+            # Lifting the cap: hold back what it last needed (else all the budget allows),
+            # then track the law down to what is needed now.
+            known = ex.uncapped_duty
+            self.controller.duty = self.controller.max_duty if known is None \
+                else min(self.controller.max_duty, known + 0.05)
+            self.controller.track, self._tracking = True, TRACK_INTERVALS
+        duty = self.controller.duty   # a cap that holds the target takes the duty's place
+        self.decision = GpuDecision(duty, duty > 0, False, "power" if duty > 0 else None)
 
     def _read_failed(self, e: GpuError) -> None:
         self.read_errors += 1
@@ -124,23 +188,28 @@ class GpuAgent:
         self._window = []
 
     def _apply_power_limits(self) -> None:
-        target = self.policy.gpu_peak_power_watts
+        limit = self.power_limit_watts
+        holds = limit is not None
         for r in self.readings:
             try:
                 if r.index not in self._saved_limits and r.power_limit_watts is not None:
                     self._saved_limits[r.index] = r.power_limit_watts
                 original = self._saved_limits.get(r.index)
                 span = self.backend.power_limit_range_watts(r.index)
-                if target is None or span is None:
-                    wanted = original
+                if limit is None or span is None:
+                    wanted, holds = original, False
                 else:
-                    wanted = min(span[1], max(span[0], target))
+                    wanted = min(span[1], max(span[0], limit))
+                    holds = holds and wanted <= limit
                 if wanted is not None:
                     self.backend.set_power_limit_watts(r.index, wanted)
             except GpuError as e:
                 self.error = f"cannot set the GPU power limit: {e}"
                 log.warning("throttledjob: %s", self.error)
-                return
+                holds = False
+                break
+        self.cap_holds = holds and bool(self.readings)
+        self._sync_controller()
 
     def report(self) -> dict:
         """The GPU part of local mode's JSON report."""
@@ -155,6 +224,7 @@ class GpuAgent:
             "power_watts": peak(self.power_stats),
             "target_utilization_percent": self.policy.gpu_peak_utilization_percent,
             "target_power_watts": self.policy.gpu_peak_power_watts,
+            "power_limit": self.explorer.report() if self.explorer else None,
             "error": self.error,
         }
 

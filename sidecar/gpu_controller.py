@@ -17,7 +17,9 @@ It attacks at once (a peak is clipped one interval after it starts), holds the d
 periodic load (a sawtooth) stays clipped rather than overshooting again each period,
 while a workload whose peak has passed gets its speed back within a minute or so. It
 never asks for more than the slowdown budget allows and reports when that is not enough.
-Under target with no duty in force it does nothing.
+Under target with no duty in force it does nothing. While `track` is set (a lever
+probe, sidecar/gpu_explorer.py) the duty follows the law down as well as up at once: from
+a duty that holds the target the law converges from above, so it never overshoots.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class GpuController:
         self.release = release
         self.hold = hold
         self.duty = 0.0
+        self.track = False
         self._quiet_intervals = 0
 
     @property
@@ -88,7 +91,7 @@ class GpuController:
             hold = hold or m >= setpoint * (1.0 - HOLD_BAND)
             over_target = over_target or m > target
         self._quiet_intervals = 0 if hold else self._quiet_intervals + 1
-        if wanted > self.duty:
+        if wanted > self.duty or self.track:
             self.duty = wanted
         elif self._quiet_intervals > self.hold:
             self.duty = max(wanted, self.duty - self.release)
