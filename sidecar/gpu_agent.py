@@ -50,6 +50,8 @@ class GpuAgent:
         self._saved_limits: dict[int, float] = {}
         # True while the board's caps hold the power target (the duty need not).
         self.cap_holds = False
+        self.capping = False        # a cap under the board's own limit is in force
+        self._limits_stale = True
         self.explorer: PowerLimitExplorer | None = None
         self._tracking = 0   # intervals left in which the duty tracks the law both ways
         self.controller = GpuController()
@@ -73,8 +75,7 @@ class GpuAgent:
         self._sync_controller()
         if hasattr(self.backend, "memory_fraction"):  # the simulator honours the cap
             self.backend.memory_fraction = policy.gpu_memory_fraction
-        if self.power_limit_lever and self.readings:
-            self._apply_power_limits()
+        self._limits_stale = True   # applied at the next read, to every GPU watched then
 
     @property
     def cap_watts(self) -> float | None:
@@ -118,8 +119,9 @@ class GpuAgent:
         except GpuError as e:
             self._read_failed(e)
             return self.decision.duty if self.decision and not self.error_lost else None
-        if self.power_limit_lever and not self._saved_limits:
-            self._apply_power_limits()
+        if self.power_limit_lever and (self._limits_stale or any(
+                r.index not in self._saved_limits for r in self.readings)):
+            self._apply_power_limits()   # first read, a policy edit, or a GPU newly watched
         util = max((r.utilization_ratio for r in self.readings), default=None)
         power = max((r.power_watts for r in self.readings if r.power_watts is not None),
                     default=None)
@@ -129,7 +131,7 @@ class GpuAgent:
             return None
         self.decision = self.controller.update(
             GpuObservation(util, power, duty=pause_fraction))
-        if power is not None and steps > 0 and self.explorer is None and self.cap_watts:
+        if power is not None and steps > 0 and self.explorer is None and self.capping:
             self.explorer = PowerLimitExplorer(self.policy.gpu_peak_power_watts,
                                                self.cap_watts)
         if self.explorer and power is not None:
@@ -146,13 +148,14 @@ class GpuAgent:
         if ex.limit == before:
             return
         self._apply_power_limits()
+        # After a switch the duty follows the law both ways for a while: down from the
+        # preset below, or off what was held back for power when the cap is back.
+        self.controller.track, self._tracking = True, TRACK_INTERVALS
         if ex.limit is UNCAPPED:
-            # Lifting the cap: hold back what it last needed (else all the budget allows),
-            # then track the law down to what is needed now.
+            # Lifting the cap: hold back what it last needed (else all the budget allows).
             known = ex.uncapped_duty
             self.controller.duty = self.controller.max_duty if known is None \
                 else min(self.controller.max_duty, known + 0.05)
-            self.controller.track, self._tracking = True, TRACK_INTERVALS
         duty = self.controller.duty   # a cap that holds the target takes the duty's place
         self.decision = GpuDecision(duty, duty > 0, False, "power" if duty > 0 else None)
 
@@ -166,6 +169,7 @@ class GpuAgent:
             log.warning("throttledjob: %s", self.error)
             self.readings = []
             self.decision = None
+            self._restore_power_limits()   # best effort: the board may still be there
             self.backend.close()
             self.backend = _LostBackend(self.backend)
         else:
@@ -188,28 +192,41 @@ class GpuAgent:
         self._window = []
 
     def _apply_power_limits(self) -> None:
+        self._limits_stale = False
         limit = self.power_limit_watts
-        holds = limit is not None
+        holds, capping = limit is not None, False
         for r in self.readings:
             try:
                 if r.index not in self._saved_limits and r.power_limit_watts is not None:
                     self._saved_limits[r.index] = r.power_limit_watts
                 original = self._saved_limits.get(r.index)
                 span = self.backend.power_limit_range_watts(r.index)
-                if limit is None or span is None:
-                    wanted, holds = original, False
-                else:
-                    wanted = min(span[1], max(span[0], limit))
-                    holds = holds and wanted <= limit
-                if wanted is not None:
-                    self.backend.set_power_limit_watts(r.index, wanted)
+                if span is None or original is None:   # no such lever on this board
+                    holds = False
+                    continue
+                wanted = original if limit is None else min(span[1], max(span[0], limit))
+                holds = holds and wanted <= limit
+                capping = capping or wanted < original
+                self.backend.set_power_limit_watts(r.index, wanted)
             except GpuError as e:
                 self.error = f"cannot set the GPU power limit: {e}"
                 log.warning("throttledjob: %s", self.error)
                 holds = False
                 break
-        self.cap_holds = holds and bool(self.readings)
+        # A cap only holds the target if it binds below the board's own limit on every GPU.
+        self.cap_holds = holds and capping and bool(self.readings)
+        self.capping = capping
         self._sync_controller()
+
+    def _restore_power_limits(self) -> None:
+        for index, watts in self._saved_limits.items():
+            try:
+                self.backend.set_power_limit_watts(index, watts)
+            except GpuError as e:
+                log.warning("throttledjob: could not restore the power limit of GPU %d: %s",
+                            index, e)
+        self._saved_limits.clear()
+        self.capping = self.cap_holds = False
 
     def report(self) -> dict:
         """The GPU part of local mode's JSON report."""
@@ -230,13 +247,7 @@ class GpuAgent:
 
     def close(self) -> None:
         """Restore every power limit this agent changed, then release the library."""
-        for index, watts in self._saved_limits.items():
-            try:
-                self.backend.set_power_limit_watts(index, watts)
-            except GpuError as e:
-                log.warning("throttledjob: could not restore the power limit of GPU %d: %s",
-                            index, e)
-        self._saved_limits.clear()
+        self._restore_power_limits()
         self.backend.close()
 
 

@@ -23,13 +23,14 @@ in both, and keeps the faster. Lifting the cap is the one risky move: the hold-b
 preset to what the uncapped setting last needed, or else the most the slowdown budget
 allows, and then tracks the control law down to what is needed (`GpuController.track`:
 from above, without overshoot); the probe counts an interval only once the hold-back has
-settled. A probe that still goes over the target is abandoned at once (the hold-back
-alone cannot reach it).
+settled. Uncapped, an interval over the target (in a probe, its
+first interval included, or later when the workload changes) puts the cap back at once:
+the hold-back alone cannot hold it within the slowdown budget.
 
     Waiting --an interval with steps and power--> Measuring(in force)
     Measuring(cap) --the board never says the cap binds--> Settled(cap)   (nothing to save)
     Measuring(s) --`samples` informative intervals--> Measuring(other) | Settled(best)
-    Measuring(uncapped) --an interval over the target--> Settled(cap)    (infeasible)
+    any state, uncapped --an interval over the target--> Measuring(cap)   (at once)
     Settled(s) --a new phase (steps/s departs from its estimate, or a cap that did not
                bind now binds)--> Measuring(s)
 
@@ -44,8 +45,10 @@ from dataclasses import dataclass
 from .explorer import MIN_GAIN, PhaseGate
 
 UNCAPPED = None   # the board's own power limit
-# The hold-back counts as settled once it moves less than this in an interval.
+# The hold-back counts as settled once it moves less than this in an interval, or after
+# this many intervals of moving.
 CONVERGED = 0.02
+MAX_WAIT_INTERVALS = 4
 
 
 @dataclass(frozen=True)
@@ -72,14 +75,15 @@ class GpuSample:
 class PowerLimitExplorer:
     """Chooses the power limit (`cap_watts` or UNCAPPED) that holds a power target at the
     most steps per second. `cap_watts` is where a cap meets the target: the controller's
-    setpoint, clamped to the range the board accepts."""
+    setpoint (the agent clamps it to each board's range)."""
 
     def __init__(self, target_watts: float, cap_watts: float, *, samples: int = 3,
                  settle: int = 1, phase_tolerance: float = 0.3, phase_intervals: int = 3) -> None:
         if target_watts <= 0 or cap_watts <= 0:
             raise ValueError(f"target and cap must be positive, got {target_watts}, {cap_watts}")
-        if samples < 1 or settle < 0 or phase_tolerance <= 0:
-            raise ValueError("samples >= 1, settle >= 0, phase_tolerance > 0")
+        if samples < 1 or settle < 0 or phase_tolerance <= 0 or phase_intervals < 1:
+            raise ValueError("samples >= 1, settle >= 0, phase_tolerance > 0, "
+                             "phase_intervals >= 1")
         self.target = target_watts
         self.cap = cap_watts
         self.samples = samples
@@ -94,6 +98,7 @@ class PowerLimitExplorer:
         # The hold-back the uncapped setting needed when last measured (None: never).
         self.uncapped_duty: float | None = None
         self._last_duty = 0.0
+        self._waited = 0
         self._slack = False    # settled on a cap that does not bind
         self._collected: list[GpuSample] = []
         self._settle = 0
@@ -105,30 +110,41 @@ class PowerLimitExplorer:
 
     def update(self, sample: GpuSample) -> float | None:
         """One control interval; returns the power limit to apply (UNCAPPED: none)."""
-        if self.state == "Waiting":
+        if self.limit is UNCAPPED and sample.power_watts > self.target:
+            self._fall_back()
+        elif self.state == "Waiting":
             if sample.informative:   # not a sample: it holds the start-up
                 self._explore()
         elif self.state == "Measuring":
-            if self.limit is UNCAPPED and sample.power_watts > self.target:
-                self.estimates[UNCAPPED] = 0.0   # the hold-back alone cannot hold it
-                self._settle_on(self.cap)
-            elif self._settle > 0:
+            if self._settle > 0:
                 self._settle -= 1
             elif sample.informative and self._converged(sample):
                 self._collected.append(sample)
                 if len(self._collected) >= self.samples:
                     self._finish()
-            self._last_duty = sample.duty
         elif self._settle > 0:
             self._settle -= 1
         elif sample.informative and self.phases.observe(self._drifted(sample)):
             self._explore()
+        self._last_duty = sample.duty
         return self.limit
 
     def _converged(self, sample: GpuSample) -> bool:
         """Uncapped, the hold-back tracks down from a safe height: count an interval only
-        once it has settled, or the probe would understate the hold-back alone."""
-        return self.limit is not UNCAPPED or abs(sample.duty - self._last_duty) < CONVERGED
+        once it has settled (or has had time to: real readings wobble), or the probe would
+        understate the hold-back alone."""
+        if self.limit is not UNCAPPED or abs(sample.duty - self._last_duty) < CONVERGED:
+            return True
+        self._waited += 1
+        return self._waited > MAX_WAIT_INTERVALS
+
+    def _fall_back(self) -> None:
+        """Uncapped and over the target: the hold-back alone does not hold it (in a probe,
+        or after the workload changed), so the cap goes back at once and is measured."""
+        self.estimates = {UNCAPPED: 0.0}
+        self.uncapped_duty = None   # what it needed no longer holds the target
+        self._switch(self.cap)
+        self.state, self._collected = "Measuring", []
 
     def _explore(self) -> None:
         """Measure the setting in force first: no change, so no risk to the target."""
@@ -160,7 +176,7 @@ class PowerLimitExplorer:
 
     def _switch(self, limit: float | None) -> None:
         if limit != self.limit:
-            self.limit, self._settle = limit, self.settle_intervals
+            self.limit, self._settle, self._waited = limit, self.settle_intervals, 0
 
     def _drifted(self, sample: GpuSample) -> bool:
         if self._slack:

@@ -127,7 +127,7 @@ def take_snapshot(agent: Agent, health: Health, steps_per_second: float = 0.0) -
         ("batch", p.batch_scale < 1),
         ("rate_limit", p.rate_limit_per_second is not None),
         ("gpu_memory_fraction", p.gpu_memory_fraction is not None),
-        ("gpu_power_limit", bool(gpu and gpu.readings and gpu.power_limit_watts is not None)),
+        ("gpu_power_limit", bool(gpu and gpu.capping)),
     ) if used)
     util_target = None if p.gpu_peak_utilization_percent is None \
         else p.gpu_peak_utilization_percent / 100.0

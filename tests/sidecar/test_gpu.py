@@ -91,6 +91,7 @@ def test_power_limit_lever_is_applied_and_restored():
     # At the controller's setpoint (3% under the target), so no duty acts on top of it.
     assert gpu.limits == [194.0, 194.0]
     agent.set_policy(Policy(gpu_peak_power_watts=50))  # below the board's minimum: clamped
+    agent.cycle(1.0, 0.0, [])                          # (applied at the next read)
     assert gpu.limits == [100.0, 100.0]
     agent.close()
     assert gpu.limits == [300.0, 300.0]

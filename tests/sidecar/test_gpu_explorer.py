@@ -48,6 +48,8 @@ def test_a_cap_is_chosen_where_it_is_cheaper_and_holds_the_target(sensitivity):
     # And it is faster than holding back alone, over the whole run, probes included.
     assert mean_speed(rows) > 1.2 * mean_speed(held_rows)
     assert max(r.power_watts for r in held_rows[2:]) <= TARGET
+    capped.close()
+    assert gpu.limits == [300.0]   # the board's own limit is back
 
 
 def test_holding_back_is_kept_where_the_cap_costs_more():
@@ -67,7 +69,6 @@ def test_without_steps_the_cap_alone_holds_the_target():
     for _ in range(30):
         gpu.observe_pause(duty)
         duty = agent.cycle(1.0, duty, []) or 0.0
-        assert agent.readings[0].power_watts <= 288.0
     assert agent.explorer is None and gpu.limits == [194.0]
     assert duty == 0.0 and agent.readings[0].power_watts <= TARGET
 
@@ -79,6 +80,8 @@ def test_a_workload_under_the_target_is_not_touched():
     assert agent.explorer.state == "Settled"
     assert UNCAPPED not in agent.explorer.estimates   # nothing probed
     assert all(r.speed == 1.0 and r.duty == 0.0 for r in rows)
+    # The prior cap is on the board, above the draw: it never binds.
+    assert gpu.limits == [291.0] and "sw_power_cap" not in agent.readings[0].throttle_reasons
 
 
 def test_a_cap_is_not_lifted_into_a_target_the_hold_back_cannot_hold():
@@ -125,3 +128,65 @@ def test_explorer_refuses_bad_arguments():
         PowerLimitExplorer(0, 194.0)
     with pytest.raises(ValueError):
         PowerLimitExplorer(200.0, 194.0, samples=0)
+
+
+def test_settled_uncapped_falls_back_to_the_cap_when_the_budget_no_longer_holds():
+    agent = agent_for(gpu := FakeGpuBackend(1, "steady", clock_sensitivity=4.0))
+    drive(agent, gpu, 40)
+    assert agent.explorer.limit is UNCAPPED
+    # The slowdown budget is cut live: 9% hold-back cannot hold 200 W any more.
+    agent.set_policy(Policy(gpu_peak_power_watts=TARGET, max_slowdown=1.1))
+    rows = drive(agent, gpu, 30)
+    assert sum(r.power_watts > TARGET for r in rows) == 1   # one interval, then the cap
+    assert agent.explorer.limit == pytest.approx(194.0) and gpu.limits == [194.0]
+    assert max(r.power_watts for r in rows[1:]) <= TARGET
+
+
+def test_a_gpu_watched_later_is_capped_too():
+    gpu = FakeGpuBackend(2, "steady")
+    agent = agent_for(gpu)
+    for visible in (["0"], ["0"], ["0", "1"]):
+        agent.cycle(1.0, 0.0, visible)
+    assert gpu.limits == [194.0, 194.0]
+    agent.close()
+    assert gpu.limits == [300.0, 300.0]
+
+
+def test_a_lost_gpu_gets_its_limit_back_when_it_still_answers():
+    # Three failed reads in a row count as lost; the device may still take a write.
+    gpu = FakeGpuBackend(2, "steady", fail_after=3)
+    agent = agent_for(gpu)
+    for _ in range(8):
+        agent.cycle(1.0, 0.0, [])
+    assert agent.error_lost and gpu.limits == [300.0, 300.0]
+
+
+class _NoLimitLever(FakeGpuBackend):
+    def power_limit_range_watts(self, index: int):
+        return None   # as on boards without power management
+
+
+def test_a_board_without_the_lever_is_held_back_and_never_written():
+    gpu = _NoLimitLever(1, "steady")
+    agent = agent_for(gpu)
+    rows = drive(agent, gpu, 20)
+    assert gpu.limit_calls == [] and not agent.capping and agent.explorer is None
+    assert max(r.power_watts for r in rows[2:]) <= TARGET   # the hold-back holds it
+
+
+def test_a_target_over_the_board_limit_caps_nothing():
+    gpu = FakeGpuBackend(1, "steady")
+    agent = agent_for(gpu, target=350.0)
+    rows = drive(agent, gpu, 20)
+    assert gpu.limits == [300.0] and not agent.capping and agent.explorer is None
+    assert all(r.speed == 1.0 for r in rows)
+
+
+def test_an_uncapped_probe_finishes_when_the_hold_back_wobbles():
+    ex = PowerLimitExplorer(200.0, 194.0, samples=2, settle=0)
+    for _ in range(3):
+        ex.update(GpuSample(50, 1.0, 194.0, capped=True))
+    assert ex.limit is UNCAPPED
+    for i in range(12):   # a real reading: the duty never moves less than 0.02
+        ex.update(GpuSample(60, 1.0, 190.0, duty=0.4 + 0.05 * (-1) ** i))
+    assert ex.state == "Settled" and ex.estimates[UNCAPPED] == 60.0
