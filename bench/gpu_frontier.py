@@ -22,7 +22,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import ROOT, markdown
+
 FRACTIONS = (0.5, 0.7, 0.9)
 TOLERANCE = 1.05
 ORACLE_SLACK = 1.05
@@ -88,17 +89,16 @@ def run(intervals: int) -> list[dict]:
     return results
 
 
-def markdown(results: list[dict]) -> str:
-    lines = ["| workload | peak W | target W | oracle limit W | oracle slowdown | ours p99 W | "
-             "ours slowdown | ours time capped | p99 <= T+5% | <= 1.05x oracle | "
-             "hold-back alone p99 W / slowdown |", "|" + "---|" * 11]
-    for r in results:
-        lines.append(
-            f"| {r['workload']} | {r['peak']} | {r['target']} | {r['oracle_limit']} | "
-            f"{r['oracle_slowdown']} | {r['ours_p99']} | {r['ours_slowdown']} | "
-            f"{r['ours_capped_share']:.0%} | {'yes' if r['peak_ok'] else 'NO'} | "
-            f"{'yes' if r['cost_ok'] else 'NO'} | {r['held_p99']} / {r['held_slowdown']} |")
-    return "\n".join(lines)
+def table(results: list[dict]) -> str:
+    return markdown([{
+        "workload": r["workload"], "peak W": r["peak"], "target W": r["target"],
+        "oracle limit W": r["oracle_limit"], "oracle slowdown": r["oracle_slowdown"],
+        "ours p99 W": r["ours_p99"], "ours slowdown": r["ours_slowdown"],
+        "ours time capped": f"{r['ours_capped_share']:.0%}",
+        "p99 <= T+5%": "yes" if r["peak_ok"] else "NO",
+        "<= 1.05x oracle": "yes" if r["cost_ok"] else "NO",
+        "hold-back alone p99 W / slowdown": f"{r['held_p99']} / {r['held_slowdown']}",
+    } for r in results])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args.intervals)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
-    print(markdown(results))
+    print(table(results))
     met = sum(r["peak_ok"] and r["cost_ok"] for r in results)
     print(f"\nboth targets met: {met}/{len(results)}")
     return 0
