@@ -53,6 +53,9 @@ MIN_GAIN = 0.03
 IDLE_CORES = 0.05
 # Demand is usage / (1 - pause); past this pause fraction the estimate is too noisy.
 MAX_PAUSE_FOR_DEMAND = 0.9
+# Paused for at least this fraction of an interval, the workload wanted more than the
+# quota at its busy moments, whatever its interval-averaged demand says.
+PACED = 0.05
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,17 @@ class LeverSample:
         """Steps per CPU-second (independent of duty cycling)."""
         return self.steps / max(1e-9, self.usage_cores * self.elapsed_seconds)
 
+    def wants(self, target_cores: float) -> bool:
+        return _wants(self.demand_cores, self.pause_fraction >= PACED, target_cores)
+
+
+def _wants(demand_cores: float, paced: bool, target_cores: float) -> bool:
+    """The workload wants the target or more at its busy times: its demand reaches it
+    (within MIN_GAIN: under fewer threads it is all that shows), or the quota held it
+    back. An interval partly idle (a bursty workload) averages its demand down, so the
+    pause is the better witness there."""
+    return paced or demand_cores * (1 + MIN_GAIN) >= target_cores
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -115,17 +129,22 @@ class Estimate:
     peak_cores: float            # unpaused demand at busy times (max over the samples)
     samples: int
     aborted: bool = False        # probe cut short: clearly worse than the best so far
+    paced: bool = False          # the quota held it back in some sample
 
     def throughput(self, target_cores: float) -> float:
         """Busy-time steps per second under this setting with the quota at the target."""
         return self.efficiency * min(self.peak_cores, target_cores)
+
+    def wants(self, target_cores: float) -> bool:
+        return _wants(self.peak_cores, self.paced, target_cores)
 
     @staticmethod
     def of(levers: Levers, samples: list[LeverSample], aborted: bool = False) -> Estimate:
         cpu = sum(s.usage_cores * s.elapsed_seconds for s in samples)
         steps = sum(s.steps for s in samples)
         return Estimate(levers, steps / max(1e-9, cpu),
-                        max(s.demand_cores for s in samples), len(samples), aborted)
+                        max(s.demand_cores for s in samples), len(samples), aborted,
+                        any(s.pause_fraction >= PACED for s in samples))
 
 
 @dataclass
@@ -267,12 +286,12 @@ class Explorer:
             raise ValueError(f"target must be positive, got {target_cores}")
         self.target = target_cores
         if isinstance(self.state, Settled) and self.estimates:
-            demand = max(e.peak_cores for e in self.estimates.values())
-            if self._reference_for(demand) == self.reference:
+            wants = any(e.wants(target_cores) for e in self.estimates.values())
+            if self._reference_for(wants) == self.reference:
                 self._settle()
             else:  # what was measured is not what this target starts from
                 self.estimates.clear()
-                self._explore(demand, current=self.levers)
+                self._explore(wants, current=self.levers)
 
     def update(self, sample: LeverSample) -> Decision:
         s = self.state
@@ -281,7 +300,7 @@ class Explorer:
             if sample.informative:
                 # Not a sample: it holds the start-up (imports, warm-up) as well as the
                 # first steps, and would understate the defaults' steps per CPU-second.
-                self._explore(sample.demand_cores, current=DEFAULT_LEVERS)
+                self._explore(sample.wants(self.target), current=DEFAULT_LEVERS)
         elif isinstance(s, Measuring):
             if s.settle > 0:
                 s.settle -= 1
@@ -321,7 +340,8 @@ class Explorer:
         self.estimates[estimate.levers] = estimate
         if estimate.levers == self.reference:
             # Nothing to save when the workload is already under the target.
-            nothing = estimate.levers == DEFAULT_LEVERS and estimate.peak_cores <= self.target
+            nothing = (estimate.levers == DEFAULT_LEVERS and not estimate.paced
+                       and estimate.peak_cores <= self.target)
             self._queue = [] if nothing else [c for c in [DEFAULT_LEVERS, *self.candidates]
                                               if c != self.reference]
         elif estimate.throughput(self.target) < best_before:
@@ -336,9 +356,8 @@ class Explorer:
     def _dominated(self, candidate: Levers) -> bool:
         """More threads than a setting measured at the target: they would be duty-cycled
         to the same cores at fewer steps per CPU-second (the prior in the module doc).
-        Within MIN_GAIN of the target counts as at it: no more than that is left to win."""
-        return any(_more_threads(candidate, e.levers)
-                   and e.peak_cores * (1 + MIN_GAIN) >= self.target
+        Wanting the target (`_wants`) counts as at it: no more than that is left to win."""
+        return any(_more_threads(candidate, e.levers) and e.wants(self.target)
                    for e in self.estimates.values())
 
     def _settle(self) -> None:
@@ -371,22 +390,21 @@ class Explorer:
         if self.phases.observe(drifted):
             # A new phase: forget the old model and measure again from the reference.
             self.estimates.clear()
-            self._explore(demand, current=s.levers)
+            self._explore(sample.wants(self.target), current=s.levers)
 
-    def _explore(self, demand_cores: float, current: Levers) -> None:
+    def _explore(self, wants_target: bool, current: Levers) -> None:
         """Start an exploration: measure the reference first (module doc)."""
         self.explorations += 1
-        self.reference = self._reference_for(demand_cores)
+        self.reference = self._reference_for(wants_target)
         settle = self.settle_intervals if self.reference != current else 0
         self._measure(self.reference, self.baseline_intervals, settle)
 
-    def _reference_for(self, demand_cores: float) -> Levers:
+    def _reference_for(self, wants_target: bool) -> Levers:
         """The defaults, or the fewest threads at or over the target when the workload
-        wants the target (they dominate every count above: module doc). Demand within
-        MIN_GAIN of the target counts: under fewer threads it is all that shows."""
+        wants the target (they dominate every count above: module doc)."""
         at_target = [c for c in self.candidates if c.threads is not None
                      and c.threads >= self.target and c == Levers(threads=c.threads)]
-        if demand_cores * (1 + MIN_GAIN) >= self.target and at_target:
+        if wants_target and at_target:
             return min(at_target, key=lambda c: c.threads)
         return DEFAULT_LEVERS
 

@@ -503,3 +503,14 @@ def test_partly_idle_intervals_raise_the_quota_only_for_peers_sharing_it(tmp_pat
         assert agent.controller.quota == pytest.approx(setpoint)
     else:
         assert agent.controller.quota > 1.2 * setpoint
+
+
+def test_a_bursty_workload_held_back_by_the_quota_wants_the_target():
+    # Half of each interval idle: the interval's average demand (0.57 at the defaults,
+    # 0.44 at one thread) looks under a 0.8-core target, but the quota held the busy half
+    # back, so one thread is at the target and dominates the defaults and stop pacing.
+    ex = Explorer(0.8, [ONE, Levers(pacing="stop")])
+    seen, _ = drive(ex, compute_bound(), 20, busy=lambda i: 0.5)
+    assert isinstance(ex.state, Settled) and ex.levers == ONE
+    assert set(ex.estimates) == {ONE}            # nothing else measured
+    assert seen.count(DEFAULT_LEVERS) == 1       # the start-up interval only
