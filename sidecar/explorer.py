@@ -108,8 +108,12 @@ class LeverSample:
         """Steps per CPU-second (independent of duty cycling)."""
         return self.steps / max(1e-9, self.usage_cores * self.elapsed_seconds)
 
+    @property
+    def paced(self) -> bool:
+        return self.pause_fraction >= PACED
+
     def wants(self, target_cores: float) -> bool:
-        return _wants(self.demand_cores, self.pause_fraction >= PACED, target_cores)
+        return _wants(self.demand_cores, self.paced, target_cores)
 
 
 def _wants(demand_cores: float, paced: bool, target_cores: float) -> bool:
@@ -144,7 +148,7 @@ class Estimate:
         steps = sum(s.steps for s in samples)
         return Estimate(levers, steps / max(1e-9, cpu),
                         max(s.demand_cores for s in samples), len(samples), aborted,
-                        any(s.pause_fraction >= PACED for s in samples))
+                        any(s.paced for s in samples))
 
 
 @dataclass

@@ -118,13 +118,11 @@ class FakeGpuBackend(GpuBackend):
         return [self._reading(i, t) for i in range(self.count)]
 
     def _reading(self, i: int, t: int) -> GpuReading:
-        # Each GPU a little lighter than the one before: per-GPU series stay distinguishable.
-        demand = min(1.0, max(0.0, self.trace(t) - 0.01 * i))
+        demand = self._demand(i, t)
         util = demand * (1.0 - self.pause_fraction)
         clock = self._clock(i, util)
-        dynamic = (TDP_WATTS - IDLE_WATTS) * util
         capped = clock < 1.0
-        watts = IDLE_WATTS + dynamic * clock ** POWER_CLOCK_EXPONENT
+        watts = IDLE_WATTS + (TDP_WATTS - IDLE_WATTS) * util * clock ** POWER_CLOCK_EXPONENT
         self._temps[i] += 0.3 * (AMBIENT_CELSIUS + 0.15 * watts - self._temps[i])
         cap = self.memory_fraction or 1.0
         used = int(MEMORY_BYTES * min(cap, 0.1 + 0.6 * demand))
@@ -138,6 +136,10 @@ class FakeGpuBackend(GpuBackend):
             process_memory_bytes={},
         )
 
+    def _demand(self, i: int, t: int) -> float:
+        # Each GPU a little lighter than the one before: per-GPU series stay distinguishable.
+        return min(1.0, max(0.0, self.trace(t) - 0.01 * i))
+
     def _clock(self, i: int, util: float) -> float:
         """The SM clock, as a fraction of the maximum, at which the power fits the limit."""
         dynamic = (TDP_WATTS - IDLE_WATTS) * util
@@ -148,8 +150,7 @@ class FakeGpuBackend(GpuBackend):
     def speed(self, index: int = 0) -> float:
         """The work the interval now running does (the next read reports it), as a
         fraction of the unthrottled rate: under the hold-back and limit in force now."""
-        demand = min(1.0, max(0.0, self.trace(self.reads) - 0.01 * index))
-        util = demand * (1.0 - self.pause_fraction)
+        util = self._demand(index, self.reads) * (1.0 - self.pause_fraction)
         return (1.0 - self.pause_fraction) * self._clock(index, util) ** self.clock_sensitivity
 
     def power_limit_range_watts(self, index: int) -> tuple[float, float]:
