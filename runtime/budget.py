@@ -7,9 +7,12 @@ how long must the work pause to stay within `rate_cores` on average?
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-MAX_DEBT_SECONDS = 0.2
+# No process tree can use more CPU in an interval than this many cores: CPU seconds
+# beyond that were used before (a child found late) and are not charged.
+CORES = os.cpu_count() or 1
 
 
 @dataclass
@@ -31,10 +34,12 @@ class CpuBudget:
     # one lost over half their CPU to it (2-thread torch matmul at 1 ms steps).
     min_pause_seconds: float = 0.0
     max_pause_fraction: float = 0.0
+    # When the work began (monotonic seconds): time run unpaused before the first
+    # reading counts towards the slowdown budget. None: at the first reading.
+    start_wall: float | None = None
     _tokens: float = 0.0
     _last_cpu: float | None = None
     _last_wall: float = 0.0
-    _start_wall: float | None = None
     paused_seconds: float = 0.0
     pause_capped: bool = False
 
@@ -47,32 +52,36 @@ class CpuBudget:
         """Seconds to pause now, given cumulative CPU seconds used and the wall clock."""
         if self._last_cpu is None:
             self._last_cpu, self._last_wall = cpu_seconds, now
-            if self._start_wall is None:
-                self._start_wall = now
+            if self.start_wall is None:
+                self.start_wall = now
             self._tokens = self._capacity()
             return 0.0
-        used = max(0.0, cpu_seconds - self._last_cpu)
         elapsed = max(0.0, now - self._last_wall)
+        used = min(max(0.0, cpu_seconds - self._last_cpu), elapsed * CORES)
         self._last_cpu, self._last_wall = cpu_seconds, now
         if not self.rate_cores:
             self._tokens = 0.0
             self.pause_capped = False
             return 0.0
-        self._tokens = min(self._capacity(), self._tokens + elapsed * self.rate_cores) - used
+        # Refill and use over the same interval, then cap: a step longer than the burst
+        # earns its own tokens while it runs (capping first under-delivered coarse steps).
+        # All of a step's CPU is charged: forgiving part of a long step's debt let steps
+        # of 50 ms at a 0.15-core quota run at 0.2 cores, whatever the quota said.
+        self._tokens = min(self._capacity(), self._tokens + elapsed * self.rate_cores - used)
         if self._tokens >= 0.0:
             self.pause_capped = False
             return 0.0
-        # Forgive debt beyond a fraction of a second of quota: CPU seen late (a child
-        # found after it started) must not turn into a long stall that empties the next
-        # sample, nor may a capped pause pile up a backlog.
-        self._tokens = max(self._tokens, -self.rate_cores * MAX_DEBT_SECONDS)
         wanted = -self._tokens / self.rate_cores
         if wanted < self.min_pause_seconds:
             return 0.0
-        start = now if self._start_wall is None else self._start_wall
-        allowed = self.max_pause_fraction * (now - start) - self.paused_seconds
+        start = now if self.start_wall is None else self.start_wall
+        allowed = max(0.0, self.max_pause_fraction * (now - start) - self.paused_seconds)
         self.pause_capped = wanted > allowed
-        return max(0.0, min(wanted, allowed))
+        if self.pause_capped:
+            # What the slowdown budget refuses is forgiven, not carried: a backlog would
+            # stall the work later, once the budget allows it.
+            self._tokens = -allowed * self.rate_cores
+        return min(wanted, allowed)
 
     def forget_baseline(self) -> None:
         """The next reading starts a new baseline (CPU used meanwhile is not charged)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from throttledjob.runtime.budget import CpuBudget
@@ -9,16 +11,39 @@ from throttledjob.runtime.budget import CpuBudget
 
 def simulate(budget: CpuBudget, demand_cores: float, seconds: float, dt: float = 0.01):
     """A process that wants `demand_cores` and obeys every pause; returns (cpu, wall)."""
+    cpu, wall, _ = trace(budget, demand_cores, seconds, dt)
+    return cpu, wall
+
+
+def trace(budget: CpuBudget, demand_cores: float, seconds: float, dt: float = 0.01):
+    """As simulate, also returning the (wall, cpu) after each step and its pause."""
     cpu = wall = 0.0
+    points = [(wall, cpu)]
     budget.pause_for(cpu, wall)
     while wall < seconds:
         cpu += demand_cores * dt
         wall += dt
+        points.append((wall, cpu))
         pause = budget.pause_for(cpu, wall)
         if pause:
             wall += pause
             budget.record_pause(pause)
-    return cpu, wall
+            points.append((wall, cpu))
+    return cpu, wall, points
+
+
+def cpu_at(points, t: float) -> float:
+    """CPU used by wall time `t`, usage linear within each step."""
+    for (w0, c0), (w1, c1) in itertools.pairwise(points):
+        if w0 <= t <= w1:
+            return c0 + (c1 - c0) * ((t - w0) / (w1 - w0) if w1 > w0 else 1.0)
+    return points[-1][1]
+
+
+def worst_window(points, after: float = 0.0, window: float = 1.0) -> float:
+    """Most cores used in any `window` seconds starting after `after`."""
+    starts = [w for w, _ in points if after <= w and w + window <= points[-1][0]]
+    return max(cpu_at(points, t + window) - cpu_at(points, t) for t in starts) / window
 
 
 def test_unlimited_budget_never_pauses():
@@ -66,6 +91,35 @@ def test_pause_cap_bounds_slowdown(max_slowdown):
     assert b.pause_capped
 
 
+@pytest.mark.parametrize("step_seconds", [0.02, 0.05, 0.1, 0.2])
+@pytest.mark.parametrize("rate", [0.15, 0.6])
+def test_long_steps_are_charged_in_full(step_seconds, rate):
+    """Steps longer than the burst (a slow machine, a coarse loop) hold the rate after
+    start-up (where the slowdown budget has not yet earned long pauses), and no 1-second
+    window exceeds it by more than the burst and one step's work. (Forgiving debt beyond
+    0.2 s of quota ran 50 ms steps at 0.15 cores at 0.2, every window.)"""
+    b = CpuBudget(rate_cores=rate, burst_seconds=0.03, min_pause_seconds=0.02,
+                  max_pause_fraction=0.95)
+    cpu, wall, points = trace(b, 1.0, 30.0, dt=step_seconds)
+    steady = (cpu - cpu_at(points, 5.0)) / (wall - 5.0)
+    assert steady == pytest.approx(rate, rel=0.03)
+    assert worst_window(points, after=5.0) <= rate * 1.03 + step_seconds * (1 - rate) + 0.01
+    assert not b.pause_capped
+
+
+def test_capped_pauses_leave_no_backlog():
+    """What the slowdown budget refused is not paid later: once the budget is lifted the
+    work runs at the quota, with no stall for the debt of the capped period."""
+    b = CpuBudget(rate_cores=0.5, max_pause_fraction=0.1)
+    simulate(b, 1.0, 10.0)
+    assert b.pause_capped
+    b.set(0.5, 0.9)
+    cpu0, wall0 = 10.0, 10.0
+    b.pause_for(cpu0, wall0)  # a new baseline is not needed: the next step pauses little
+    pause = b.pause_for(cpu0 + 0.01, wall0 + 0.01)
+    assert pause <= 0.05
+
+
 def test_debt_is_bounded_after_a_late_burst_of_cpu():
     b = CpuBudget(rate_cores=1.0, max_pause_fraction=0.9)
     b.pause_for(0.0, 0.0)
@@ -99,3 +153,16 @@ def test_short_steps_are_paced_in_few_long_pauses_at_the_same_rate():
                 assert later[-1] - c0 <= 1.0 * (1 + 0.05 + min_pause) + 0.002
         counts[min_pause] = len(pauses)
     assert counts[0.02] * 10 <= counts[0.0]
+
+
+def test_slowdown_budget_counts_from_the_start_of_the_work():
+    """Time run unpaused before the first reading (imports, loading data) earns pause
+    budget: the first steps are paced in full, not let through at 1.4 cores."""
+    started_early = CpuBudget(rate_cores=1.0, max_pause_fraction=0.2, start_wall=0.0)
+    at_first_step = CpuBudget(rate_cores=1.0, max_pause_fraction=0.2)
+    for b in (started_early, at_first_step):
+        b.pause_for(0.0, 3.0)
+    assert started_early.pause_for(0.2, 3.1) == pytest.approx(0.1, abs=0.06)
+    assert not started_early.pause_capped
+    assert at_first_step.pause_for(0.2, 3.1) <= 0.02 + 1e-9
+    assert at_first_step.pause_capped
