@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.run-installed
 
-.PHONY: demo test lint unit tools bench install install-run clean
+.PHONY: demo test lint unit tools bench install install-run clean cluster cluster-down
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,17 @@ tools:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			prometheus cpulimit >/dev/null; }
 
+# A real control plane (etcd, kube-apiserver, controller-manager, scheduler, a KWOK
+# node) built from source once into ~/.cache/throttledjob and started on loopback;
+# admin kubeconfig in .cluster/kubeconfig. The suite reuses it when it runs.
+K8S := $(PY) tools/k8s/cluster.py
+
+cluster: install
+	$(K8S) up --dir .cluster
+
+cluster-down:
+	$(K8S) down --dir .cluster
+
 demo: install-run
 	$(PY) examples/demo.py
 
@@ -45,6 +56,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 unit: install tools
+	$(K8S) build >/dev/null
 	$(VENV)/bin/pytest
 
 test: lint unit
@@ -52,5 +64,5 @@ test: lint unit
 bench: install tools
 	$(PY) bench/run.py
 
-clean:
+clean: cluster-down
 	rm -rf $(VENV) build *.egg-info

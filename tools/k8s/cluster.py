@@ -1,0 +1,306 @@
+"""A real Kubernetes control plane on loopback, for `make cluster` and the test suite.
+
+etcd, kube-apiserver (RBAC, Pod Security and ServiceAccount admission, real token
+signing), kube-controller-manager (the Job, garbage-collector, namespace and
+ServiceAccount controllers among its defaults), kube-scheduler, and KWOK playing one
+node: it marks scheduled pods Running and a Job's pods Succeeded, as a kubelet whose
+containers exit 0 would. Every binary is built from source by tools/k8s/build.sh.
+
+    python tools/k8s/cluster.py up [--dir .cluster]     start, wait until ready, return
+    python tools/k8s/cluster.py down [--dir .cluster]   stop everything, remove the dir
+
+Stdlib only. Ports are picked free at start, so two clusters never clash; everything a
+cluster makes lives in its directory and goes with `down`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+NODE_NAME = "kwok-node-0"
+SERVICE_CIDR = "10.96.0.0/16"
+ADMIN = "admin"
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for line in (HERE / "versions.env").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+def bin_dir() -> Path:
+    cache = Path(os.environ.get("THROTTLEDJOB_CACHE", Path.home() / ".cache/throttledjob"))
+    return cache / "k8s" / versions()["K8S_VERSION"] / "bin"
+
+
+def build() -> Path:
+    """Build (or find in the cache) every binary; returns their directory."""
+    subprocess.run(["bash", str(HERE / "build.sh")], check=True, stdout=subprocess.DEVNULL)
+    return bin_dir()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """One control plane whose state lives in `directory` (pids.json says what runs)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = Path(directory).resolve()
+        self.kubeconfig = self.dir / "kubeconfig"
+        self.bin = bin_dir()
+
+    # --- the admin's view -----------------------------------------------------------------
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return json.loads((self.dir / "state.json").read_text())
+
+    @property
+    def server(self) -> str:
+        return self.state["server"]
+
+    @property
+    def admin_token(self) -> str:
+        return self.state["token"]
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.dir / "certs" / "apiserver.crt"))
+
+    def request(self, method: str, path: str, body: Any = None, token: str | None = None,
+                content_type: str = "application/json") -> Any:
+        """One API call; returns the decoded answer, raises urllib.error.HTTPError."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.server + path, data=data, method=method,
+            headers={"Authorization": f"Bearer {token or self.admin_token}",
+                     "Content-Type": content_type, "Accept": "application/json"})
+        with urllib.request.urlopen(req, timeout=30, context=self.ssl_context()) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def running(self) -> bool:
+        """The API server of this directory answers /readyz."""
+        if not (self.dir / "state.json").exists():
+            return False
+        try:
+            req = urllib.request.Request(self.server + "/readyz",
+                                         headers={"Authorization": f"Bearer {self.admin_token}"})
+            with urllib.request.urlopen(req, timeout=2, context=self.ssl_context()) as resp:
+                return resp.status == 200
+        except (OSError, ssl.SSLError):
+            return False
+
+    def kubeconfig_for(self, token: str, path: Path, user: str = "user") -> Path:
+        """A kubeconfig for another identity (a ServiceAccount's token) on this cluster."""
+        ca = base64.b64encode((self.dir / "certs" / "apiserver.crt").read_bytes()).decode()
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": user,
+            "clusters": [{"name": "local", "cluster": {"server": self.server,
+                                                       "certificate-authority-data": ca}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": user, "context": {"cluster": "local", "user": user}}],
+        }))
+        return path
+
+    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
+        """A bound token of a ServiceAccount (TokenRequest), as a pod would mount."""
+        answer = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/"
+                                      f"{name}/token",
+                              {"apiVersion": "authentication.k8s.io/v1",
+                               "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}})
+        return answer["status"]["token"]
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def up(self, timeout: float = 180.0) -> Cluster:
+        """Start every component (in their own sessions: they outlive this process) and
+        return once pods can be scheduled and completed."""
+        if self.running():
+            return self
+        self.down()
+        for name in ("etcd", "certs", "logs"):
+            (self.dir / name).mkdir(parents=True, exist_ok=True)
+        token = secrets.token_hex(16)
+        (self.dir / "tokens.csv").write_text(f'{token},{ADMIN},{ADMIN},"system:masters"\n')
+        subprocess.run(["openssl", "genrsa", "-out", str(self.dir / "sa.key"), "2048"],
+                       check=True, capture_output=True)
+        ports = {k: _free_port() for k in ("etcd", "peer", "apiserver")}
+        server = f"https://127.0.0.1:{ports['apiserver']}"
+        (self.dir / "state.json").write_text(json.dumps(
+            {"server": server, "token": token, "ports": ports, "pids": {}}))
+        etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+        self._start("etcd", [
+            "--name", "default", "--data-dir", str(self.dir / "etcd"),
+            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{ports['peer']}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{ports['peer']}",
+            "--initial-cluster", f"default=http://127.0.0.1:{ports['peer']}",
+            "--unsafe-no-fsync", "--log-level", "warn"])
+        self._start("kube-apiserver", [
+            "--etcd-servers", etcd_url, "--bind-address", "127.0.0.1",
+            "--advertise-address", "127.0.0.1", "--secure-port", str(ports["apiserver"]),
+            "--cert-dir", str(self.dir / "certs"), "--service-cluster-ip-range", SERVICE_CIDR,
+            "--authorization-mode", "RBAC", "--token-auth-file", str(self.dir / "tokens.csv"),
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file", str(self.dir / "sa.key"),
+            "--service-account-signing-key-file", str(self.dir / "sa.key"),
+            "--endpoint-reconciler-type", "none", "--allow-privileged=true",
+            "--storage-media-type", "application/json", "--v", "1"])
+        self._wait(lambda: (self.dir / "certs" / "apiserver.crt").exists() and self.running(),
+                   timeout, "kube-apiserver /readyz")
+        admin = self.kubeconfig_for(token, self.kubeconfig, ADMIN)
+        self._start("kube-controller-manager", [
+            "--kubeconfig", str(admin), "--leader-elect=false", "--secure-port", "0",
+            "--service-account-private-key-file", str(self.dir / "sa.key"),
+            "--root-ca-file", str(self.dir / "certs" / "apiserver.crt"),
+            "--use-service-account-credentials=false", "--concurrent-job-syncs", "20",
+            "--kube-api-qps", "200", "--kube-api-burst", "400", "--v", "1"])
+        self._start("kube-scheduler", [
+            "--kubeconfig", str(admin), "--leader-elect=false", "--secure-port", "0",
+            "--kube-api-qps", "200", "--kube-api-burst", "400", "--v", "1"])
+        self._start("kwok", [
+            "--kubeconfig", str(admin), "--config", str(HERE / "kwok-stages.yaml"),
+            "--manage-all-nodes=false", "--node-lease-duration-seconds", "40",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--server-address", f"127.0.0.1:{_free_port()}", "--node-ip", "127.0.0.1"])
+        self._wait(self._default_service_account, timeout, "the default ServiceAccount")
+        self._ensure_node()
+        self._wait(self._node_ready, timeout, f"node {NODE_NAME} Ready")
+        return self
+
+    def down(self) -> None:
+        """Stop every process this directory started (SIGTERM, then SIGKILL) and remove it."""
+        state = self.dir / "state.json"
+        if state.exists():
+            pids = json.loads(state.read_text()).get("pids", {})
+            for pid in reversed(list(pids.values())):
+                _terminate(pid)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _start(self, name: str, args: list[str]) -> None:
+        log = open(self.dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen([str(self.bin / name), *args], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=self.dir)
+        log.close()
+        state = json.loads((self.dir / "state.json").read_text())
+        state["pids"][name] = proc.pid
+        (self.dir / "state.json").write_text(json.dumps(state))
+
+    def _wait(self, ready: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            for name, pid in self.state["pids"].items():
+                if not _alive(pid):
+                    log = (self.dir / "logs" / f"{name}.log").read_text(errors="replace")
+                    raise RuntimeError(f"{name} exited while waiting for {what}:\n{log[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(0.2)
+
+    def _default_service_account(self) -> bool:
+        try:
+            return bool(self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default"))
+        except urllib.error.HTTPError:
+            return False
+
+    def _ensure_node(self) -> None:
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": NODE_NAME, "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {"kubernetes.io/hostname": NODE_NAME, "kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", "type": "kwok"}},
+            "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "5000"},
+                       "capacity": {"cpu": "64", "memory": "256Gi", "pods": "5000"}}}
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.request("POST", "/api/v1/nodes", node)
+
+    def _node_ready(self) -> bool:
+        try:
+            node = self.request("GET", f"/api/v1/nodes/{NODE_NAME}")
+        except urllib.error.HTTPError:
+            return False
+        ready = any(c["type"] == "Ready" and c["status"] == "True"
+                    for c in (node.get("status") or {}).get("conditions") or [])
+        # The node-lifecycle controller lifts the not-ready taint once it sees the lease.
+        return ready and not (node.get("spec") or {}).get("taints")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie of ours counts as gone.
+    with contextlib.suppress(ChildProcessError, OSError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    return True
+
+
+def _terminate(pid: int, grace: float = 10.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["up", "down", "build"])
+    parser.add_argument("--dir", default=str(ROOT / ".cluster"),
+                        help="where the cluster's state lives (default .cluster)")
+    args = parser.parse_args(argv)
+    if args.action == "build":
+        print(build())
+        return 0
+    cluster = Cluster(Path(args.dir))
+    if args.action == "down":
+        cluster.down()
+        return 0
+    build()
+    started = time.monotonic()
+    try:
+        cluster.up()
+    except (RuntimeError, TimeoutError) as e:
+        cluster.down()
+        print(f"cluster: {e}", file=sys.stderr)
+        return 1
+    print(f"cluster ready in {time.monotonic() - started:.1f}s: "
+          f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
