@@ -41,9 +41,9 @@ tools:
 # A real control plane (etcd, kube-apiserver, controller-manager, scheduler, a KWOK
 # node) built from source once into ~/.cache/throttledjob and started on loopback;
 # admin kubeconfig in .cluster/kubeconfig. The suite reuses it when it runs.
-K8S := $(PY) tools/k8s/cluster.py
+K8S := $(PYTHON) tools/k8s/cluster.py
 
-cluster: install
+cluster:
 	$(K8S) up --dir .cluster
 
 cluster-down:

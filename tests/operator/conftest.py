@@ -342,6 +342,15 @@ class Emulator:
             self._ready.set()
             await self._stop.wait()
 
+    def write_kubeconfig(self, path: Path) -> Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": "kmock", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+        }))
+        return path
+
     def watch_error(self, plural: str, code: int = 410) -> None:
         """Send an ERROR event (410 Gone: "resource version too old") down every watch of
         the resource named `plural`, as an API server does when a watch falls behind."""
@@ -405,20 +414,16 @@ def _free_port() -> int:
 
 
 class OperatorProcess:
-    """`throttledjob operator --standalone -A` as a child process; restartable."""
+    """`throttledjob operator --standalone` as a child process; restartable. Talks to
+    whatever `kubeconfig` names: the emulator, or the real API server as some identity."""
 
-    def __init__(self, emulator: Emulator, workdir: Path) -> None:
+    def __init__(self, kubeconfig: Path, workdir: Path, scope: tuple[str, ...] = ("-A",)) -> None:
         self.workdir = workdir
         # Test-sized defaults; a test may change them before start().
         self.env = {"THROTTLEDJOB_RESYNC_INTERVAL": "2", "THROTTLEDJOB_API_TIMEOUT": "5"}
         self.verbose = True
-        self.kubeconfig = workdir / "kubeconfig"
-        self.kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": emulator.url}}],
-            "users": [{"name": "kmock", "user": {"token": "test-token"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
-        }))
+        self.kubeconfig = kubeconfig
+        self.scope = scope
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.port = 0
@@ -430,7 +435,7 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "HOME": str(self.workdir),
                "KUBERNETES_SERVICE_HOST": "", **self.env}
         self.proc = subprocess.Popen(
-            [str(VENV_BIN / "throttledjob"), "operator", "--standalone", "-A",
+            [str(VENV_BIN / "throttledjob"), "operator", "--standalone", *self.scope,
              *(["--verbose"] if self.verbose else []), "--status-interval", "0.5", "--liveness",
              f"http://127.0.0.1:{self.port}/healthz"],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
@@ -477,7 +482,7 @@ class OperatorProcess:
 @pytest.fixture
 def operator_process(emulator: Emulator, tmp_path: Path,
                      request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(emulator, tmp_path)
+    op = OperatorProcess(emulator.write_kubeconfig(tmp_path / "kubeconfig"), tmp_path)
     yield op
     op.stop()
     report = getattr(request.node, "rep_call", None)
@@ -501,7 +506,7 @@ def pytest_configure(config: pytest.Config) -> None:
 class FakeSidecar:
     """A real HTTP server answering GET /status with `self.doc`."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.doc: dict[str, Any] = {}
         self.hits = 0
         outer = self
@@ -519,7 +524,7 @@ class FakeSidecar:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

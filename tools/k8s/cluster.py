@@ -38,6 +38,16 @@ ROOT = HERE.parent.parent
 NODE_NAME = "kwok-node-0"
 SERVICE_CIDR = "10.96.0.0/16"
 ADMIN = "admin"
+# What ServiceAccounts do, as the API server saw and judged it: tests compare the calls
+# the operator made with what its RBAC grants.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
 
 
 def versions() -> dict[str, str]:
@@ -146,6 +156,7 @@ class Cluster:
             (self.dir / name).mkdir(parents=True, exist_ok=True)
         token = secrets.token_hex(16)
         (self.dir / "tokens.csv").write_text(f'{token},{ADMIN},{ADMIN},"system:masters"\n')
+        (self.dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         subprocess.run(["openssl", "genrsa", "-out", str(self.dir / "sa.key"), "2048"],
                        check=True, capture_output=True)
         ports = {k: _free_port() for k in ("etcd", "peer", "apiserver")}
@@ -169,6 +180,8 @@ class Cluster:
             "--service-account-key-file", str(self.dir / "sa.key"),
             "--service-account-signing-key-file", str(self.dir / "sa.key"),
             "--endpoint-reconciler-type", "none", "--allow-privileged=true",
+            "--audit-policy-file", str(self.dir / "audit-policy.yaml"),
+            "--audit-log-path", str(self.dir / "audit.log"), "--audit-log-format", "json",
             "--storage-media-type", "application/json", "--v", "1"])
         self._wait(lambda: (self.dir / "certs" / "apiserver.crt").exists() and self.running(),
                    timeout, "kube-apiserver /readyz")
@@ -201,6 +214,23 @@ class Cluster:
                 _terminate(pid)
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def audit(self, username: str) -> list[dict[str, Any]]:
+        """Audit events of the requests `username` made, in order."""
+        path = self.dir / "audit.log"
+        if not path.exists():
+            return []
+        events = (json.loads(line) for line in path.read_text().splitlines() if line)
+        return [e for e in events if e.get("user", {}).get("username") == username]
+
+    def restart(self, name: str) -> None:
+        """Stop one component and start it again with the same flags (a crash, an
+        upgrade); for the API server, returns once it answers again."""
+        state = self.state
+        _terminate(state["pids"][name])
+        self._start(name, state["args"][name])
+        if name == "kube-apiserver":
+            self._wait(self.running, 120, "kube-apiserver /readyz after a restart")
+
     def _start(self, name: str, args: list[str]) -> None:
         log = open(self.dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen([str(self.bin / name), *args], stdout=log,
@@ -209,6 +239,7 @@ class Cluster:
         log.close()
         state = json.loads((self.dir / "state.json").read_text())
         state["pids"][name] = proc.pid
+        state.setdefault("args", {})[name] = args
         (self.dir / "state.json").write_text(json.dumps(state))
 
     def _wait(self, ready: Any, timeout: float, what: str) -> None:

@@ -1,0 +1,126 @@
+"""The CRD as the API server itself applies it: OpenAPI schema, CEL rules and strict field
+validation (kubectl's default), on the chart's CRD file."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from throttledjob.operator import crd
+
+from ..operator.conftest import make_tj
+from .conftest import Kubectl
+
+
+def _doc_examples() -> list[dict[str, Any]]:
+    """ThrottledJob manifests in docs/operator.md and examples/ (kept valid by this test)."""
+    docs = []
+    sources = [ROOT / "docs" / "operator.md", *sorted((ROOT / "examples").rglob("*.yaml"))]
+    for path in sources:
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        blocks = re.findall(r"```yaml\n(.*?)```", text, re.S) if path.suffix == ".md" else [text]
+        for block in blocks:
+            for doc in yaml.safe_load_all(block):
+                if isinstance(doc, dict) and doc.get("kind") == crd.KIND:
+                    docs.append(doc)
+    return docs
+
+
+def _set(obj: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    node = obj
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+    if value is _DELETE:
+        del node[parts[-1]]
+    else:
+        node[parts[-1]] = value
+    return obj
+
+
+_DELETE = object()
+POD = "spec.jobTemplate.spec.template.spec"
+# The API server's own words: its OpenAPI checks, then the CRD's CEL rules (their
+# messages are ours, in operator/crd.py).
+BAD = [
+    ("spec.throttle", _DELETE, "spec.throttle: Required value"),
+    ("spec.jobTemplate", _DELETE, "spec.jobTemplate: Required value"),
+    ("spec.throttle.maxSlowdown", 0.9, "should be greater than or equal to 1"),
+    ("spec.throttle.maxSlowdown", 101, "should be less than or equal to 100"),
+    ("spec.throttle.maxSlowdown", "1.2", "must be of type number"),
+    ("spec.throttle.mode", "Turbo", 'Unsupported value: "Turbo"'),
+    ("spec.throttle.enforcement", "cooperative", 'Unsupported value: "cooperative"'),
+    ("spec.throttle.intervalSeconds", 0.01, "should be greater than or equal to 0.05"),
+    ("spec.throttle.intervalSeconds", 7200, "should be less than or equal to 3600"),
+    ("spec.throttle.targets.cpu.peak", "1.5 cores", "peak must be a CPU quantity"),
+    ("spec.throttle.targets.cpu.peak", "-1", "peak must be a CPU quantity"),
+    ("spec.throttle.targets.cpu.peak", 0, "peak must be a CPU quantity"),
+    ("spec.throttle.targets.cpu.peak", "9" * 40, "peak must be a CPU quantity"),
+    ("spec.throttle.targets.cpu.peak", True, "must be of type"),
+    ("spec.throttle.targets.cpu", {}, "spec.throttle.targets.cpu.peak: Required value"),
+    ("spec.throttle.targets.gpu", {}, "targets.gpu needs at least one of"),
+    ("spec.throttle.targets.gpu.peakUtilizationPercent", 150,
+     "should be less than or equal to 100"),
+    ("spec.throttle.targets.gpu.peakPowerWatts", 0, "should be greater than or equal to"),
+    ("spec.throttle.targets.gpu.memoryFraction", 1.5, "should be less than or equal to 1"),
+    ("spec.throttle.targets", {}, "mode Adaptive needs a target"),
+    ("spec.throttle.levers.threads", 1.5, "must be of type integer"),
+    ("spec.throttle.levers.batchScale", 2, "should be less than or equal to 1"),
+    ("spec.throttle.turbo", True, 'unknown field "spec.throttle.turbo"'),
+    ("spec.throttle.parameters", {"lr": 0.1}, 'unknown field "spec.throttle.parameters"'),
+    ("spec.parameters", {"lr": {"type": "Float", "value": 1}}, 'Unsupported value: "Float"'),
+    ("spec.parameters", {"lr": {"value": 1}}, "spec.parameters.lr.type: Required value"),
+    ("spec.parameters", {"9lives": {"type": "Integer", "value": 9}},
+     "parameter names are identifiers"),
+    ("spec.parameters", {"n": {"type": "Integer", "value": 5, "min": 9, "max": 1}},
+     "min must not exceed max"),
+    ("spec.parameters", {"s": {"type": "String", "value": "a", "min": 1}},
+     "min and max apply to Integer and Number"),
+    ("spec.parameters", {"n": {"type": "Integer", "value": 1, "choices": ["1"]}},
+     "choices apply to String parameters only"),
+    (f"{POD}.containers", [], "should have at least 1 items"),
+    (f"{POD}.restartPolicy", "Always", 'Unsupported value: "Always"'),
+    (f"{POD}.restartPolicy", _DELETE, f"{POD}.restartPolicy: Required value"),
+    (f"{POD}.containers.0.name", "throttledjob-sidecar", "are reserved for the injected"),
+    (f"{POD}.containers.0.name", "throttledjob-inject", "are reserved for the injected"),
+    (f"{POD}.initContainers", [{"name": "throttledjob-sidecar"}], "are reserved"),
+    ("spec.throttle.inject", "Always", 'Unsupported value: "Always"'),
+    ("spec.throttle.inject", "auto", 'Unsupported value: "auto"'),
+    ("spec.jobTemplate.metadata.labels", {"team": 7}, "must be of type string"),
+    ("metadata.name", "x" * 64, "the name must be at most 63 characters"),
+]
+
+
+def dry_run_create(kubectl: Kubectl, obj: dict[str, Any]) -> tuple[bool, str]:
+    proc = kubectl("create", "--dry-run=server", "--validate=strict", "-f", "-",
+                   stdin=yaml.safe_dump(obj), check=False)
+    return proc.returncode == 0, proc.stderr
+
+
+def test_documented_examples_are_accepted(kubectl: Kubectl, crd_installed: None,
+                                          namespace: str) -> None:
+    examples = [*_doc_examples(), make_tj(), make_tj(throttle={"targets": {"cpu": {"peak": 2}}})]
+    assert len(examples) > 3, "docs/operator.md and examples/ show ThrottledJobs"
+    for doc in examples:
+        doc = copy.deepcopy(doc)
+        doc["metadata"]["namespace"] = namespace
+        ok, err = dry_run_create(kubectl, doc)
+        assert ok, f"{doc['metadata']['name']}: {err}"
+
+
+@pytest.mark.parametrize(("path", "value", "message"), BAD,
+                         ids=[f"{p}={str(v)[:20]}" for p, v, _ in BAD])
+def test_bad_throttledjobs_are_refused_with_a_clear_message(
+        kubectl: Kubectl, crd_installed: None, path: str, value: Any, message: str) -> None:
+    obj = _set(copy.deepcopy(make_tj()), path, value)
+    obj["metadata"]["namespace"] = "default"
+    ok, err = dry_run_create(kubectl, obj)
+    assert not ok, f"accepted: {path}={value!r}"
+    assert message in err, err

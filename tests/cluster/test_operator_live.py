@@ -1,0 +1,229 @@
+"""The operator, its CRD, RBAC and Pod Security against a real kube-apiserver, with the
+real Job, garbage-collector and namespace controllers and a KWOK node running the pods."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import wait_for
+from throttledjob.operator import builders as b
+from throttledjob.operator import crd
+from throttledjob.sidecar.policy import parse_policy
+
+from ..chart.test_rbac import CRDS, NAMESPACED, NAMESPACES
+from ..operator.conftest import FakeSidecar, OperatorProcess
+from .conftest import (
+    TIMEOUT,
+    Kubectl,
+    operator_identity,
+    tj_manifest,
+    wait_json,
+)
+
+
+def jobs_of(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    listed = kubectl.json("get", "jobs", "-n", namespace, "-l", f"{b.LABEL_NAME}={name}")
+    return (listed or {}).get("items") or []
+
+
+def failed_creates(kubectl: Kubectl, namespace: str) -> list[str]:
+    events = kubectl.json("get", "events", "-n", namespace) or {}
+    return [e.get("message", "") for e in events.get("items") or []
+            if e.get("reason") == "FailedCreate"]
+
+
+STATUS_DOC = {"observed": {"cpuPeakCores": 1.48, "cpuMaxCores": 1.9,
+                           "gpuPeakUtilizationPercent": None, "gpuPeakPowerWatts": None,
+                           "throttleLevel": 0.4, "slowdown": 1.12},
+              "targetMet": True, "budgetExhausted": False, "levers": ["pacing"], "errors": []}
+
+
+@pytest.mark.parametrize("inject", ["None", "Auto"])
+def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorProcess,
+                                     namespace: str, pod_sidecar: FakeSidecar,
+                                     inject: str) -> None:
+    """Create -> ConfigMap and Job; the Job controller's pod is admitted under Pod Security
+    "restricted" and runs; the operator reads its sidecar and shows what it saw in
+    `kubectl get tj`; an edit reaches the ConfigMap; the Job completes and so does the
+    ThrottledJob; delete -> the garbage collector removes the Job, ConfigMap and pods."""
+    pod_sidecar.doc = STATUS_DOC
+    real_operator.start()
+    tj = tj_manifest("train", namespace, run_for="6s")
+    tj["spec"]["throttle"]["inject"] = inject
+    kubectl.apply(tj)
+
+    (job,) = wait_for(lambda: jobs_of(kubectl, namespace, "train"), TIMEOUT, what="the Job")
+    cm = wait_json(kubectl, bool, "configmap", "-n", namespace, "train-throttle",
+                   what="the ConfigMap")
+    uid = kubectl.json("get", "tj", "-n", namespace, "train")["metadata"]["uid"]
+    assert b.owned_by(job, uid) and b.owned_by(cm, uid)
+    assert parse_policy(yaml.safe_load(cm["data"]["policy.yaml"])).cpu_peak_cores == 1.5
+
+    pods = wait_json(kubectl, lambda o: any(p["status"].get("phase") == "Running"
+                                            for p in o["items"]),
+                     "pods", "-n", namespace, "-l", f"job-name={job['metadata']['name']}",
+                     what="a Running pod")
+    assert failed_creates(kubectl, namespace) == []
+    init = [c["name"] for c in pods["items"][0]["spec"]["initContainers"]]
+    assert crd.SIDECAR_CONTAINER in init
+    assert (crd.INJECT_CONTAINER in init) == (inject == "Auto")
+
+    tj_obj = wait_json(kubectl, lambda o: (o.get("status") or {}).get("observed"),
+                       "tj", "-n", namespace, "train", what="status.observed")
+    assert tj_obj["status"]["observed"]["cpuPeakCores"] == 1.48
+    assert tj_obj["status"]["observedGeneration"] == tj_obj["metadata"]["generation"]
+    table = kubectl("get", "tj", "-n", namespace, "train").stdout.split("\n")
+    assert table[0].split() == ["NAME", "PHASE", "CPU-PEAK", "GPU-PEAK", "THROTTLE", "AGE"]
+    assert table[1].split()[:3] == ["train", "Running", "1.48"]
+
+    kubectl("patch", "tj", "-n", namespace, "train", "--type=merge",
+            "-p", '{"spec":{"throttle":{"targets":{"cpu":{"peak":"900m"}}}}}')
+    wait_json(kubectl, lambda o: "900m" in o["data"]["policy.yaml"],
+              "configmap", "-n", namespace, "train-throttle", what="the edit in the ConfigMap")
+
+    kubectl("wait", "--for=condition=Complete", "-n", namespace, "tj/train", "--timeout=60s")
+    assert kubectl.json("get", "tj", "-n", namespace, "train")["status"]["phase"] == "Succeeded"
+    assert len(jobs_of(kubectl, namespace, "train")) == 1
+
+    kubectl("delete", "tj", "-n", namespace, "train")
+    for kind in ("jobs", "configmaps", "pods"):
+        wait_json(kubectl, lambda o: not [i for i in o["items"]
+                                          if i["metadata"]["name"] != "kube-root-ca.crt"],
+                  kind, "-n", namespace, what=f"{kind} collected")
+
+
+def test_operator_killed_mid_create_leaves_exactly_one_job(
+        kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
+    real_operator.start()
+    names = [f"burst-{i}" for i in range(5)]
+    kubectl.apply(*(tj_manifest(n, namespace, run_for="1h") for n in names))
+    time.sleep(0.3)  # let it be mid-way through the burst: that is the case under test
+    real_operator.kill()
+    real_operator.start()
+    for n in names:
+        wait_for(lambda n=n: jobs_of(kubectl, namespace, n), TIMEOUT, what=f"Job of {n}")
+    # Further resyncs must not add any.
+    time.sleep(3)
+    assert {n: len(jobs_of(kubectl, namespace, n)) for n in names} == {n: 1 for n in names}
+
+
+def test_operator_rides_out_an_api_server_restart(
+        cluster: Any, kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
+    real_operator.start()
+    kubectl.apply(tj_manifest("before", namespace, run_for="1h"))
+    wait_for(lambda: jobs_of(kubectl, namespace, "before"), TIMEOUT, what="the first Job")
+    cluster.restart("kube-apiserver")
+    kubectl.apply(tj_manifest("after", namespace, run_for="1h"))
+    wait_for(lambda: jobs_of(kubectl, namespace, "after"), 120,
+             what="a Job for a ThrottledJob created after the restart")
+    assert real_operator.proc is not None and real_operator.proc.poll() is None
+    assert len(jobs_of(kubectl, namespace, "before")) == 1
+    assert len(jobs_of(kubectl, namespace, "after")) == 1
+
+
+def audited_calls(cluster: Any, user: str, namespace: str,
+                  since: int) -> tuple[set[tuple[str, str, str]], list[str]]:
+    """(group, resource[/subresource], verb) of every call `user` made in `namespace` or
+    cluster-wide, after its first `since` calls, that RBAC allowed; and a line for each
+    RBAC refused. (Earlier calls belong to other tests, one of which restarts the API
+    server: its authorizer refuses everything until its caches fill.)"""
+    calls, refused = set(), []
+    for e in cluster.audit(user)[since:]:
+        ref = e.get("objectRef") or {}
+        if not ref.get("resource") or ref.get("namespace") not in (None, namespace):
+            continue  # discovery, or another test's namespace
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        call = (ref.get("apiGroup", ""), resource, e["verb"])
+        if (e.get("annotations") or {}).get("authorization.k8s.io/decision") == "forbid":
+            refused.append(f"{call} in {ref.get('namespace')}")
+        else:
+            calls.add(call)
+    return calls, refused
+
+
+def exercise(kubectl: Kubectl, op: OperatorProcess, namespace: str) -> None:
+    """A ThrottledJob's whole life: create, run, edit, restart the operator, complete."""
+    op.start()
+    kubectl.apply(tj_manifest("rbac", namespace, run_for="5s"))
+    wait_json(kubectl, lambda o: (o.get("status") or {}).get("observed"),
+              "tj", "-n", namespace, "rbac", what="status.observed")
+    kubectl("patch", "tj", "-n", namespace, "rbac", "--type=merge",
+            "-p", '{"spec":{"throttle":{"targets":{"cpu":{"peak":"900m"}}}}}')
+    wait_json(kubectl, lambda o: "900m" in o["data"]["policy.yaml"],
+              "configmap", "-n", namespace, "rbac-throttle", what="the edit")
+    assert op.stop() == 0
+    op.start()
+    wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Succeeded",
+              "tj", "-n", namespace, "rbac", what="phase Succeeded")
+    assert op.stop() == 0
+
+
+def granted(rules: dict[tuple[str, str], frozenset[str]]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for (g, r), verbs in rules.items() for v in verbs}
+
+
+def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(
+        cluster: Any, kubectl: Kubectl, real_operator: OperatorProcess, namespace: str,
+        pod_sidecar: FakeSidecar) -> None:
+    """The chart's ClusterRole, bound to the operator's real ServiceAccount token: no call
+    of the operator's is refused, and every grant is used (the audit log says so)."""
+    pod_sidecar.doc = STATUS_DOC
+    user = real_operator.user  # type: ignore[attr-defined]
+    since = len(cluster.audit(user))
+    exercise(kubectl, real_operator, namespace)
+    calls, refused = audited_calls(cluster, user, namespace, since)
+    assert refused == []
+    assert calls - granted({**NAMESPACED, **CRDS}) == set(), "calls the chart does not grant"
+    assert granted({**NAMESPACED, **CRDS}) - calls == set(), "grants the operator never used"
+
+
+def test_listed_namespaces_rbac_is_exactly_what_the_operator_uses(
+        cluster: Any, kubectl: Kubectl, crd_installed: None, namespace: str, tmp_path: Path,
+        pod_sidecar: FakeSidecar) -> None:
+    """watchNamespaces: Roles in the listed namespaces only; the operator works there and
+    is refused elsewhere."""
+    pod_sidecar.doc = STATUS_DOC
+    release = f"listed-{namespace}"
+    kubeconfig, user, objs = operator_identity(
+        cluster, kubectl, release, {"watchNamespaces": [namespace]}, tmp_path)
+    assert {o["kind"] for o in objs} >= {"Role", "RoleBinding"}
+    op = OperatorProcess(kubeconfig, tmp_path, scope=("-n", namespace))
+    since = len(cluster.audit(user))
+    try:
+        exercise(kubectl, op, namespace)
+    finally:
+        op.stop()
+    calls, refused = audited_calls(cluster, user, namespace, since)
+    assert refused == []
+    rules = {**NAMESPACED, **CRDS, **NAMESPACES}
+    assert calls - granted(rules) == set(), "calls the chart does not grant"
+    assert granted(rules) - calls == set(), "grants the operator never used"
+    elsewhere = kubectl("auth", "can-i", "create", "jobs", "-n", "default", "--as", user,
+                        check=False)
+    assert elsewhere.stdout.strip() == "no", elsewhere.stdout + elsewhere.stderr
+    for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"):
+        for o in objs:
+            if o["kind"] == kind:
+                ns = o["metadata"].get("namespace")
+                kubectl("delete", kind.lower(), o["metadata"]["name"],
+                        *(["-n", ns] if ns else []), "--ignore-not-found")
+
+
+def test_a_pod_security_violation_is_seen_on_the_job_not_hidden(
+        kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
+    """The server, not our checker, judges: a workload that asks for root is refused by
+    Pod Security admission in a restricted namespace (FailedCreate on the Job)."""
+    real_operator.start()
+    tj = tj_manifest("rooty", namespace)
+    pod = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    pod["securityContext"] = {"runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}
+    kubectl.apply(tj)
+    wait_for(lambda: jobs_of(kubectl, namespace, "rooty"), TIMEOUT, what="the Job")
+    messages = wait_for(lambda: failed_creates(kubectl, namespace), TIMEOUT,
+                        what="a FailedCreate event")
+    assert any("violates PodSecurity" in m for m in messages), messages
