@@ -169,3 +169,33 @@ def wait_json(kubectl: Kubectl, predicate: Any, *args: str, what: str,
 
     wait_for(check, timeout, interval=0.2, what=what)
     return holder["obj"]
+
+
+# --- reading a ThrottledJob's world through kubectl ---------------------------------------
+
+def tj_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    return (kubectl.json("get", "tj", "-n", namespace, name) or {}).get("status") or {}
+
+
+def tj_condition(kubectl: Kubectl, namespace: str, name: str, type_: str) -> dict[str, Any]:
+    from throttledjob.operator import builders as b
+
+    return b.condition(tj_status(kubectl, namespace, name), type_) or {}
+
+
+def tj_events(kubectl: Kubectl, namespace: str, name: str) -> list[tuple[str, str]]:
+    events = kubectl.json("get", "events", "-n", namespace) or {"items": []}
+    return [(e.get("type"), e.get("reason")) for e in events["items"]
+            if e.get("involvedObject", {}).get("name") == name]
+
+
+def jobs_of(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    from throttledjob.operator import builders as b
+
+    listed = kubectl.json("get", "jobs", "-n", namespace, "-l", f"{b.LABEL_NAME}={name}")
+    return (listed or {}).get("items") or []
+
+
+def policy_of(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    cm = kubectl.json("get", "configmap", "-n", namespace, f"{name}-throttle")
+    return yaml.safe_load(cm["data"]["policy.yaml"]) if cm else {}

@@ -20,15 +20,13 @@ from ..operator.conftest import FakeSidecar, OperatorProcess
 from .conftest import (
     TIMEOUT,
     Kubectl,
+    jobs_of,
     operator_identity,
+    tj_condition,
+    tj_events,
     tj_manifest,
     wait_json,
 )
-
-
-def jobs_of(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
-    listed = kubectl.json("get", "jobs", "-n", namespace, "-l", f"{b.LABEL_NAME}={name}")
-    return (listed or {}).get("items") or []
 
 
 def failed_creates(kubectl: Kubectl, namespace: str) -> list[str]:
@@ -81,13 +79,27 @@ def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorPr
     assert table[0].split() == ["NAME", "PHASE", "CPU-PEAK", "GPU-PEAK", "THROTTLE", "AGE"]
     assert table[1].split()[:3] == ["train", "Running", "1.48"]
 
+    assert tj_condition(kubectl, namespace, "train", "TargetMet")["status"] == "True"
+    assert not tj_obj["metadata"].get("finalizers")  # deletion never waits for us
+
+    # The sidecar reports the budget spent: TargetMet flips, with a Warning event.
+    pod_sidecar.doc = {**STATUS_DOC, "targetMet": False, "budgetExhausted": True}
+    wait_for(lambda: tj_condition(kubectl, namespace, "train", "TargetMet").get("reason")
+             == "BudgetExhausted", TIMEOUT, what="TargetMet=False BudgetExhausted")
+    wait_for(lambda: ("Warning", "TargetUnreachable") in tj_events(kubectl, namespace, "train"),
+             TIMEOUT, what="a TargetUnreachable event")
+
     kubectl("patch", "tj", "-n", namespace, "train", "--type=merge",
             "-p", '{"spec":{"throttle":{"targets":{"cpu":{"peak":"900m"}}}}}')
     wait_json(kubectl, lambda o: "900m" in o["data"]["policy.yaml"],
               "configmap", "-n", namespace, "train-throttle", what="the edit in the ConfigMap")
 
     kubectl("wait", "--for=condition=Complete", "-n", namespace, "tj/train", "--timeout=60s")
-    assert kubectl.json("get", "tj", "-n", namespace, "train")["status"]["phase"] == "Succeeded"
+    done = kubectl.json("get", "tj", "-n", namespace, "train")["status"]
+    assert done["phase"] == "Succeeded" and done["completionTime"]
+    assert done["observed"]["cpuPeakCores"] == 1.48  # kept after the pod is gone
+    wait_for(lambda: ("Normal", "JobSucceeded") in tj_events(kubectl, namespace, "train"),
+             TIMEOUT, what="a JobSucceeded event")
     assert len(jobs_of(kubectl, namespace, "train")) == 1
 
     kubectl("delete", "tj", "-n", namespace, "train")

@@ -1,8 +1,10 @@
 """Fixtures for the operator: schema validators, the kmock emulator, a real operator.
 
-The emulator runs in a thread of the test process (its own event loop); the operator
-runs as a real `throttledjob operator` process pointed at it with a kubeconfig, exactly
-as a user starts it. Tests talk to the emulator over HTTP, as kubectl would.
+The emulator plays only what a real API server will not do on demand: 429s, 5xxs, lost
+answers, slow answers and watch errors (test_faults.py). Everything else runs against a
+real kube-apiserver (tests/cluster/). The emulator runs in a thread of the test process
+(its own event loop); the operator runs as a real `throttledjob operator` process
+pointed at it with a kubeconfig, exactly as a user starts it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
+from throttledjob.operator import builders as b
 from throttledjob.operator import crd
 
 from ..conftest import wait_for
@@ -131,26 +134,6 @@ RESOURCES = {
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
 
-def api_call(method: str, path: str, watch: bool) -> tuple[str, str, str] | None:
-    """(API group, resource, RBAC verb) of a request, as the API server authorizes it;
-    None for discovery (/api, /apis/GROUP/VERSION), which every client may read."""
-    parts = [p for p in path.split("/") if p]
-    core = parts[:1] == ["api"]
-    group = "" if core else (parts[1] if len(parts) > 1 else "")
-    rest = parts[2:] if core else parts[3:]
-    if not rest:
-        return None
-    if rest[:1] == ["namespaces"] and len(rest) > 2:
-        rest = rest[2:]  # a namespaced resource (not the namespaces themselves)
-    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
-    named = len(rest) > 1
-    verb = {"POST": "create", "PATCH": "patch", "PUT": "update",
-            "DELETE": "delete" if named else "deletecollection"}.get(method)
-    if verb is None:
-        verb = "get" if named else ("watch" if watch else "list")
-    return group, resource, verb
-
-
 def _make_emulator_class() -> type:
     import kmock
 
@@ -167,7 +150,6 @@ def _make_emulator_class() -> type:
             self.sent: list[tuple[str, str, Any]] = []  # (method, path, body) of writes
             self.sent_at: dict[tuple[str, str], float] = {}  # (path, name) -> first create
             self.faults: list[Fault] = []
-            self.calls: set[tuple[str, str, str]] = set()  # (group, resource, verb)
 
         async def _handle(self, request: Any) -> Any:
             # kmock keeps every request and, to route a new one, scans them all: O(n) per
@@ -175,12 +157,6 @@ def _make_emulator_class() -> type:
             # bottleneck of the load test. The tests keep their own record (self.sent).
             if len(self._requests) > 200:
                 del self._requests[:-50]
-            # Every call a client other than the tests' own makes, for the RBAC check.
-            agent = (request.headers or {}).get("User-Agent", "")
-            call = api_call(str(request.method.value), str(request.url.path),
-                            "watch" in str(request.url.query_string))
-            if call and not agent.startswith("Python-urllib"):
-                self.calls.add(call)
             fault = next((f for f in self.faults if f.matches(request)), None)
             if fault is None:
                 return await self._handle_stamped(request)
@@ -398,6 +374,34 @@ JOBS_PATH = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
 CM_PATH = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
 EVENTS_PATH = f"/api/v1/namespaces/{NAMESPACE}/events"
+
+
+# --- reading a ThrottledJob's world from the emulator ----------------------------------------
+
+TIMEOUT = 30.0
+
+
+def tj_of(emu: Emulator, name: str) -> dict[str, Any]:
+    return emu.call("GET", f"{TJ_PATH}/{name}") or {}
+
+
+def status(emu: Emulator, name: str) -> dict[str, Any]:
+    return tj_of(emu, name).get("status") or {}
+
+
+def cond(emu: Emulator, name: str, type_: str) -> dict[str, Any]:
+    return b.condition(status(emu, name), type_) or {}
+
+
+def jobs_of(emu: Emulator, name: str) -> list[dict[str, Any]]:
+    return [j for j in emu.items(JOBS_PATH)
+            if j["metadata"].get("labels", {}).get(b.LABEL_NAME) == name]
+
+
+def assert_valid_status(emu: Emulator, name: str) -> None:
+    errors = cr_errors(tj_of(emu, name))
+    assert not errors, errors
+
 
 
 @pytest.fixture

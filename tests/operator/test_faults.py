@@ -13,13 +13,17 @@ from ..conftest import wait_for
 from .conftest import (
     CM_PATH,
     JOBS_PATH,
+    TIMEOUT,
     TJ_PATH,
     Emulator,
     Fault,
     OperatorProcess,
+    assert_valid_status,
+    cond,
+    jobs_of,
     make_tj,
+    status,
 )
-from .test_e2e import TIMEOUT, assert_valid_status, cond, jobs_of, status
 
 JSON = "application/json"
 

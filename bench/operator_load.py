@@ -1,0 +1,224 @@
+"""The operator at scale on a real API server, beside the real Job controller.
+
+A burst of N ThrottledJobs (default 1,000), then a steady stream at 10 per second:
+time until every Job exists, create->Job latency (p50/p99), the operator's RSS and CPU,
+and, as the yardstick in the same run, the Job controller's own Job->Pod latency for
+the same Jobs. Every time is taken by one client on one clock: the moment it sent the
+create, and the moment its watch saw the Job or the Pod.
+
+    .venv/bin/python bench/operator_load.py [--n 1000] [--rate 10] [--steady-seconds 30]
+
+Uses the cluster `make cluster` left running, else starts its own (tools/k8s/).
+The operator runs as the chart's ServiceAccount with the chart's RBAC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from harness import markdown  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("k8s_cluster", ROOT / "tools/k8s/cluster.py")
+k8s = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(k8s)  # type: ignore[union-attr]
+VENV_BIN = Path(sys.executable).parent
+OPERATOR_NS = "throttledjob-system"
+
+
+class Watch(threading.Thread):
+    """First time this client saw each object of a kind in a namespace, keyed by `key`."""
+
+    def __init__(self, cluster: Any, path: str, key: Any) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.path, self.key = cluster, path, key
+        self.seen: dict[str, float] = {}
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        import urllib.request
+
+        rv = self.cluster.request("GET", self.path)["metadata"]["resourceVersion"]
+        while True:
+            req = urllib.request.Request(
+                f"{self.cluster.server}{self.path}?watch=1&resourceVersion={rv}"
+                "&allowWatchBookmarks=true",
+                headers={"Authorization": f"Bearer {self.cluster.admin_token}"})
+            with urllib.request.urlopen(req, timeout=600,
+                                        context=self.cluster.ssl_context()) as resp:
+                self.ready.set()
+                for line in resp:
+                    now = time.monotonic()
+                    event = json.loads(line)
+                    obj = event["object"]
+                    rv = obj["metadata"].get("resourceVersion", rv)
+                    name = self.key(obj) if event["type"] == "ADDED" else None
+                    if name and name not in self.seen:
+                        self.seen[name] = now
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def proc_figures(pid: int) -> tuple[float, float]:
+    """(peak RSS MiB, CPU seconds) of a process."""
+    status = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(status["VmHWM"].split()[0]) / 1024, (int(fields[11]) + int(fields[12])) / ticks
+
+
+def tj(name: str, namespace: str) -> dict[str, Any]:
+    container = {"name": "work", "image": "localhost/work:dev", "command": ["python", "w.py"],
+                 "securityContext": {"allowPrivilegeEscalation": False,
+                                     "capabilities": {"drop": ["ALL"]}}}
+    return {"apiVersion": "throttledjob.io/v1alpha1", "kind": "ThrottledJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"jobTemplate": {"spec": {"backoffLimit": 0, "template": {
+                "metadata": {"annotations": {"throttledjob.io/test-run-for": "1h"}},
+                "spec": {"restartPolicy": "Never", "containers": [container],
+                         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
+                                             "seccompProfile": {"type": "RuntimeDefault"}}}}}},
+                "throttle": {"targets": {"cpu": {"peak": "1"}}}}}
+
+
+def operator_kubeconfig(cluster: Any, kubectl: list[str], tmp: Path) -> Path:
+    rendered = subprocess.run([str(VENV_BIN / "helm"), "template", "tj",
+                               str(ROOT / "charts/throttledjob"), "-n", OPERATOR_NS],
+                              check=True, capture_output=True, text=True).stdout
+    rbac = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in (
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    subprocess.run([*kubectl, "create", "namespace", OPERATOR_NS], capture_output=True)
+    subprocess.run([*kubectl, "apply", "-f", "-"], input=yaml.safe_dump_all(rbac), text=True,
+                   check=True, capture_output=True)
+    sa = next(d for d in rbac if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    token = cluster.service_account_token(OPERATOR_NS, sa)
+    return cluster.kubeconfig_for(token, tmp / "operator.kubeconfig")
+
+
+def run(cluster: Any, n: int, rate: float, steady_seconds: float) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="tj-load-"))
+    kubectl = [str(k8s.bin_dir() / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
+    subprocess.run([*kubectl, "apply", "--server-side", "-f",
+                    str(ROOT / "charts/throttledjob/crds")], check=True, capture_output=True)
+    namespace = f"load-{uuid.uuid4().hex[:6]}"
+    subprocess.run([*kubectl, "create", "namespace", namespace], check=True,
+                   capture_output=True)
+    env = {**os.environ, "KUBECONFIG": str(operator_kubeconfig(cluster, kubectl, tmp)),
+           "THROTTLEDJOB_RESYNC_INTERVAL": "3600", "KUBERNETES_SERVICE_HOST": ""}
+    log = open(tmp / "operator.log", "wb")  # noqa: SIM115
+    op = subprocess.Popen([str(VENV_BIN / "throttledjob"), "operator", "--standalone", "-A"],
+                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
+    jobs = Watch(cluster, f"/apis/batch/v1/namespaces/{namespace}/jobs",
+                 lambda o: (o["metadata"].get("labels") or {}).get("throttledjob.io/name"))
+    pods = Watch(cluster, f"/api/v1/namespaces/{namespace}/pods",
+                 lambda o: (o["metadata"].get("labels") or {}).get("job-name"))
+    for w in (jobs, pods):
+        w.start()
+        w.ready.wait(30)
+    posted: dict[str, float] = {}
+    tj_path = f"/apis/throttledjob.io/v1alpha1/namespaces/{namespace}/throttledjobs"
+
+    def create(name: str) -> None:
+        posted[name] = time.monotonic()
+        cluster.request("POST", tj_path, tj(name, namespace))
+
+    try:
+        time.sleep(5)  # the operator's start-up (kopf login, watches) is not the burst
+        rss0, cpu0 = proc_figures(op.pid)
+        burst = [f"burst-{i:04d}" for i in range(n)]
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(create, burst))
+        sent = time.monotonic() - started
+        deadline = time.monotonic() + 600
+        while len([x for x in burst if x in jobs.seen]) < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+        all_jobs = max(jobs.seen[x] for x in burst if x in jobs.seen) - started
+        while len([x for x in burst if x in pods.seen]) < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rss, cpu = proc_figures(op.pid)
+        burst_cpu = cpu - cpu0
+
+        steady = [f"steady-{i:04d}" for i in range(int(rate * steady_seconds))]
+        t0 = time.monotonic()
+        for i, name in enumerate(steady):
+            time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+            create(name)
+        while len([x for x in steady if x in jobs.seen]) < len(steady) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _, cpu_end = proc_figures(op.pid)
+        steady_cpu = (cpu_end - cpu) / (time.monotonic() - t0)
+    finally:
+        op.terminate()
+        op.wait(30)
+        log.close()
+        subprocess.run([*kubectl, "delete", "namespace", namespace, "--wait=false"],
+                       capture_output=True)
+
+    def latencies(names: list[str], start: dict[str, float], end: dict[str, float]):
+        return [end[x] - start[x] for x in names if x in end and x in start]
+
+    create_job = latencies(burst, posted, jobs.seen)
+    job_pod = latencies(burst, jobs.seen, pods.seen)
+    steady_create_job = latencies(steady, posted, jobs.seen)
+    return {
+        "throttledjobs": n, "burst_sent_s": round(sent, 1),
+        "all_jobs_created_s": round(all_jobs, 1),
+        "jobs_missing": n - len(create_job),
+        "create_to_job_p50_s": round(percentile(create_job, 0.5), 2),
+        "create_to_job_p99_s": round(percentile(create_job, 0.99), 2),
+        "job_to_pod_p50_s (Job controller)": round(percentile(job_pod, 0.5), 2),
+        "job_to_pod_p99_s (Job controller)": round(percentile(job_pod, 0.99), 2),
+        "operator_peak_rss_mib": round(rss), "operator_rss_at_start_mib": round(rss0),
+        "operator_cpu_s_in_burst": round(burst_cpu, 1),
+        f"steady_{rate:g}_per_s_create_to_job_p50_s": round(percentile(steady_create_job, 0.5),
+                                                             2),
+        f"steady_{rate:g}_per_s_create_to_job_p99_s": round(percentile(steady_create_job, 0.99),
+                                                             2),
+        "operator_cpu_cores_at_steady_rate": round(steady_cpu, 3),
+        "cpus": os.cpu_count(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1000, help="ThrottledJobs in the burst")
+    parser.add_argument("--rate", type=float, default=10.0, help="steady creates per second")
+    parser.add_argument("--steady-seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    shared = k8s.Cluster(ROOT / ".cluster")
+    own = None
+    if not shared.running():
+        k8s.build()
+        own = k8s.Cluster(Path(tempfile.mkdtemp(prefix="throttledjob-cluster-"))).up()
+    try:
+        figures = run(own or shared, args.n, args.rate, args.steady_seconds)
+    finally:
+        if own is not None:
+            own.down()
+    print(json.dumps(figures, indent=1))
+    print(markdown([{"figure": k, "value": v} for k, v in figures.items()]))
+
+
+if __name__ == "__main__":
+    main()
