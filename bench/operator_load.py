@@ -114,7 +114,8 @@ def operator_kubeconfig(cluster: Any, kubectl: list[str], tmp: Path) -> Path:
     return cluster.kubeconfig_for(token, tmp / "operator.kubeconfig")
 
 
-def run(cluster: Any, n: int, rate: float, steady_seconds: float) -> dict[str, Any]:
+def run(cluster: Any, n: int, rate: float, steady_seconds: float,
+        status_interval: float) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="tj-load-"))
     kubectl = [str(k8s.bin_dir() / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
     subprocess.run([*kubectl, "apply", "--server-side", "-f",
@@ -123,7 +124,8 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float) -> dict[str, A
     subprocess.run([*kubectl, "create", "namespace", namespace], check=True,
                    capture_output=True)
     env = {**os.environ, "KUBECONFIG": str(operator_kubeconfig(cluster, kubectl, tmp)),
-           "THROTTLEDJOB_RESYNC_INTERVAL": "3600", "KUBERNETES_SERVICE_HOST": ""}
+           "THROTTLEDJOB_RESYNC_INTERVAL": "3600", "KUBERNETES_SERVICE_HOST": "",
+           "THROTTLEDJOB_STATUS_INTERVAL": str(status_interval)}
     log = open(tmp / "operator.log", "wb")  # noqa: SIM115
     op = subprocess.Popen([str(VENV_BIN / "throttledjob"), "operator", "--standalone", "-A"],
                           stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
@@ -196,7 +198,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float) -> dict[str, A
         f"steady_{rate:g}_per_s_create_to_job_p99_s": round(percentile(steady_create_job, 0.99),
                                                              2),
         "operator_cpu_cores_at_steady_rate": round(steady_cpu, 3),
-        "cpus": os.cpu_count(),
+        "status_interval_s": status_interval, "cpus": os.cpu_count(),
     }
 
 
@@ -205,6 +207,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1000, help="ThrottledJobs in the burst")
     parser.add_argument("--rate", type=float, default=10.0, help="steady creates per second")
     parser.add_argument("--steady-seconds", type=float, default=30.0)
+    parser.add_argument("--status-interval", type=float, default=10.0,
+                        help="seconds between reads of every running pod's sidecar "
+                             "(the chart's default, 10)")
     args = parser.parse_args()
     shared = k8s.Cluster(ROOT / ".cluster")
     own = None
@@ -212,7 +217,8 @@ def main() -> None:
         k8s.build()
         own = k8s.Cluster(Path(tempfile.mkdtemp(prefix="throttledjob-cluster-"))).up()
     try:
-        figures = run(own or shared, args.n, args.rate, args.steady_seconds)
+        figures = run(own or shared, args.n, args.rate, args.steady_seconds,
+                      args.status_interval)
     finally:
         if own is not None:
             own.down()

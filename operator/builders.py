@@ -73,6 +73,8 @@ class OperatorSettings:
     # Level-triggered safety net: re-read each unfinished ThrottledJob's Job this often,
     # so a Job event lost to an API failure or a restart still reaches the status.
     resync_seconds: float = 60.0
+    # Threads running the (blocking) handlers; kopf's default is 6 on 2 cores.
+    handler_threads: int = 32
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -91,6 +93,8 @@ class OperatorSettings:
                           ("resync_seconds", "THROTTLEDJOB_RESYNC_INTERVAL")):
             if env.get(var):
                 values[attr] = float(env[var])
+        if env.get("THROTTLEDJOB_HANDLER_THREADS"):
+            values["handler_threads"] = int(env["THROTTLEDJOB_HANDLER_THREADS"])
         return cls(**values)
 
 

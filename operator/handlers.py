@@ -48,11 +48,15 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     # No finalizer: children go by ownerReferences, so deleting a ThrottledJob never
     # waits for the operator (kopf adds one only for deletion handlers; there are none).
     settings.posting.level = logging.INFO
+    # Handlers are sync and block on API calls: with the default pool (6 threads on 2
+    # cores) a burst of 1,000 queued behind each other's round trips (bench/operator_load.py).
+    settings.execution.max_workers = SETTINGS.handler_threads
     # A watch that silently stalls (a proxy, a dead connection) is restarted.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     try:
-        RUNTIME.kube = Kube(load_client(), timeout_seconds=SETTINGS.api_timeout_seconds)
+        RUNTIME.kube = Kube(load_client(SETTINGS.handler_threads + 8),
+                            timeout_seconds=SETTINGS.api_timeout_seconds)
     except Exception as e:  # the client's ConfigException and file errors alike
         # Retrying cannot conjure a kubeconfig: stop with the reason instead.
         raise kopf.PermanentError(f"cannot find the cluster (in-cluster service account, "

@@ -45,15 +45,18 @@ def backoff_seconds(attempt: int, base: float = 0.2, cap: float = 5.0,
     return max(delay, min(retry_after or 0.0, 60.0))
 
 
-def load_client() -> Any:
-    """An ApiClient configured as kubectl would be (kopf logs in the same way)."""
+def load_client(connections: int = 10) -> Any:
+    """An ApiClient configured as kubectl would be (kopf logs in the same way), keeping
+    up to `connections` open: one per handler thread, or each call beyond opens anew."""
     import kubernetes
 
+    config = kubernetes.client.Configuration()
     try:
-        kubernetes.config.load_incluster_config()
+        kubernetes.config.load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+        kubernetes.config.load_kube_config(client_configuration=config)
+    config.connection_pool_maxsize = connections
+    return kubernetes.client.ApiClient(config)
 
 
 class Kube:

@@ -219,6 +219,8 @@ class Agent:
     def _actuate(self, quota: float | None, now: float) -> None:
         p = self.policy
         stop_pacing = p.enforcement == "both" and self.levers.pacing == "stop"
+        if stop_pacing != self._stop_pacing and self.controller and not self._gpu_bound:
+            quota = self.status.quota_cores = self.controller.restart()
         handing_over, self._stop_pacing = self._stop_pacing, stop_pacing
         use_coop = p.enforcement in ("cooperative", "both") and not stop_pacing
         use_signals = p.enforcement == "signals" or (

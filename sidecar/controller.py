@@ -64,6 +64,14 @@ class CpuController:
         self._low = 0.1 * self.setpoint
         self._high = 1.5 * self.setpoint
 
+    def restart(self) -> float:
+        """Forget the trim: it corrected one actuator's bias (cooperative pacing delivers
+        less than its quota when peers use their shares unequally), and the next one, the
+        signal enforcer, delivers its quota exactly: the trim carried over overshot the
+        target by 4% for an interval at each hand-over."""
+        self.quota = self.setpoint
+        return self.quota
+
     def update(self, obs: CpuObservation) -> CpuDecision:
         binding = obs.pause_fraction > BINDING_PAUSE_FRACTION
         over = obs.usage_cores > self.setpoint

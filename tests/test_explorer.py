@@ -440,6 +440,36 @@ def test_agent_hands_pacing_between_stopping_and_the_runtime_without_a_gap(tmp_p
     assert armed == [True, True, True, False, False]
 
 
+def test_a_quota_trimmed_for_cooperative_pacing_is_not_carried_over_to_stop_pacing(tmp_path):
+    """Two cooperating peers under-deliver their equal shares, so the controller raises
+    the quota over the setpoint; the enforcer delivers a quota exactly, so on the switch to
+    stop pacing it must start from the setpoint, not from the raised quota."""
+    import types
+
+    from throttledjob.runtime.progress import Progress, write_progress
+    from throttledjob.sidecar.agent import Agent
+    from throttledjob.sidecar.policy import Policy
+
+    now, tree, enforcer = [0.0], FakeTree(), RecordingEnforcer()
+    agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
+                  enforcer=enforcer, clock=lambda: now[0])
+    agent.start()
+    agent.explorer = types.SimpleNamespace(levers=DEFAULT_LEVERS, update=lambda sample: None)
+    agent._explorer_steps = 0
+    for i in range(1, 12):
+        if i == 11:
+            agent.explorer.levers = STOP
+        tree.cpu += 0.8  # under the setpoint while paced: the trim winds up
+        for pid in (os.getpid(), os.getppid()):
+            write_progress(str(tmp_path), Progress(pid=pid, steps=10 * i,
+                                                   paused_seconds=0.3 * i))
+        now[0] += 1.0
+        agent.cycle()
+        if i == 10:
+            assert agent.controller.quota > 1.1 * agent.controller.setpoint
+    assert enforcer.quotas[-1] == pytest.approx(agent.controller.setpoint)
+
+
 def test_probe_order_puts_thread_counts_that_need_no_duty_cycling_first():
     assert probe_order(2, 0.9, stop_pacing=True) == [ONE, STOP]
     assert probe_order(2, 1.4, stop_pacing=True) == [STOP, ONE]

@@ -141,7 +141,8 @@ def test_short_steps_are_paced_in_few_long_pauses_at_the_same_rate():
             wall += 0.001
             pause = b.pause_for(cpu, wall)
             if pause:
-                pauses.append(pause)
+                if not b.pause_capped:  # (the slowdown budget may cut the first short)
+                    pauses.append(pause)
                 wall += pause
                 b.record_pause(pause)
             trace.append((wall, cpu))

@@ -125,7 +125,7 @@ RESOURCES = {
     "v1/configmaps": dict(kind="ConfigMap", namespaced=True, singular="configmap"),
     "v1/pods": dict(kind="Pod", namespaced=True, singular="pod", subresources=["status"]),
     "v1/events": dict(kind="Event", namespaced=True, singular="event"),
-    # kopf waits for these after login (TESTING.md).
+    # kopf waits for these after login (docs/testing.md).
     "v1/namespaces": dict(kind="Namespace", namespaced=False, singular="namespace"),
     "apiextensions.k8s.io/v1/customresourcedefinitions": dict(
         kind="CustomResourceDefinition", namespaced=False,
@@ -500,11 +500,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     if report.when == "call":
         item.rep_call = report  # type: ignore[attr-defined]
     return report
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "load: the 1,000-ThrottledJob operator run "
-                                       "(a few minutes on 2 cores; part of make test)")
 
 
 class FakeSidecar:

@@ -1,0 +1,56 @@
+"""A burst of ThrottledJobs and of edits through the real operator on the real API server:
+every ThrottledJob gets exactly one Job and one ConfigMap, every edit reaches its own
+ConfigMap and no other. Behaviour only; the figures at 1,000 are bench/operator_load.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import wait_for
+
+from ..operator.conftest import OperatorProcess
+from .conftest import Kubectl, tj_manifest
+
+N = 60
+EDITS = 30
+
+
+def test_a_burst_of_throttledjobs_and_of_edits(kubectl: Kubectl, real_operator: OperatorProcess,
+                                               namespace: str) -> None:
+    real_operator.env["THROTTLEDJOB_RESYNC_INTERVAL"] = "3600"  # the event path only
+    real_operator.verbose = False
+    real_operator.start()
+    names = [f"load-{i:03d}" for i in range(N)]
+    kubectl.apply(*(tj_manifest(n, namespace, run_for="1h") for n in names))
+
+    def listed(kind: str) -> list[str]:
+        items = (kubectl.json("get", kind, "-n", namespace) or {}).get("items") or []
+        return sorted(i["metadata"]["name"] for i in items
+                      if i["metadata"]["name"] != "kube-root-ca.crt")
+
+    wait_for(lambda: len(listed("jobs")) >= N, 240, interval=1, what=f"{N} Jobs")
+    assert listed("jobs") == names  # one each, no duplicate
+    wait_for(lambda: len(listed("configmaps")) >= N, 60, interval=1, what="the ConfigMaps")
+    assert listed("configmaps") == [f"{n}-throttle" for n in names]
+
+    want = {n: f"{1000 - i}m" for i, n in enumerate(names[::N // EDITS][:EDITS])}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(lambda n: kubectl(
+            "patch", "tj", "-n", namespace, n, "--type=merge", "-p", json.dumps(
+                {"spec": {"throttle": {"targets": {"cpu": {"peak": want[n]}}}}})), want))
+
+    def peaks() -> dict[str, str]:
+        import yaml
+
+        items = kubectl.json("get", "configmaps", "-n", namespace)["items"]
+        return {c["metadata"]["name"][:-len("-throttle")]: yaml.safe_load(
+            c["data"]["policy.yaml"])["targets"]["cpu"]["peak"]
+            for c in items if c["metadata"]["name"].endswith("-throttle")}
+
+    wait_for(lambda: all(peaks().get(n) == v for n, v in want.items()), 240, interval=1,
+             what=f"all {EDITS} edits in their ConfigMaps")
+    assert {n: p for n, p in peaks().items() if n not in want} == {
+        n: "1500m" for n in names if n not in want}
+    assert listed("jobs") == names
