@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from typing import Any
 
@@ -30,9 +31,20 @@ def write_json_atomic(path: str, obj: Any) -> None:
         raise
 
 
+# The directory is shared with the workload, which may put anything there: a FIFO (whose
+# open() blocked the sidecar's loop forever, and local mode past SIGTERM) or a symlink to
+# a file that is not ours. Never follow, never block, regular files only.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
+    | getattr(os, "O_CLOEXEC", 0)
+
+
 def read_json_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> Any:
-    """Read and parse a JSON file of at most `max_bytes`; raises ValueError or OSError."""
-    with open(path, "rb") as f:
+    """Read and parse a regular JSON file of at most `max_bytes`, without following a
+    symlink or blocking on a FIFO; raises ValueError or OSError."""
+    fd = os.open(path, _OPEN_FLAGS)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a regular file")
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path}: larger than {max_bytes} bytes")

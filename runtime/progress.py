@@ -10,6 +10,9 @@ from .files import read_json_bounded, write_json_atomic
 
 PROGRESS_PREFIX = "progress-"
 SCHEMA_VERSION = 1
+# More cooperating processes than this are not one workload's: the rest are ignored, so
+# a flood of files cannot make the sidecar's loop (or its step table) grow without bound.
+MAX_PROGRESS_FILES = 256
 
 
 @dataclass
@@ -54,7 +57,8 @@ def count_fresh_peers(directory: str, now: float, max_age: float) -> int:
     try:
         with os.scandir(directory) as entries:
             for e in entries:
-                if e.name.startswith(PROGRESS_PREFIX) and now - e.stat().st_mtime <= max_age:
+                if (e.name.startswith(PROGRESS_PREFIX) and e.is_file(follow_symlinks=False)
+                        and now - e.stat(follow_symlinks=False).st_mtime <= max_age):
                     count += 1
     except OSError:
         return 1
@@ -65,12 +69,11 @@ def read_progress(directory: str) -> list[Progress]:
     """All well-formed progress records in `directory`; malformed ones are skipped."""
     records = []
     try:
-        names = os.listdir(directory)
+        names = sorted(n for n in os.listdir(directory)
+                       if n.startswith(PROGRESS_PREFIX) and n.endswith(".json"))
     except OSError:
         return []
-    for name in names:
-        if not (name.startswith(PROGRESS_PREFIX) and name.endswith(".json")):
-            continue
+    for name in names[:MAX_PROGRESS_FILES]:
         try:
             obj = read_json_bounded(os.path.join(directory, name))
             records.append(_parse(obj))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from throttledjob.runtime.files import write_json_atomic
-from throttledjob.runtime.progress import read_progress
+from throttledjob.runtime.progress import MAX_PROGRESS_FILES, read_progress
 from throttledjob.runtime.settings import SETTINGS_FILE, Settings
 
 from .controller import CpuController, CpuDecision, CpuObservation
@@ -35,6 +35,10 @@ COOPERATION_TIMEOUT_INTERVALS = 3
 # Recent 1-second CPU samples kept for "is the target met now" (see /status).
 RECENT_SAMPLES = 60
 
+
+# Processes whose steps are counted over a run (the sidecar keeps each one's last count):
+# bounded, whatever the shared directory holds.
+MAX_STEP_PIDS = 4 * MAX_PROGRESS_FILES
 
 @dataclass
 class CycleStatus:
@@ -115,7 +119,8 @@ class Agent:
 
         everyone = read_progress(self.settings_dir)
         for r in everyone:  # the count survives the process that made it
-            self._steps_by_pid[r.pid] = max(r.steps, self._steps_by_pid.get(r.pid, 0))
+            if r.pid in self._steps_by_pid or len(self._steps_by_pid) < MAX_STEP_PIDS:
+                self._steps_by_pid[r.pid] = max(r.steps, self._steps_by_pid.get(r.pid, 0))
         records = [r for r in everyone if _alive(r.pid)]
         cooperating = [r.pid for r in records]
         coop_pause, coop_capped = self._cooperative_pause(records, elapsed)

@@ -255,3 +255,21 @@ def test_affinity_and_nice_levers_need_no_cooperation(throttledjob_cmd, tmp_path
     cpus, niceness = map(int, out.stdout.split())
     assert niceness == 5
     assert cpus == (1 if len(os.sched_getaffinity(0)) > 1 else len(os.sched_getaffinity(0)))
+
+
+def test_a_fifo_and_a_symlink_in_the_shared_directory_neither_hang_nor_mislead(
+        throttledjob_cmd, tmp_path):
+    """A command that leaves a FIFO named like a progress file (once: `run` hung for 20
+    minutes after the command ended, deaf to SIGTERM) and a symlink to a file that is not
+    ours: the run ends with the command and reports only real progress."""
+    decoy = tmp_path / "decoy.json"
+    decoy.write_text('{"schema": 1, "pid": 1, "steps": 1000000}')
+    code = ("import os, sys; d = os.environ['THROTTLEDJOB_DIR']; "
+            "os.mkfifo(os.path.join(d, 'progress-999999.json')); "
+            "os.symlink(sys.argv[1], os.path.join(d, 'progress-1.json'))")
+    started = time.monotonic()
+    proc, report = run(throttledjob_cmd, ["--cpu-peak", "1", "--", sys.executable, "-c", code,
+                                          str(decoy)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 30
+    assert report["steps"] == 0

@@ -93,6 +93,54 @@ def write(tmp_path, obj, mtime=1000.0) -> None:
     os.utime(path, (mtime, mtime))
 
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_bounded_read_neither_blocks_on_a_fifo_nor_follows_a_symlink(tmp_path, kind):
+    """The shared directory is the workload's too: a FIFO named like our file blocked the
+    sidecar's loop forever in open(); a symlink could point at a file that is not ours."""
+    import threading
+
+    target = tmp_path / "progress-1.json"
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        real = tmp_path / "elsewhere.json"
+        real.write_text(json.dumps({"schema": 1, "pid": 1}))
+        target.symlink_to(real)
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_json_bounded(str(target))
+        except (OSError, ValueError) as e:
+            outcome.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    assert not reader.is_alive(), "read_json_bounded blocked"
+    assert len(outcome) == 1  # refused, not read
+
+
+def test_progress_reading_skips_what_is_not_a_regular_file_and_is_bounded(tmp_path):
+    from throttledjob.runtime.progress import (
+        MAX_PROGRESS_FILES,
+        Progress,
+        count_fresh_peers,
+        read_progress,
+        write_progress,
+    )
+
+    write_progress(str(tmp_path), Progress(pid=42, steps=3, time=1.0))
+    os.mkfifo(tmp_path / "progress-43.json")
+    (tmp_path / "progress-44.json").symlink_to(tmp_path / "progress-42.json")
+    assert [r.pid for r in read_progress(str(tmp_path))] == [42]
+    assert count_fresh_peers(str(tmp_path), now=os.path.getmtime(tmp_path / "progress-42.json"),
+                             max_age=2.0) == 1
+    for pid in range(1000, 1000 + MAX_PROGRESS_FILES + 50):
+        write_progress(str(tmp_path), Progress(pid=pid, steps=1, time=1.0))
+    assert len(read_progress(str(tmp_path))) == MAX_PROGRESS_FILES
+
+
 def test_missing_file_means_unthrottled(tmp_path):
     w, _, _ = watcher(tmp_path)
     assert w.current() is UNTHROTTLED
