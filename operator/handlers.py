@@ -31,6 +31,9 @@ class _Runtime:
     reader: StatusReader | None = None
     # (namespace, name) -> (phase, jobName) of every ThrottledJob the watch has shown.
     seen: dict[tuple[str, str], tuple[str | None, str | None]] = field(default_factory=dict)
+    # (namespace, ThrottledJob name) -> uid of its Job, as the Job watch showed it: only
+    # pods that Job owns are ever read.
+    job_uids: dict[tuple[str, str], str] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
     context: contextvars.Context | None = None
 
@@ -210,8 +213,12 @@ def job_event(body: kopf.Body, type: str | None, namespace: str | None,
               logger: logging.Logger, **_: Any) -> None:
     """The Job controller's view (active, conditions, times) -> phase and conditions."""
     owner = b.job_owner_name(body)
-    if owner is None or type == "DELETED" or namespace is None:
+    if owner is None or namespace is None:
         return
+    if type == "DELETED":
+        RUNTIME.job_uids.pop((namespace, owner), None)
+        return
+    RUNTIME.job_uids[(namespace, owner)] = body.meta.uid or ""
     now = b.now_iso()
     try:
         result = _kube().update_status(
@@ -300,16 +307,24 @@ def resync_from_job(namespace: str, name: str, job_name: str | None) -> None:
                        lambda st, _tj: b.status_from_job(st, job.get("status"), now))
 
 
-def read_sidecars(namespace: str, name: str, _job: str | None = None) -> None:
+def read_sidecars(namespace: str, name: str, job: str | None = None) -> None:
     """Observed peaks from each running pod's sidecar /status into status.observed."""
     kube, reader = _kube(), RUNTIME.reader
     assert reader is not None
+    job_uid = RUNTIME.job_uids.get((namespace, name))
+    if not job_uid and job:
+        current = kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}") or {}
+        if b.job_owner_name(current) == name:
+            job_uid = RUNTIME.job_uids[(namespace, name)] = current["metadata"]["uid"]
+    if not job_uid:
+        return
     reports: list[dict[str, Any]] = []
     failures: list[str] = []
     pods = kube.list_pods(namespace, f"{b.LABEL_NAME}={name}")
     for pod in pods:
-        # Filter here too: a selector the server ignores must not mix ThrottledJobs.
-        if (pod.get("metadata", {}).get("labels") or {}).get(b.LABEL_NAME) != name:
+        # Only the Job's own pods: anyone may put the label on a pod of theirs, whose
+        # "sidecar" would then write our status (or stall our reads).
+        if not b.owned_by(pod, job_uid):
             continue
         endpoint = b.sidecar_endpoint(pod)
         if endpoint is None:

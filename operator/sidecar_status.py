@@ -7,8 +7,8 @@ The operator only needs `read(host, port) -> dict`; tests serve a real HTTP serv
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
+import socket
+import time
 from typing import Any, Protocol
 
 # A /status document is a few hundred bytes; refuse anything absurd before parsing it.
@@ -24,7 +24,9 @@ class StatusReader(Protocol):
 
 
 class HttpStatusReader:
-    """GET http://HOST:PORT/status with a short timeout (pods die; the timer must not)."""
+    """GET http://HOST:PORT/status within a total deadline (pods die, or dribble their
+    answer: a per-read timeout let 16 bytes every 0.5 s hold one read for 8 s, and 64 KiB
+    for a day)."""
 
     def __init__(self, timeout_seconds: float = 2.0) -> None:
         self.timeout_seconds = timeout_seconds
@@ -34,18 +36,42 @@ class HttpStatusReader:
         netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         url = f"http://{netloc}/status"
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout_seconds) as resp:
-                data = resp.read(MAX_STATUS_BYTES + 1)
-        except urllib.error.HTTPError as e:
-            raise StatusReadError(f"{url}: HTTP {e.code}") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise StatusReadError(f"{url}: {getattr(e, 'reason', e)}") from None
-        if len(data) > MAX_STATUS_BYTES:
+            raw = self._fetch(host, port, netloc)
+        except (OSError, ValueError) as e:
+            raise StatusReadError(f"{url}: {e}") from None
+        head, _, body = raw.partition(b"\r\n\r\n")
+        if len(body) > MAX_STATUS_BYTES:
             raise StatusReadError(f"{url}: answer larger than {MAX_STATUS_BYTES} bytes")
+        status_line = head.split(b"\r\n", 1)[0].split()
+        if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/"):
+            raise StatusReadError(f"{url}: not an HTTP answer")
+        if status_line[1] != b"200":
+            raise StatusReadError(f"{url}: HTTP {status_line[1].decode(errors='replace')}")
         try:
-            doc = json.loads(data)
+            doc = json.loads(body)
         except ValueError:
             raise StatusReadError(f"{url}: not JSON") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("observed"), dict):
             raise StatusReadError(f"{url}: no 'observed' object in the answer")
         return doc
+
+    def _fetch(self, host: str, port: int, netloc: str) -> bytes:
+        """The whole answer of an HTTP/1.0 GET (the server closes when done), or an
+        error once the deadline or the size limit is passed."""
+        deadline = time.monotonic() + self.timeout_seconds
+        with socket.create_connection((host, port), timeout=self.timeout_seconds) as sock:
+            sock.sendall(f"GET /status HTTP/1.0\r\nHost: {netloc}\r\n"
+                         "Accept: application/json\r\n\r\n".encode())
+            data = bytearray()
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"timed out: no whole answer within "
+                                       f"{self.timeout_seconds:g}s")
+                sock.settimeout(remaining)
+                chunk = sock.recv(16384)
+                if not chunk:
+                    return bytes(data)
+                data += chunk
+                if len(data) > MAX_STATUS_BYTES + 4096:  # the document plus its headers
+                    raise ValueError(f"answer larger than {MAX_STATUS_BYTES} bytes")

@@ -3,6 +3,7 @@ real Job, garbage-collector and namespace controllers and a KWOK node running th
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,23 @@ def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorPr
     assert crd.SIDECAR_CONTAINER in init
     assert (crd.INJECT_CONTAINER in init) == (inject == "Auto")
 
-    tj_obj = wait_json(kubectl, lambda o: (o.get("status") or {}).get("observed"),
+    # A pod of someone else's that carries our label (and a "sidecar" on its IP) is
+    # never read: only pods the Job owns are.
+    rogue = copy.deepcopy(pods["items"][0])
+    rogue["metadata"] = {"name": "rogue", "namespace": namespace,
+                         "labels": {b.LABEL_NAME: "train"}}
+    rogue["spec"].pop("nodeName", None)
+    rogue.pop("status", None)
+    kubectl.apply(rogue)
+    wait_json(kubectl, lambda o: o["status"].get("phase") == "Running", "pod", "-n",
+              namespace, "rogue", what="the rogue pod Running")
+    hits = pod_sidecar.hits
+    tj_obj = wait_json(kubectl, lambda o: (o.get("status") or {}).get("observed")
+                       and pod_sidecar.hits >= hits + 4,
                        "tj", "-n", namespace, "train", what="status.observed")
     assert tj_obj["status"]["observed"]["cpuPeakCores"] == 1.48
+    assert tj_obj["status"]["observed"]["pods"] == 1
+    kubectl("delete", "pod", "-n", namespace, "rogue", "--wait=false")
     assert tj_obj["status"]["observedGeneration"] == tj_obj["metadata"]["generation"]
     table = kubectl("get", "tj", "-n", namespace, "train").stdout.split("\n")
     assert table[0].split() == ["NAME", "PHASE", "CPU-PEAK", "GPU-PEAK", "THROTTLE", "AGE"]

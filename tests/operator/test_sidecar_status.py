@@ -91,3 +91,34 @@ def test_a_hung_sidecar_times_out(server: Server) -> None:
     server.hang.set()
     with pytest.raises(StatusReadError, match="timed out"):
         HttpStatusReader(timeout_seconds=0.3).read("127.0.0.1", server.port)
+
+
+def test_a_dribbling_sidecar_is_cut_off_at_the_deadline() -> None:
+    """A slow loris: 16 bytes every 0.1 s. A per-read timeout never fires on it; the
+    total deadline does, so one slow pod cannot hold the operator's status tick."""
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    stop = threading.Event()
+
+    def dribble() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(b"HTTP/1.0 200 OK\r\n")
+            while not stop.wait(0.1):
+                try:
+                    conn.sendall(b"X-Padding: 0123\r\n")
+                except OSError:
+                    return
+
+    threading.Thread(target=dribble, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(StatusReadError, match="timed out"):
+            HttpStatusReader(timeout_seconds=0.5).read("127.0.0.1", listener.getsockname()[1])
+        assert time.monotonic() - started < 1.5
+    finally:
+        stop.set()
+        listener.close()
