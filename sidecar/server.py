@@ -18,6 +18,43 @@ from .snapshot import SnapshotHolder, status_document
 
 # The loop is dead (not just slow) when no cycle ran for this many intervals.
 STALE_INTERVALS = 5.0
+# Requests served at once, and how long one connection may take to send its request:
+# 1,000 half-sent requests once made 1,000 threads (+26 MB against a 128 MiB limit, and
+# threads count against the pod's process limit, which the workload shares). Prometheus
+# and the operator need one connection each.
+MAX_CONNECTIONS = 16
+CONNECTION_TIMEOUT_SECONDS = 5.0
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per request, at most `max_connections` of them: a connection over the cap
+    is closed at once, before any thread exists for it."""
+
+    daemon_threads = True
+    # Pending connections the kernel holds before dropping SYNs (socketserver's 5 made
+    # a burst of clients wait out 1 s retransmits).
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request, client_address) -> None:  # type: ignore[override]
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:  # type: ignore[override]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class MetricsServer:
@@ -30,14 +67,15 @@ class MetricsServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = CONNECTION_TIMEOUT_SECONDS  # per socket operation
+
             def do_GET(self) -> None:
                 server._handle(self)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # one line per scrape would drown the sidecar's own log
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = BoundedHTTPServer((host, port), Handler)
         self._thread = threading.Thread(target=self.httpd.serve_forever,
                                         name="throttledjob-http", daemon=True)
 

@@ -49,3 +49,36 @@ def test_sidecar_needs_no_kubernetes_client():
             "print([m for m in ('kubernetes', 'kopf') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_a_connection_flood_leaves_the_sidecar_serving_within_bounds(workload, sidecar):
+    """1,000 connections that send half a request: the sidecar's threads stay capped, its
+    memory grows by little, and /metrics answers again once the stragglers time out."""
+    import contextlib
+    import socket
+    import time
+
+    from throttledjob.sidecar.server import CONNECTION_TIMEOUT_SECONDS, MAX_CONNECTIONS
+
+    proc = workload("--workers", "1", "--units", "100000")
+    side = sidecar("targets: {cpu: {peak: 1}}\n", proc.pid)
+    wait_for(lambda: side.status(), timeout=20, what="the sidecar to serve")
+    me = psutil.Process(side.proc.pid)
+    threads0, rss0 = me.num_threads(), me.memory_info().rss
+    host, port = side.url.removeprefix("http://").split(":")
+    flood = []
+    try:
+        for _ in range(1000):
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.setblocking(False)
+            with contextlib.suppress(OSError):  # over the cap: closed at once, as meant
+                s.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+            flood.append(s)
+        time.sleep(0.5)
+        assert me.num_threads() <= threads0 + MAX_CONNECTIONS
+        assert me.memory_info().rss - rss0 < 8 * 2**20
+    finally:
+        for s in flood:
+            s.close()
+    wait_for(lambda: get(side.url + "/metrics")[0] == 200,
+             timeout=CONNECTION_TIMEOUT_SECONDS + 10, what="/metrics after the flood")
