@@ -138,12 +138,13 @@ def real_operator(cluster: Any, kubectl: Kubectl, crd_installed: None, tmp_path:
 
 
 @pytest.fixture
-def pod_sidecar() -> Iterator[FakeSidecar]:
-    """A /status server where the operator looks for a KWOK pod's sidecar: the pod's IP
-    (127.0.0.1, see tools/k8s/kwok-stages.yaml) and the sidecar's metrics port."""
+def pod_sidecar(cluster: Any) -> Iterator[FakeSidecar]:
+    """A /status server where the operator looks for a KWOK pod's sidecar: the pods' IP
+    (a loopback address of the cluster's own, see tools/k8s/kwok-stages.yaml) and the
+    sidecar's metrics port."""
     from throttledjob.operator.builders import METRICS_PORT
 
-    s = FakeSidecar(METRICS_PORT)
+    s = FakeSidecar(METRICS_PORT, host=cluster.pod_ip)
     yield s
     s.close()
 

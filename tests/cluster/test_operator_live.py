@@ -52,7 +52,7 @@ def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorPr
     ThrottledJob; delete -> the garbage collector removes the Job, ConfigMap and pods."""
     pod_sidecar.doc = STATUS_DOC
     real_operator.start()
-    tj = tj_manifest("train", namespace, run_for="6s")
+    tj = tj_manifest("train", namespace, run_for="20s")
     tj["spec"]["throttle"]["inject"] = inject
     kubectl.apply(tj)
 

@@ -98,6 +98,12 @@ class Cluster:
     def admin_token(self) -> str:
         return self.state["token"]
 
+    @property
+    def pod_ip(self) -> str:
+        """The IP every pod of the KWOK node gets: a loopback address of this cluster's
+        own, where a test can serve what a pod would (a sidecar's /status)."""
+        return self.state["pod_ip"]
+
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.dir / "certs" / "apiserver.crt"))
 
@@ -161,8 +167,11 @@ class Cluster:
                        check=True, capture_output=True)
         ports = {k: _free_port() for k in ("etcd", "peer", "apiserver")}
         server = f"https://127.0.0.1:{ports['apiserver']}"
+        pod_ip = "127." + ".".join(str(secrets.randbelow(254) + 1) for _ in range(3))
         (self.dir / "state.json").write_text(json.dumps(
-            {"server": server, "token": token, "ports": ports, "pids": {}}))
+            {"server": server, "token": token, "ports": ports, "pod_ip": pod_ip, "pids": {}}))
+        (self.dir / "kwok-stages.yaml").write_text(
+            (HERE / "kwok-stages.yaml").read_text().replace("POD_IP", pod_ip))
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
         self._start("etcd", [
             "--name", "default", "--data-dir", str(self.dir / "etcd"),
@@ -196,7 +205,7 @@ class Cluster:
             "--kubeconfig", str(admin), "--leader-elect=false", "--secure-port", "0",
             "--kube-api-qps", "200", "--kube-api-burst", "400", "--v", "1"])
         self._start("kwok", [
-            "--kubeconfig", str(admin), "--config", str(HERE / "kwok-stages.yaml"),
+            "--kubeconfig", str(admin), "--config", str(self.dir / "kwok-stages.yaml"),
             "--manage-all-nodes=false", "--node-lease-duration-seconds", "40",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             "--server-address", f"127.0.0.1:{_free_port()}", "--node-ip", "127.0.0.1"])
