@@ -1,0 +1,131 @@
+"""The chart's ValidatingAdmissionPolicy on a real API server: a ThrottledJob is refused
+unless its author could create the Job itself, and host access is refused unless the
+chart allows it (a ThrottledJob must not be a way around RBAC or Pod Security)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import wait_for
+
+from .conftest import Kubectl, helm_template, tj_manifest
+
+ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                   "ClusterRole")
+
+
+def install_admission(kubectl: Kubectl, tmp: Path, **values: Any) -> list[dict[str, Any]]:
+    release = f"adm-{uuid.uuid4().hex[:6]}"
+    objs = [o for o in helm_template(release, {"admission": values} if values else {}, tmp)
+            if o["kind"] in ADMISSION_KINDS and ("aggregate-to-edit" in str(o["metadata"])
+                                                 or "aggregate-to-view" in str(o["metadata"])
+                                                 or o["kind"] != "ClusterRole")]
+    kubectl.apply(*objs)
+    return objs
+
+
+def remove(kubectl: Kubectl, objs: list[dict[str, Any]]) -> None:
+    for o in objs:
+        kubectl("delete", o["kind"].lower(), o["metadata"]["name"], "--ignore-not-found")
+
+
+@pytest.fixture
+def admission(kubectl: Kubectl, crd_installed: None, tmp_path: Path) -> Iterator[None]:
+    objs = install_admission(kubectl, tmp_path)
+    yield
+    remove(kubectl, objs)
+
+
+def user(cluster: Any, kubectl: Kubectl, namespace: str, tmp: Path,
+         rules: list[dict[str, Any]] | None = None, cluster_role: str | None = None) -> Kubectl:
+    """A ServiceAccount of `namespace` with a Role of `rules` (or a RoleBinding to
+    `cluster_role`), as kubectl with its own token."""
+    name = f"u-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "serviceaccount", "-n", namespace, name)
+    if rules is not None:
+        kubectl.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                       "metadata": {"name": name, "namespace": namespace}, "rules": rules})
+        ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+    else:
+        ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+               "name": cluster_role}
+    kubectl.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": name, "namespace": namespace}, "roleRef": ref,
+                   "subjects": [{"kind": "ServiceAccount", "name": name,
+                                 "namespace": namespace}]})
+    token = cluster.service_account_token(namespace, name)
+    return Kubectl(cluster.kubeconfig_for(token, tmp / f"{name}.kubeconfig", name))
+
+
+def create(as_: Kubectl, tj: dict[str, Any]) -> tuple[bool, str]:
+    import yaml
+
+    proc = as_("create", "-f", "-", stdin=yaml.safe_dump(tj), check=False)
+    return proc.returncode == 0, proc.stderr
+
+
+def eventually_created(as_: Kubectl, tj: dict[str, Any]) -> str:
+    """RBAC and admission policies reach the API server's caches within a moment."""
+    outcome: dict[str, Any] = {}
+
+    def attempt() -> bool:
+        outcome["ok"], outcome["err"] = create(as_, tj)
+        return outcome["ok"]
+
+    wait_for(attempt, 30, interval=0.5, what=f"the create to be allowed: {outcome}")
+    return tj["metadata"]["name"]
+
+
+def eventually_refused(as_: Kubectl, tj: dict[str, Any], message: str) -> str:
+    outcome: dict[str, Any] = {}
+
+    def attempt() -> bool:
+        outcome["ok"], outcome["err"] = create(as_, tj)
+        if outcome["ok"]:  # the policy was not in force yet: undo and retry
+            as_("delete", "tj", "-n", tj["metadata"]["namespace"], tj["metadata"]["name"],
+                check=False)
+        return not outcome["ok"]
+
+    wait_for(attempt, 30, interval=0.5, what="the create to be refused")
+    assert message in outcome["err"], outcome["err"]
+    return outcome["err"]
+
+
+def test_a_user_who_may_not_create_jobs_may_not_create_a_throttledjob(
+        cluster: Any, kubectl: Kubectl, admission: None, namespace: str, tmp_path: Path) -> None:
+    tj_only = user(cluster, kubectl, namespace, tmp_path, rules=[
+        {"apiGroups": ["throttledjob.io"], "resources": ["throttledjobs"],
+         "verbs": ["create", "get"]}])
+    eventually_refused(tj_only, tj_manifest("deputy", namespace),
+                       "may not create Jobs in namespace " + namespace)
+    # The built-in edit role (which may create Jobs) gets ThrottledJobs by aggregation.
+    editor = user(cluster, kubectl, namespace, tmp_path, cluster_role="edit")
+    eventually_created(editor, tj_manifest("allowed", namespace))
+
+
+@pytest.mark.parametrize("field", ["hostPID", "hostIPC", "hostNetwork", "privileged"])
+def test_host_access_is_refused_even_for_an_admin(kubectl: Kubectl, admission: None,
+                                                  namespace: str, field: str) -> None:
+    tj = tj_manifest(f"host-{field.lower()}", namespace)
+    pod = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    if field == "privileged":
+        pod["containers"][0]["securityContext"]["privileged"] = True
+    else:
+        pod[field] = True
+    eventually_refused(kubectl, tj, "are refused in a ThrottledJob")
+
+
+def test_host_access_when_the_chart_allows_it(kubectl: Kubectl, crd_installed: None,
+                                              namespace: str, tmp_path: Path) -> None:
+    objs = install_admission(kubectl, tmp_path, allowHostAccess=True)
+    try:
+        tj = tj_manifest("host-allowed", namespace)
+        tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["hostPID"] = True
+        eventually_created(kubectl, tj)
+    finally:
+        remove(kubectl, objs)
