@@ -75,6 +75,8 @@ class OperatorSettings:
     resync_seconds: float = 60.0
     # Threads running the (blocking) handlers; kopf's default is 6 on 2 cores.
     handler_threads: int = 32
+    # hostPID, hostIPC, hostNetwork and privileged containers in a ThrottledJob's pod.
+    allow_host_access: bool = False
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -93,6 +95,8 @@ class OperatorSettings:
                           ("resync_seconds", "THROTTLEDJOB_RESYNC_INTERVAL")):
             if env.get(var):
                 values[attr] = float(env[var])
+        if env.get("THROTTLEDJOB_ALLOW_HOST_ACCESS"):
+            values["allow_host_access"] = env["THROTTLEDJOB_ALLOW_HOST_ACCESS"] == "true"
         if env.get("THROTTLEDJOB_HANDLER_THREADS"):
             values["handler_threads"] = int(env["THROTTLEDJOB_HANDLER_THREADS"])
         return cls(**values)
@@ -177,10 +181,10 @@ def _cpu_limit_cores(containers: list[Mapping[str, Any]]) -> float | None:
     return total
 
 
-def validate(body: Mapping[str, Any]) -> dict[str, Any]:
+def validate(body: Mapping[str, Any], allow_host_access: bool = False) -> dict[str, Any]:
     """The policy document of a ThrottledJob, or SpecError for what passes the CRD's
-    schema but cannot work: a bad policy, names the sidecar needs, a target the pod
-    cannot reach."""
+    schema but cannot work or must not run: a bad policy, names the sidecar needs, a
+    target the pod cannot reach, host access (unless allowed)."""
     name = body.get("metadata", {}).get("name", "")
     if len(name) > MAX_NAME_LENGTH:
         raise SpecError("InvalidName", f"the name is longer than {MAX_NAME_LENGTH} characters")
@@ -192,6 +196,8 @@ def validate(body: Mapping[str, Any]) -> dict[str, Any]:
                                               "is empty")
     doc = policy_document(spec)
     init = pod.get("initContainers") or []
+    if not allow_host_access:
+        _refuse_host_access(pod, [*containers, *init])
     for c in [*containers, *init]:
         cname = c.get("name")
         if cname in RESERVED_CONTAINERS:
@@ -220,6 +226,20 @@ def validate(body: Mapping[str, Any]) -> dict[str, Any]:
                                            "operator's volumes")
     _check_reachable(doc, containers)
     return doc
+
+
+def _refuse_host_access(pod: Mapping[str, Any], containers: list[Mapping[str, Any]]) -> None:
+    """The operator creates the Job with its own rights: host access would reach the
+    node through it (and with hostPID the sidecar would take the node's processes for the
+    workload). The chart's admission policy refuses the same before it is stored."""
+    for key in ("hostPID", "hostIPC", "hostNetwork"):
+        if pod.get(key):
+            raise SpecError("HostAccessRefused", f"{key}: true is refused (operator setting "
+                                                 "THROTTLEDJOB_ALLOW_HOST_ACCESS)")
+    for c in containers:
+        if (c.get("securityContext") or {}).get("privileged"):
+            raise SpecError("HostAccessRefused", f"container {c.get('name')} is privileged, "
+                            "which is refused (operator setting THROTTLEDJOB_ALLOW_HOST_ACCESS)")
 
 
 def _check_reachable(doc: Mapping[str, Any], containers: list[Mapping[str, Any]]) -> None:

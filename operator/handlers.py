@@ -95,7 +95,7 @@ def _ensure(body: kopf.Body, logger: logging.Logger) -> None:
     kube, ns, name = _kube(), body.meta.namespace or "", body.meta.name or ""
     generation = body.meta.get("generation")
     try:
-        doc = b.validate(body)
+        doc = b.validate(body, SETTINGS.allow_host_access)
     except b.SpecError as e:
         _refuse(body, e, generation)
     cm = b.build_configmap(name, doc)
@@ -151,7 +151,7 @@ def policy_changed(body: kopf.Body, logger: logging.Logger, retry: int = 0,
     if not (body.status or {}).get("jobName"):
         return ensure(body=body, logger=logger, retry=retry)  # refused before: maybe fixed
     try:
-        doc = b.validate(body)
+        doc = b.validate(body, SETTINGS.allow_host_access)
     except b.SpecError as e:
         # The running pod keeps its last good policy; say why the edit was not applied.
         now, error = b.now_iso(), e

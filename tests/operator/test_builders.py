@@ -144,12 +144,12 @@ def test_users_token_choice_is_kept() -> None:
 
 
 def test_the_checker_sees_an_unrestricted_template() -> None:
-    """The restricted check above could fail: a privileged user container fails it."""
+    """The restricted check above could fail: a user container that may escalate fails it."""
     tj = make_tj()
     tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0][
-        "securityContext"] = {"privileged": True}
+        "securityContext"] = {"allowPrivilegeEscalation": True}
     job, _ = built(tj)
-    assert "trainer: privileged" in restricted_violations(pod_of(job))
+    assert "trainer: allowPrivilegeEscalation not false" in restricted_violations(pod_of(job))
 
 
 def test_unknown_workload_uid_with_signals_warns_and_runs_sidecar_non_root() -> None:
@@ -235,6 +235,11 @@ REFUSED = [
      "InvalidPolicy", "mode must be one of"),
     (make_tj(throttle={"targets": {"cpu": {"peak": "1"}}, "parameters": {"a": 1}}),
      "InvalidPolicy", "spec.parameters"),
+    (_pod_set(make_tj(), hostPID=True), "HostAccessRefused", "hostPID"),
+    (_pod_set(make_tj(), hostIPC=True), "HostAccessRefused", "hostIPC"),
+    (_pod_set(make_tj(), hostNetwork=True), "HostAccessRefused", "hostNetwork"),
+    (_container_set(make_tj(), securityContext={"privileged": True}), "HostAccessRefused",
+     "privileged"),
 ]
 
 
@@ -245,6 +250,14 @@ def test_refused_specs(tj: dict[str, Any], reason: str, message: str) -> None:
         b.validate(owned(tj))
     assert info.value.reason == reason
     assert message in str(info.value)
+
+
+def test_host_access_is_accepted_when_the_operator_allows_it() -> None:
+    tj = _pod_set(make_tj(), hostPID=True)
+    assert b.validate(owned(tj), allow_host_access=True)
+    assert b.OperatorSettings.from_env({"THROTTLEDJOB_ALLOW_HOST_ACCESS": "true"}
+                                       ).allow_host_access
+    assert not b.OperatorSettings.from_env({}).allow_host_access
 
 
 def test_cpu_target_within_the_limit_and_gpu_target_with_a_gpu_are_accepted() -> None:
