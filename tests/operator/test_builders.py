@@ -149,7 +149,7 @@ def test_the_checker_sees_an_unrestricted_template() -> None:
     tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0][
         "securityContext"] = {"allowPrivilegeEscalation": True}
     job, _ = built(tj)
-    assert "trainer: allowPrivilegeEscalation not false" in restricted_violations(pod_of(job))
+    assert "trainer: allowPrivilegeEscalation" in restricted_violations(pod_of(job))
 
 
 def test_unknown_workload_uid_with_signals_warns_and_runs_sidecar_non_root() -> None:
