@@ -21,7 +21,7 @@ from .gpu import open_backend
 from .gpu_agent import GpuAgent
 from .policy import Policy
 from .policy_watch import PolicyWatcher
-from .processes import ProcessTree, resume
+from .processes import ProcessTree, cgroup_of, pod_cgroup, resume
 
 log = logging.getLogger("throttledjob.sidecar")
 
@@ -35,7 +35,12 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     policy = watcher.poll() or Policy()
     if watcher.error:  # no valid policy yet: measure and export, throttle nothing
         log.warning("throttledjob: policy: %s", watcher.error)
-    tree = ProcessTree(root_pid=root_pid)
+    scope = None if root_pid is not None else pod_cgroup(cgroup_of("self"))
+    tree = ProcessTree(root_pid=root_pid, pod_cgroup=scope)
+    if not tree.scoped:
+        log.warning("throttledjob: cannot tell this pod's processes from others (no pod "
+                    "cgroup in /proc/self/cgroup): measuring every process in the "
+                    "namespace, signalling none")
     resume(tree.pids())  # a predecessor killed mid-pause leaves the workload stopped
     backend, note = open_backend(gpu_backend)
     log.info("throttledjob: %s", note)
@@ -94,13 +99,15 @@ def _loop(agent: Agent, watcher: PolicyWatcher, exporter: Exporter, stop: thread
 def _apply_policy(agent: Agent, policy: Policy) -> None:
     if policy.enforcement in ("signals", "both") and agent.enforcer is None:
         agent.enforcer = _enforcer(agent.tree, policy)
-        assert agent.enforcer is not None
-        agent.enforcer.start()
+        if agent.enforcer is not None:
+            agent.enforcer.start()
     agent.set_policy(policy)
 
 
 def _enforcer(tree: ProcessTree, policy: Policy) -> SignalEnforcer | None:
     # Scanning every process 50 times a second costs CPU: only when signals may be used.
+    if not tree.scoped:  # never stop a process that may not be the workload's
+        return None
     return SignalEnforcer(tree) if policy.enforcement in ("signals", "both") else None
 
 

@@ -25,8 +25,12 @@ class ProcessTree:
     total neither drops nor double counts.
     """
 
-    def __init__(self, root_pid: int | None = None, exclude: set[int] | None = None) -> None:
+    def __init__(self, root_pid: int | None = None, exclude: set[int] | None = None,
+                 pod_cgroup: str | None = None) -> None:
         self.root_pid = root_pid
+        # Without a root pid: only processes in this pod's cgroup are the workload (with
+        # hostPID the namespace is the node's, and holds the kubelet).
+        self.pod_cgroup = pod_cgroup
         self.exclude = set(exclude or ()) | {os.getpid()}
         self._members: dict[int, psutil.Process] = {}
         self._lock = threading.Lock()
@@ -58,8 +62,15 @@ class ProcessTree:
         except psutil.Error:
             return None
 
+    @property
+    def scoped(self) -> bool:
+        """The members are known to be the workload's own: safe to signal."""
+        return self.root_pid is not None or self.pod_cgroup is not None
+
     def _is_workload(self, p: psutil.Process) -> bool:
         if p.pid in self.exclude:
+            return False
+        if self.pod_cgroup is not None and not in_cgroup(cgroup_of(p.pid), self.pod_cgroup):
             return False
         try:
             if p.ppid() in self.exclude:  # the sidecar's own helpers
@@ -98,6 +109,37 @@ class ProcessTree:
             except (ProcessLookupError, PermissionError):
                 continue
         return reached
+
+
+def cgroup_of(pid: int | str) -> str | None:
+    """The text of /proc/PID/cgroup, or None when the process is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def pod_cgroup(cgroup_text: str | None) -> str | None:
+    """The pod-level cgroup of a container's process, from its /proc/PID/cgroup: the
+    nearest ancestor named for the pod ("pod<uid>" with cgroupfs, "...-pod<uid>.slice"
+    with systemd), on any hierarchy. None outside a pod (e.g. "/")."""
+    for line in (cgroup_text or "").splitlines():
+        path = line.split(":", 2)[-1].strip()
+        parts = path.split("/")
+        for i in range(len(parts) - 1, 0, -1):
+            if parts[i].startswith("pod") or "-pod" in parts[i]:
+                return "/".join(parts[:i + 1])
+    return None
+
+
+def in_cgroup(cgroup_text: str | None, prefix: str) -> bool:
+    """Whether any hierarchy's path in `cgroup_text` is `prefix` or below it."""
+    for line in (cgroup_text or "").splitlines():
+        path = line.split(":", 2)[-1].strip()
+        if path == prefix or path.startswith(prefix + "/"):
+            return True
+    return False
 
 
 def descendants(root: int) -> list[int]:
