@@ -52,6 +52,9 @@ POD_MONITOR = _obj({
         "jobLabel": STR,
         "podTargetLabels": {"type": "array", "items": STR},
         "selector": LABEL_SELECTOR,
+        # PodMonitorSpec: per-scrape limits (uint64).
+        "sampleLimit": {"type": "integer", "minimum": 0},
+        "labelLimit": {"type": "integer", "minimum": 0},
         "namespaceSelector": _obj({"any": {"type": "boolean"},
                                    "matchNames": {"type": "array", "items": STR}}),
         "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _obj({
