@@ -408,15 +408,11 @@ class RecordingEnforcer:
         pass
 
 
-def test_agent_hands_pacing_between_stopping_and_the_runtime_without_a_gap(tmp_path):
-    """Pacing by stop: the enforcer holds the quota and the runtime gets none (it would
-    sleep too). Back to sleeping: the runtime gets the quota at once and the enforcer
-    keeps it for one more interval, until the runtime has read it."""
+def agent_with_scripted_levers(tmp_path, levers: Levers):
+    """An Agent (Both, 1-core target) whose explorer is replaced by levers the test sets
+    (`agent.explorer.levers`); returns (agent, tree, enforcer, clock cell)."""
     import types
 
-    from throttledjob.runtime.files import read_json_bounded
-    from throttledjob.runtime.progress import Progress, write_progress
-    from throttledjob.runtime.settings import SETTINGS_FILE, parse_settings
     from throttledjob.sidecar.agent import Agent
     from throttledjob.sidecar.policy import Policy
 
@@ -424,8 +420,20 @@ def test_agent_hands_pacing_between_stopping_and_the_runtime_without_a_gap(tmp_p
     agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
                   enforcer=enforcer, clock=lambda: now[0])
     agent.start()
-    agent.explorer = types.SimpleNamespace(levers=STOP, update=lambda sample: None)
+    agent.explorer = types.SimpleNamespace(levers=levers, update=lambda sample: None)
     agent._explorer_steps = 0
+    return agent, tree, enforcer, now
+
+
+def test_agent_hands_pacing_between_stopping_and_the_runtime_without_a_gap(tmp_path):
+    """Pacing by stop: the enforcer holds the quota and the runtime gets none (it would
+    sleep too). Back to sleeping: the runtime gets the quota at once and the enforcer
+    keeps it for one more interval, until the runtime has read it."""
+    from throttledjob.runtime.files import read_json_bounded
+    from throttledjob.runtime.progress import Progress, write_progress
+    from throttledjob.runtime.settings import SETTINGS_FILE, parse_settings
+
+    agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, STOP)
     published = []
     for i, levers in enumerate([STOP, STOP, DEFAULT_LEVERS, DEFAULT_LEVERS, DEFAULT_LEVERS]):
         agent.explorer.levers = levers
@@ -444,18 +452,9 @@ def test_a_quota_trimmed_for_cooperative_pacing_is_not_carried_over_to_stop_paci
     """Two cooperating peers under-deliver their equal shares, so the controller raises
     the quota over the setpoint; the enforcer delivers a quota exactly, so on the switch to
     stop pacing it must start from the setpoint, not from the raised quota."""
-    import types
-
     from throttledjob.runtime.progress import Progress, write_progress
-    from throttledjob.sidecar.agent import Agent
-    from throttledjob.sidecar.policy import Policy
 
-    now, tree, enforcer = [0.0], FakeTree(), RecordingEnforcer()
-    agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
-                  enforcer=enforcer, clock=lambda: now[0])
-    agent.start()
-    agent.explorer = types.SimpleNamespace(levers=DEFAULT_LEVERS, update=lambda sample: None)
-    agent._explorer_steps = 0
+    agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, DEFAULT_LEVERS)
     for i in range(1, 12):
         if i == 11:
             agent.explorer.levers = STOP
