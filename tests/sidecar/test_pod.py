@@ -8,11 +8,16 @@ GPUs lost mid-run, and no shared process namespace.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import time
+import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -198,15 +203,22 @@ def test_gpu_lost_mid_run_degrades_to_cpu_only_and_says_so_once(workload, sideca
 
 @pytest.fixture
 def pid_namespace():
-    """Run a command line in a new PID namespace, as the containers of a pod share one."""
+    """Run a command line in a new PID namespace, as the containers of a pod share one,
+    and (unless `in_pod=False`) in a cgroup named like a pod's, as a kubelet puts them."""
     if os.geteuid() != 0:
         pytest.skip("a PID namespace needs root here")  # CI runs as root
     unshare = require_tool("unshare")
-    procs = []
+    procs, cgroups = [], []
 
-    def start(script: str) -> subprocess.Popen:
-        p = subprocess.Popen([unshare, "--fork", "--pid", "--mount-proc", "--kill-child",
-                              "sh", "-c", script], stderr=subprocess.PIPE, text=True)
+    def start(script: str, in_pod: bool = True) -> subprocess.Popen:
+        argv = [unshare, "--fork", "--pid", "--mount-proc", "--kill-child", "sh", "-c", script]
+        if in_pod:
+            base = Path("/sys/fs/cgroup/cpu") / f"throttledjob-test-{uuid.uuid4().hex[:8]}"
+            pod = base / "kubepods" / "podtest"
+            pod.mkdir(parents=True)
+            cgroups.extend([pod, base / "kubepods", base])
+            argv = ["sh", "-c", f"echo $$ > {pod}/cgroup.procs && exec {shlex.join(argv)}"]
+        p = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
         procs.append(p)
         return p
 
@@ -216,6 +228,12 @@ def pid_namespace():
         # --kill-child takes the whole namespace down with it.
         p.kill()
         p.wait(timeout=20)
+    for g in cgroups:
+        deadline = time.monotonic() + 10
+        while g.exists() and time.monotonic() < deadline:  # emptied as the namespace dies
+            with contextlib.suppress(OSError):
+                g.rmdir()
+            time.sleep(0.05)
 
 
 def sidecar_line(policy, shared, port: int) -> str:
@@ -237,6 +255,31 @@ def test_shared_process_namespace_finds_the_workload_itself(tmp_path, pid_namesp
     assert st["telemetry"]["processes"] >= 3  # sh (pid 1 here), the workload, its 2 workers
     wait_for(lambda: get_json(url + "/status")["observed"]["cpuCores"] < 1.0, timeout=20,
              what="the workload held near 0.7 cores")
+
+
+def test_outside_a_pod_cgroup_it_measures_but_stops_nothing(tmp_path, pid_namespace):
+    """Which processes are the pod's is told by the pod's cgroup (with hostPID the
+    namespace is the node's): where there is none, signalling anything could stop a
+    process that is not the workload's, so nothing is signalled."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("targets: {cpu: {peak: 700m}}\nmaxSlowdown: 4\nenforcement: Signals\n")
+    (tmp_path / "shared").mkdir()
+    port = free_port()
+    hungry = " ".join([*HUNGRY, *LONG])
+    ns = pid_namespace(f"{hungry} & {sidecar_line(policy, tmp_path / 'shared', port)}; wait",
+                       in_pod=False)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: (s := get_json(url + "/status")) and s["observed"]["cpuCores"] > 0,
+             timeout=20, what="/status from the namespace")
+    workers = [p for p in psutil.Process(ns.pid).children(recursive=True)
+               if "cpu_hungry" in " ".join(p.cmdline())]
+    assert workers
+    seen = set()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        seen |= {p.status() for p in workers}
+        time.sleep(0.005)
+    assert psutil.STATUS_STOPPED not in seen
 
 
 def test_without_a_shared_namespace_it_says_what_it_cannot_see(tmp_path, pid_namespace):
