@@ -31,7 +31,7 @@ install: $(STAMP)
 install-run: $(RUN_STAMP)
 	$(EDITABLE)
 
-# System tools the suite drives for real (TESTING.md): Prometheus/promtool, cpulimit.
+# System tools the suite drives for real (docs/testing.md): Prometheus/promtool, cpulimit.
 tools:
 	@command -v promtool >/dev/null && command -v cpulimit >/dev/null || { \
 		apt-get update -qq && \

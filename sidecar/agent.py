@@ -40,6 +40,7 @@ RECENT_SAMPLES = 60
 # bounded, whatever the shared directory holds.
 MAX_STEP_PIDS = 4 * MAX_PROGRESS_FILES
 
+
 @dataclass
 class CycleStatus:
     """What the last cycle saw and did (for the status line, metrics and /status)."""

@@ -120,12 +120,16 @@ def cgroup_of(pid: int | str) -> str | None:
         return None
 
 
+def _cgroup_paths(cgroup_text: str | None) -> list[str]:
+    """The path of each hierarchy in a /proc/PID/cgroup text ("ID:CONTROLLERS:PATH")."""
+    return [line.split(":", 2)[-1].strip() for line in (cgroup_text or "").splitlines()]
+
+
 def pod_cgroup(cgroup_text: str | None) -> str | None:
     """The pod-level cgroup of a container's process, from its /proc/PID/cgroup: the
     nearest ancestor named for the pod ("pod<uid>" with cgroupfs, "...-pod<uid>.slice"
     with systemd), on any hierarchy. None outside a pod (e.g. "/")."""
-    for line in (cgroup_text or "").splitlines():
-        path = line.split(":", 2)[-1].strip()
+    for path in _cgroup_paths(cgroup_text):
         parts = path.split("/")
         for i in range(len(parts) - 1, 0, -1):
             if parts[i].startswith("pod") or "-pod" in parts[i]:
@@ -135,11 +139,8 @@ def pod_cgroup(cgroup_text: str | None) -> str | None:
 
 def in_cgroup(cgroup_text: str | None, prefix: str) -> bool:
     """Whether any hierarchy's path in `cgroup_text` is `prefix` or below it."""
-    for line in (cgroup_text or "").splitlines():
-        path = line.split(":", 2)[-1].strip()
-        if path == prefix or path.startswith(prefix + "/"):
-            return True
-    return False
+    return any(path == prefix or path.startswith(prefix + "/")
+               for path in _cgroup_paths(cgroup_text))
 
 
 def descendants(root: int) -> list[int]:

@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -148,7 +147,6 @@ def _make_emulator_class() -> type:
             self.counter = itertools.count(1000)
             self.mutations = asyncio.Lock()
             self.sent: list[tuple[str, str, Any]] = []  # (method, path, body) of writes
-            self.sent_at: dict[tuple[str, str], float] = {}  # (path, name) -> first create
             self.faults: list[Fault] = []
 
         async def _handle(self, request: Any) -> Any:
@@ -185,8 +183,6 @@ def _make_emulator_class() -> type:
                     meta = request.data.setdefault("metadata", {})
                     if not meta.get("name") and meta.get("generateName"):
                         meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-                    self.sent_at.setdefault((str(request.url.path), meta.get("name")),
-                                            time.monotonic())
                     meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self.counter)),
                                 generation=1, creationTimestamp=_now())
                 elif request.action == act.UPDATE and alive:
@@ -372,8 +368,6 @@ class Emulator:
 TJ_PATH = f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{NAMESPACE}/{crd.PLURAL}"
 JOBS_PATH = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
 CM_PATH = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
-PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
-EVENTS_PATH = f"/api/v1/namespaces/{NAMESPACE}/events"
 
 
 # --- reading a ThrottledJob's world from the emulator ----------------------------------------
@@ -530,10 +524,3 @@ class FakeSidecar:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-@pytest.fixture
-def sidecar() -> Iterator[FakeSidecar]:
-    s = FakeSidecar()
-    yield s
-    s.close()
