@@ -11,10 +11,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 RUN python -m venv /opt/throttledjob
 COPY requirements-dev.txt requirements-run.txt pyproject.toml README.md ./
-COPY cli/ cli/
-COPY runtime/ runtime/
-COPY sidecar/ sidecar/
-COPY operator/ operator/
+COPY src/ src/
 # The test environment's pins as constraints: only what the extras need is installed, at
 # the versions the suite ran. Dependencies come as wheels only, so no compiler is needed
 # (and none is in either stage).

@@ -20,10 +20,8 @@ $(STAMP): pyproject.toml requirements-run.txt requirements-dev.txt | $(PY)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP) $(RUN_STAMP)
 
-# Strict editable mode links each file, so the component folders map into one package;
-# rerun on every make so that new modules are linked too.
-EDITABLE = $(PY) -m pip install --quiet --no-build-isolation --no-deps \
-	--config-settings editable_mode=strict -e .
+# The usual developer install (src layout, docs/architecture.md).
+EDITABLE = $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 
 install: $(STAMP)
 	$(EDITABLE)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
 
 import pytest
+import setuptools
 
 from conftest import ROOT
 
@@ -62,14 +64,28 @@ def test_no_import_name_shadows_the_standard_library():
                          text=True, env={"PYTHONPATH": ":".join(p for p in sys.path if p)})
     op_file, runtime_file = out.stdout.split()
     assert not op_file.startswith(str(ROOT)), op_file
-    assert "site-packages" in runtime_file or "__editable__" in runtime_file, runtime_file
+    assert runtime_file.startswith(str(ROOT / "src" / "throttledjob")), runtime_file
 
 
-def test_package_maps_component_folders():
-    import throttledjob.operator
-    import throttledjob.runtime
-    import throttledjob.sidecar
-
-    assert throttledjob.runtime.__file__.endswith("runtime/__init__.py")
-    assert throttledjob.sidecar.__name__ == "throttledjob.sidecar"
-    assert throttledjob.operator.__name__ == "throttledjob.operator"
+def test_the_usual_editable_install_imports_every_component(tmp_path):
+    # `pip install -e .` in its default mode, in a fresh venv, imported from outside the
+    # repository: each component resolves to its folder under src/throttledjob.
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = str(env_dir / "bin" / "python")
+    # The build backend and the extras' dependencies come from the test environment, offline
+    # (a PYTHONPATH entry runs no .pth file, so not the test environment's own install).
+    deps = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(setuptools.__file__))}
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "-e", str(ROOT)], check=True, cwd=tmp_path,
+                   env=deps)
+    code = ("import throttledjob.sidecar, throttledjob.operator.handlers, throttledjob.runtime\n"
+            "for m in (throttledjob.sidecar, throttledjob.operator.handlers,"
+            " throttledjob.runtime): print(m.__file__)")
+    out = subprocess.run([python, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env=deps)
+    assert out.returncode == 0, out.stderr
+    src = ROOT / "src" / "throttledjob"
+    assert out.stdout.split() == [str(src / "sidecar" / "__init__.py"),
+                                  str(src / "operator" / "handlers.py"),
+                                  str(src / "runtime" / "__init__.py")]

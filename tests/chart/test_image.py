@@ -120,7 +120,7 @@ def build_context(dest: Path) -> Path:
 def test_dockerignore_keeps_the_context_small(tmp_path) -> None:
     ctx = build_context(tmp_path / "ctx")
     files = {p.relative_to(ctx).as_posix() for p in ctx.rglob("*") if p.is_file()}
-    assert "pyproject.toml" in files and "operator/main.py" in files
+    assert "pyproject.toml" in files and "src/throttledjob/operator/main.py" in files
     assert not any(f.startswith(("tests/", "bench/", "charts/", "docs/", ".venv/"))
                    or "__pycache__" in f for f in files)
 

@@ -1,0 +1,1 @@
+"""ThrottledJob operator: kopf handlers that build a Job and its sidecar and report status."""

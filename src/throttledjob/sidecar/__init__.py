@@ -1,0 +1,1 @@
+"""ThrottledJob sidecar: measure, decide, throttle; local mode and pod mode."""
