@@ -41,9 +41,9 @@ WORKLOADS = {
 
 def simulate(trace: str, sensitivity: float, intervals: int, target: float | None,
              lever: bool, static_limit: float | None = None) -> dict:
+    from throttledjob.contracts.policy import Policy
     from throttledjob.sidecar.fakegpu import FakeGpuBackend, drive
     from throttledjob.sidecar.gpu_agent import GpuAgent
-    from throttledjob.sidecar.policy import Policy
 
     gpu = FakeGpuBackend(1, trace, clock_sensitivity=sensitivity)
     if static_limit is not None:

@@ -42,7 +42,7 @@ def step_overhead() -> dict:
     """Nanoseconds per step() call: no sidecar, a sidecar with no quota, with a quota."""
     setup = ("import os, tempfile, time\n"
              "from throttledjob.runtime import Throttle\n"
-             "from throttledjob.runtime.settings import Settings, SETTINGS_FILE\n"
+             "from throttledjob.contracts.settings import Settings, SETTINGS_FILE\n"
              "from throttledjob.runtime.files import write_json_atomic\n"
              "d = tempfile.mkdtemp()\n"
              "write_json_atomic(os.path.join(d, SETTINGS_FILE),"

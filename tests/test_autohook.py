@@ -11,11 +11,11 @@ import time
 import pytest
 
 from conftest import ROOT
+from throttledjob.contracts.settings import SETTINGS_FILE, Settings
 from throttledjob.runtime.autohook import enabled
 from throttledjob.runtime.files import write_json_atomic
 from throttledjob.runtime.inject import pythonpath_with, write_library
 from throttledjob.runtime.progress import read_progress
-from throttledjob.runtime.settings import SETTINGS_FILE, Settings
 
 TRAIN = """
 import torch
@@ -105,8 +105,10 @@ def test_program_without_torch_pays_nothing(shared):
             "'throttledjob')))))")
     out = python(code, directory, lib)
     assert out.returncode == 0, out.stderr
-    # only the tiny watcher module is loaded; nothing of torch or the runtime's client
-    assert json.loads(out.stdout) == ["throttledjob", "throttledjob.runtime",
+    # only the tiny watcher module and the names it reads are loaded; nothing of torch or
+    # the runtime's client
+    assert json.loads(out.stdout) == ["throttledjob", "throttledjob.contracts",
+                                      "throttledjob.contracts.names", "throttledjob.runtime",
                                       "throttledjob.runtime.autohook"]
     assert read_progress(str(directory)) == []
 

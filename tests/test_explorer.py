@@ -19,6 +19,7 @@ from throttledjob.sidecar.explorer import (
     Levers,
     LeverSample,
     Measuring,
+    Pacing,
     Settled,
     Waiting,
     probe_order,
@@ -310,9 +311,10 @@ def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20):
     """Drive an Agent for `intervals` seconds of fake time; the workload runs `model`
     under the settings it finds (no duty cycling: none is in force with no pacing
     process), reporting steps unless `model` is None. Returns the threads published."""
+    from throttledjob.contracts.progress import Progress
+    from throttledjob.contracts.settings import SETTINGS_FILE, parse_settings
     from throttledjob.runtime.files import read_json_bounded
-    from throttledjob.runtime.progress import Progress, write_progress
-    from throttledjob.runtime.settings import SETTINGS_FILE, parse_settings
+    from throttledjob.runtime.progress import write_progress
     from throttledjob.sidecar.agent import Agent
 
     now = [0.0]
@@ -335,7 +337,7 @@ def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20):
 
 
 def test_agent_publishes_the_explorers_threads(tmp_path):
-    from throttledjob.sidecar.policy import Policy
+    from throttledjob.contracts.policy import Policy
 
     agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
                                  memory_bound())
@@ -348,7 +350,7 @@ def test_agent_publishes_the_explorers_threads(tmp_path):
 @pytest.mark.parametrize("changes", [{"enforcement": "signals"}, {"mode": "fixed"},
                                      {"threads": 2}, {"cpu_peak_cores": None}])
 def test_agent_without_an_applicable_explorer_keeps_the_policy_levers(tmp_path, changes):
-    from throttledjob.sidecar.policy import Policy
+    from throttledjob.contracts.policy import Policy
 
     policy = Policy(**{"cpu_peak_cores": 1.0, "enforcement": "both", **changes})
     agent, published = run_agent(tmp_path, policy, memory_bound())
@@ -357,7 +359,7 @@ def test_agent_without_an_applicable_explorer_keeps_the_policy_levers(tmp_path, 
 
 
 def test_agent_without_steps_never_explores(tmp_path):
-    from throttledjob.sidecar.policy import Policy
+    from throttledjob.contracts.policy import Policy
 
     agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
                                  None)
@@ -365,7 +367,7 @@ def test_agent_without_steps_never_explores(tmp_path):
     assert set(published) == {None}
 
 
-STOP = Levers(pacing="stop")
+STOP = Levers(pacing=Pacing.STOP)
 
 
 class SpinningModel(Model):
@@ -413,8 +415,8 @@ def agent_with_scripted_levers(tmp_path, levers: Levers):
     (`agent.explorer.levers`); returns (agent, tree, enforcer, clock cell)."""
     import types
 
+    from throttledjob.contracts.policy import Policy
     from throttledjob.sidecar.agent import Agent
-    from throttledjob.sidecar.policy import Policy
 
     now, tree, enforcer = [0.0], FakeTree(), RecordingEnforcer()
     agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
@@ -429,9 +431,10 @@ def test_agent_hands_pacing_between_stopping_and_the_runtime_without_a_gap(tmp_p
     """Pacing by stop: the enforcer holds the quota and the runtime gets none (it would
     sleep too). Back to sleeping: the runtime gets the quota at once and the enforcer
     keeps it for one more interval, until the runtime has read it."""
+    from throttledjob.contracts.progress import Progress
+    from throttledjob.contracts.settings import SETTINGS_FILE, parse_settings
     from throttledjob.runtime.files import read_json_bounded
-    from throttledjob.runtime.progress import Progress, write_progress
-    from throttledjob.runtime.settings import SETTINGS_FILE, parse_settings
+    from throttledjob.runtime.progress import write_progress
 
     agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, STOP)
     published = []
@@ -452,7 +455,8 @@ def test_a_quota_trimmed_for_cooperative_pacing_is_not_carried_over_to_stop_paci
     """Two cooperating peers under-deliver their equal shares, so the controller raises
     the quota over the setpoint; the enforcer delivers a quota exactly, so on the switch to
     stop pacing it must start from the setpoint, not from the raised quota."""
-    from throttledjob.runtime.progress import Progress, write_progress
+    from throttledjob.contracts.progress import Progress
+    from throttledjob.runtime.progress import write_progress
 
     agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, DEFAULT_LEVERS)
     for i in range(1, 12):
@@ -511,9 +515,10 @@ def test_partly_idle_intervals_raise_the_quota_only_for_peers_sharing_it(tmp_pat
     raising it would only let the next burst past the target (bursty p99 0.63 against a
     0.555 target before this). Peers get equal shares they may use unequally: for them the
     shortfall can be the actuator's own, and the quota may rise."""
-    from throttledjob.runtime.progress import Progress, write_progress
+    from throttledjob.contracts.policy import Policy
+    from throttledjob.contracts.progress import Progress
+    from throttledjob.runtime.progress import write_progress
     from throttledjob.sidecar.agent import Agent
-    from throttledjob.sidecar.policy import Policy
 
     now, tree = [0.0], FakeTree()
     agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="cooperative", threads=1),
@@ -538,7 +543,7 @@ def test_a_bursty_workload_held_back_by_the_quota_wants_the_target():
     # Half of each interval idle: the interval's average demand (0.57 at the defaults,
     # 0.44 at one thread) looks under a 0.8-core target, but the quota held the busy half
     # back, so one thread is at the target and dominates the defaults and stop pacing.
-    ex = Explorer(0.8, [ONE, Levers(pacing="stop")])
+    ex = Explorer(0.8, [ONE, Levers(pacing=Pacing.STOP)])
     seen, _ = drive(ex, compute_bound(), 20, busy=lambda i: 0.5)
     assert isinstance(ex.state, Settled) and ex.levers == ONE
     assert set(ex.estimates) == {ONE}            # nothing else measured

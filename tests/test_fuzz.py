@@ -9,15 +9,10 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from throttledjob.contracts.policy import PolicyError, load_policy_file, parse_policy
+from throttledjob.contracts.settings import SETTINGS_FILE, Settings, SettingsError, parse_settings
 from throttledjob.runtime.progress import read_progress
-from throttledjob.runtime.settings import (
-    SETTINGS_FILE,
-    Settings,
-    SettingsError,
-    SettingsWatcher,
-    parse_settings,
-)
-from throttledjob.sidecar.policy import PolicyError, load_policy_file, parse_policy
+from throttledjob.runtime.settings import SettingsWatcher
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True),
                     st.text(max_size=20))

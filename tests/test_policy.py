@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from throttledjob.sidecar.policy import (
+from throttledjob.contracts.policy import (
     Policy,
     PolicyError,
     load_policy_file,

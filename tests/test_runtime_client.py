@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from throttledjob.contracts.settings import SETTINGS_FILE, Settings
 from throttledjob.runtime import Throttle
 from throttledjob.runtime.batching import BatchPlan, scaled_batch
 from throttledjob.runtime.files import write_json_atomic
 from throttledjob.runtime.progress import read_progress
-from throttledjob.runtime.settings import SETTINGS_FILE, Settings
 
 
 def publish(directory, **fields) -> None:
@@ -202,7 +202,7 @@ import json, os, time, torch
 from threadpoolctl import threadpool_info
 from throttledjob.runtime import Throttle
 from throttledjob.runtime.files import write_json_atomic
-from throttledjob.runtime.settings import SETTINGS_FILE, Settings
+from throttledjob.contracts.settings import SETTINGS_FILE, Settings
 torch.set_num_threads(2)
 def state():
     return [torch.get_num_threads(), sorted(i["num_threads"] for i in threadpool_info())]

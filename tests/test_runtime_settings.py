@@ -7,15 +7,15 @@ import os
 
 import pytest
 
-from throttledjob.runtime.files import read_json_bounded, write_json_atomic
-from throttledjob.runtime.settings import (
+from throttledjob.contracts.settings import (
     SETTINGS_FILE,
     UNTHROTTLED,
     Settings,
     SettingsError,
-    SettingsWatcher,
     parse_settings,
 )
+from throttledjob.runtime.files import read_json_bounded, write_json_atomic
+from throttledjob.runtime.settings import SettingsWatcher
 
 
 def good(**fields) -> dict:
@@ -122,13 +122,8 @@ def test_bounded_read_neither_blocks_on_a_fifo_nor_follows_a_symlink(tmp_path, k
 
 
 def test_progress_reading_skips_what_is_not_a_regular_file_and_is_bounded(tmp_path):
-    from throttledjob.runtime.progress import (
-        MAX_PROGRESS_FILES,
-        Progress,
-        count_fresh_peers,
-        read_progress,
-        write_progress,
-    )
+    from throttledjob.contracts.progress import MAX_PROGRESS_FILES, Progress
+    from throttledjob.runtime.progress import count_fresh_peers, read_progress, write_progress
 
     write_progress(str(tmp_path), Progress(pid=42, steps=3, time=1.0))
     os.mkfifo(tmp_path / "progress-43.json")

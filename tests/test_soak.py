@@ -14,11 +14,11 @@ import urllib.request
 
 import psutil
 
+from throttledjob.contracts.policy import Policy
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.exporter import Exporter
 from throttledjob.sidecar.fakegpu import FakeGpuBackend
 from throttledjob.sidecar.gpu_agent import GpuAgent
-from throttledjob.sidecar.policy import Policy
 from throttledjob.sidecar.processes import ProcessTree
 
 CYCLES = 100_000

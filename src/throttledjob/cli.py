@@ -7,6 +7,7 @@ import os
 import sys
 
 from throttledjob import __version__
+from throttledjob.contracts.policy import ENFORCEMENTS, MODES
 
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 127
@@ -37,9 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="never slow the command by more than this factor (default 1.25)")
     run.add_argument("--interval", type=float, metavar="SECONDS",
                      help="control interval (default 1)")
-    run.add_argument("--mode", choices=["adaptive", "fixed"],
+    run.add_argument("--mode", choices=MODES,
                      help="adaptive trims the quota by feedback; fixed holds it (default adaptive)")
-    run.add_argument("--enforcement", choices=["cooperative", "signals", "both"],
+    run.add_argument("--enforcement", choices=ENFORCEMENTS,
                      help="cooperative: the runtime library paces step() calls; signals: "
                           "SIGSTOP/SIGCONT duty cycling of any program; both: cooperative "
                           "while the program calls step(), signals otherwise (default both)")
@@ -140,14 +141,14 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not cmd:
         return _fail(prog, "missing command: throttledjob run [options] -- CMD [ARGS...]")
     try:
-        from throttledjob.sidecar.exporter import ExporterError
-        from throttledjob.sidecar.local import run_local
-        from throttledjob.sidecar.policy import (
+        from throttledjob.contracts.policy import (
             Policy,
             PolicyError,
             load_policy_file,
             parse_cpu_quantity,
         )
+        from throttledjob.sidecar.exporter import ExporterError
+        from throttledjob.sidecar.local import run_local
     except ImportError as e:
         return _fail(prog, f"needs the sidecar extra ({e.name} is missing): "
                            "pip install 'throttledjob[sidecar]'")

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from conftest import wait_for
+from throttledjob.contracts.policy import parse_policy
 from throttledjob.operator import builders as b
 from throttledjob.operator import crd
-from throttledjob.sidecar.policy import parse_policy
 
 from ..chart.test_rbac import CRDS, NAMESPACED, NAMESPACES
 from ..operator.conftest import FakeSidecar, OperatorProcess

@@ -11,10 +11,10 @@ import kopf
 import pytest
 import yaml
 
+from throttledjob.contracts.names import ENV_DIR
+from throttledjob.contracts.policy import parse_policy
 from throttledjob.operator import builders as b
 from throttledjob.operator import crd
-from throttledjob.runtime.client import ENV_DIR
-from throttledjob.sidecar.policy import parse_policy
 
 from .conftest import NAMESPACE, k8s_validate, make_tj
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
+from throttledjob.contracts.policy import parse_policy
 from throttledjob.operator import builders as b
 from throttledjob.operator import crd
-from throttledjob.runtime.client import ENV_DIR
-from throttledjob.sidecar.policy import parse_policy
 
 from .conftest import VENV_BIN, k8s_validate, make_tj
 from .test_builders import built, owned, pod_of, restricted_violations
@@ -106,8 +106,8 @@ def test_a_pythonpath_from_a_configmap_is_renamed_and_expanded() -> None:
     source = {"configMapKeyRef": {"name": "paths", "key": "pythonpath"}}
     job, _ = built(injected(env=[{"name": "PYTHONPATH", "valueFrom": source}]))
     env = pod_of(job)["containers"][0]["env"]
-    assert env[0] == {"name": b.USER_PYTHONPATH, "valueFrom": source}
-    assert env[1] == {"name": "PYTHONPATH", "value": f"{b.INJECT_DIR}:$({b.USER_PYTHONPATH})"}
+    assert env[0] == {"name": ENV_USER_PYTHONPATH, "valueFrom": source}
+    assert env[1] == {"name": "PYTHONPATH", "value": f"{b.INJECT_DIR}:$({ENV_USER_PYTHONPATH})"}
     assert [e["name"] for e in env].count("PYTHONPATH") == 1
     k8s_validate(job)
 
@@ -128,7 +128,7 @@ def test_the_off_switch_set_by_the_user_is_kept() -> None:
     (injected(name=crd.INJECT_CONTAINER), "NameClash"),
     (injected(volumeMounts=[{"name": "x", "mountPath": "/opt/throttledjob/python"}]),
      "MountPathClash"),
-    (injected(env=[{"name": b.USER_PYTHONPATH, "value": "x"}]), "EnvClash"),
+    (injected(env=[{"name": ENV_USER_PYTHONPATH, "value": "x"}]), "EnvClash"),
 ])
 def test_names_the_injection_needs_are_refused(tj: dict[str, Any], reason: str) -> None:
     with pytest.raises(b.SpecError) as info:

@@ -7,11 +7,11 @@ import types
 import pynvml
 import pytest
 
+from throttledjob.contracts.policy import Policy
 from throttledjob.sidecar.fakegpu import FakeGpuBackend
 from throttledjob.sidecar.gpu import GpuError, GpuReading, NullGpuBackend, open_backend, select_gpus
 from throttledjob.sidecar.gpu_agent import GpuAgent
 from throttledjob.sidecar.nvml import NvmlBackend
-from throttledjob.sidecar.policy import Policy
 
 
 def test_auto_without_nvml_library_runs_cpu_only_and_says_why():

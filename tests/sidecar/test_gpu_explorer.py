@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 
+from throttledjob.contracts.policy import Policy
 from throttledjob.sidecar.fakegpu import FakeGpuBackend, drive
 from throttledjob.sidecar.gpu_agent import GpuAgent
 from throttledjob.sidecar.gpu_explorer import UNCAPPED, GpuSample, PowerLimitExplorer
-from throttledjob.sidecar.policy import Policy
 
 TARGET = 200.0
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from throttledjob.runtime.client import ENV_DIR
-from throttledjob.sidecar.policy import PolicyError, parse_cpu_quantity, parse_policy
+from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
+from throttledjob.contracts.policy import PolicyError, parse_cpu_quantity, parse_policy
 
 from .crd import (
     API_VERSION,
@@ -37,7 +37,6 @@ POLICY_KEY = "policy.yaml"
 # Zero-code injection (spec.throttle.inject: Auto): where the runtime library lands.
 INJECT_DIR = "/opt/throttledjob/python"
 # A user's PYTHONPATH given by valueFrom moves here, and PYTHONPATH expands it.
-USER_PYTHONPATH = "THROTTLEDJOB_USER_PYTHONPATH"
 METRICS_PORT = 9400
 METRICS_PORT_NAME = "metrics"
 LABEL_NAME = "throttledjob.io/name"
@@ -209,7 +208,7 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False) -> dict[s
                                                   f"{m.get('mountPath')}, which the operator "
                                                   "uses for the throttle files")
         for e in c.get("env") or []:
-            if e.get("name") in (ENV_DIR, USER_PYTHONPATH):
+            if e.get("name") in (ENV_DIR, ENV_USER_PYTHONPATH):
                 raise SpecError("EnvClash", f"container {cname} sets {e.get('name')}, which "
                                             "the operator sets")
         for p in c.get("ports") or []:
@@ -388,9 +387,9 @@ def inject_pythonpath(container: dict[str, Any]) -> None:
         if e.get("name") != "PYTHONPATH":
             continue
         if "valueFrom" in e:
-            env[i] = {**e, "name": USER_PYTHONPATH}
+            env[i] = {**e, "name": ENV_USER_PYTHONPATH}
             env.insert(i + 1, {"name": "PYTHONPATH",
-                               "value": f"{INJECT_DIR}:$({USER_PYTHONPATH})"})
+                               "value": f"{INJECT_DIR}:$({ENV_USER_PYTHONPATH})"})
         else:
             user = e.get("value") or ""
             env[i] = {"name": "PYTHONPATH",

@@ -4,7 +4,7 @@
 (`python -m throttledjob.operator.crd --write`) and a test fails when the two differ, so
 the chart, the operator and the tests cannot drift apart.
 
-The `spec.throttle` part mirrors `throttledjob.sidecar.policy.parse_policy` (the one
+The `spec.throttle` part mirrors `throttledjob.contracts.policy.parse_policy` (the one
 implementation of the policy rules): the schema refuses at the API server what the
 policy parser would refuse later, with the same bounds, so `kubectl apply` fails fast.
 """

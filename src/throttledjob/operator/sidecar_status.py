@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import socket
 import time
-from typing import Any, Protocol
+from typing import Protocol
+
+from throttledjob.contracts.status import StatusDocument, parse_status
 
 # A /status document is a few hundred bytes; refuse anything absurd before parsing it.
 MAX_STATUS_BYTES = 64 * 1024
@@ -20,7 +22,7 @@ class StatusReadError(RuntimeError):
 
 
 class StatusReader(Protocol):
-    def read(self, host: str, port: int) -> dict[str, Any]: ...
+    def read(self, host: str, port: int) -> StatusDocument: ...
 
 
 class HttpStatusReader:
@@ -31,7 +33,7 @@ class HttpStatusReader:
     def __init__(self, timeout_seconds: float = 2.0) -> None:
         self.timeout_seconds = timeout_seconds
 
-    def read(self, host: str, port: int) -> dict[str, Any]:
+    def read(self, host: str, port: int) -> StatusDocument:
         # IPv6 pod IPs need brackets in a URL.
         netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         url = f"http://{netloc}/status"
@@ -51,9 +53,10 @@ class HttpStatusReader:
             doc = json.loads(body)
         except ValueError:
             raise StatusReadError(f"{url}: not JSON") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("observed"), dict):
-            raise StatusReadError(f"{url}: no 'observed' object in the answer")
-        return doc
+        try:
+            return parse_status(doc)
+        except ValueError as e:
+            raise StatusReadError(f"{url}: {e}") from None
 
     def _fetch(self, host: str, port: int, netloc: str) -> bytes:
         """The whole answer of an HTTP/1.0 GET (the server closes when done), or an

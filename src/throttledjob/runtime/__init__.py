@@ -17,9 +17,10 @@ import atexit
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from throttledjob.contracts.settings import Settings
+
     from .batching import BatchPlan
     from .client import Throttle
-    from .settings import Settings
 
 __all__ = ["BatchPlan", "Settings", "Throttle", "batch_plan", "batch_size", "default",
            "param", "retry_on_oom", "settings", "step"]

@@ -18,14 +18,14 @@ import os
 import sys
 from typing import Any
 
-ENV_AUTOHOOK = "THROTTLEDJOB_AUTOHOOK"
+from throttledjob.contracts.names import ENV_AUTOHOOK, ENV_DIR, ENV_DISABLE
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
-    return (bool(env.get("THROTTLEDJOB_DIR"))
+    return (bool(env.get(ENV_DIR))
             and env.get(ENV_AUTOHOOK, "1") not in ("0", "false", "off")
-            and env.get("THROTTLEDJOB_DISABLE", "") not in ("1", "true"))
+            and env.get(ENV_DISABLE, "") not in ("1", "true"))
 
 
 def install() -> bool:

@@ -11,16 +11,17 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from throttledjob.contracts.names import ENV_DIR, ENV_DISABLE, ENV_ON_STALE
+from throttledjob.contracts.progress import Progress
+from throttledjob.contracts.settings import UNTHROTTLED, Settings
+
 from .batching import BatchPlan, scaled_batch
 from .budget import CpuBudget
 from .levers import ThreadCap, apply_gpu_memory_fraction, free_gpu_cache, is_out_of_memory
 from .params import Param
-from .progress import Progress, count_fresh_peers, visible_devices, write_progress
-from .settings import UNTHROTTLED, Settings, SettingsWatcher
+from .progress import count_fresh_peers, visible_devices, write_progress
+from .settings import SettingsWatcher
 
-ENV_DIR = "THROTTLEDJOB_DIR"
-ENV_DISABLE = "THROTTLEDJOB_DISABLE"
-ENV_ON_STALE = "THROTTLEDJOB_ON_STALE"
 log = logging.getLogger("throttledjob.runtime")
 T = TypeVar("T")
 # A cooperating process that has not written progress for this long no longer shares

@@ -14,15 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from throttledjob.contracts.policy import Enforcement, Policy
+from throttledjob.contracts.progress import MAX_PROGRESS_FILES
+from throttledjob.contracts.settings import SETTINGS_FILE, Settings
 from throttledjob.runtime.files import write_json_atomic
-from throttledjob.runtime.progress import MAX_PROGRESS_FILES, read_progress
-from throttledjob.runtime.settings import SETTINGS_FILE, Settings
+from throttledjob.runtime.progress import read_progress
 
 from .controller import CpuController, CpuDecision, CpuObservation
 from .enforcer import SignalEnforcer
-from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, probe_order
+from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, Pacing, probe_order
 from .os_levers import OsLevers
-from .policy import Policy
 from .processes import ProcessTree
 from .stats import PeakStats
 
@@ -73,7 +74,7 @@ class Agent:
         self.settings_dir = settings_dir
         self.enforcer = enforcer
         self.clock = clock
-        self.controller = (CpuController(policy.cpu_peak_cores, policy.mode == "adaptive")
+        self.controller = (CpuController(policy.cpu_peak_cores, policy.adaptive)
                            if policy.cpu_peak_cores else None)
         # Cheaper cooperative levers than the quota, found online (sidecar/explorer.py);
         # made at the first reported step, when the levers the workload uses are known.
@@ -178,7 +179,7 @@ class Agent:
         elif self.explorer and policy.cpu_peak_cores != old.cpu_peak_cores:
             self.explorer.set_target(policy.cpu_peak_cores)
         if (policy.cpu_peak_cores, policy.mode) != (old.cpu_peak_cores, old.mode):
-            self.controller = (CpuController(policy.cpu_peak_cores, policy.mode == "adaptive")
+            self.controller = (CpuController(policy.cpu_peak_cores, policy.adaptive)
                                if policy.cpu_peak_cores else None)
         if self.gpu:
             self.gpu.set_policy(policy)
@@ -224,13 +225,13 @@ class Agent:
 
     def _actuate(self, quota: float | None, now: float) -> None:
         p = self.policy
-        stop_pacing = p.enforcement == "both" and self.levers.pacing == "stop"
+        stop_pacing = p.enforcement is Enforcement.BOTH and self.levers.pacing == Pacing.STOP
         if stop_pacing != self._stop_pacing and self.controller and not self._gpu_bound:
             quota = self.status.quota_cores = self.controller.restart()
         handing_over, self._stop_pacing = self._stop_pacing, stop_pacing
-        use_coop = p.enforcement in ("cooperative", "both") and not stop_pacing
-        use_signals = p.enforcement == "signals" or (
-            p.enforcement == "both"
+        use_coop = p.uses_pacing and not stop_pacing
+        use_signals = p.enforcement is Enforcement.SIGNALS or (
+            p.enforcement is Enforcement.BOTH
             and (stop_pacing or handing_over
                  or now - self._last_step_time > COOPERATION_TIMEOUT_INTERVALS
                  * p.interval_seconds))
@@ -266,7 +267,7 @@ class Agent:
     def _explorable(p: Policy) -> bool:
         """Levers are explored only where the runtime applies them and the user left
         them free: adaptive mode, a CPU target, cooperative enforcement, no static levers."""
-        return bool(p.cpu_peak_cores and p.mode == "adaptive" and p.enforcement != "signals"
+        return bool(p.cpu_peak_cores and p.adaptive and p.uses_pacing
                     and p.threads is None and p.batch_scale == 1.0)
 
     def _explore(self, obs: CpuObservation, steps: int, elapsed: float, records) -> None:

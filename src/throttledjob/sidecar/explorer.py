@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from enum import Enum
 
 # A lever setting counts as better than the defaults only if it wins by this much: noise
 # must not move a workload off its own defaults.
@@ -58,9 +59,19 @@ MAX_PAUSE_FOR_DEMAND = 0.9
 PACED = 0.05
 
 
+class Pacing(str, Enum):
+    """How the quota's duty cycle is delivered (see Levers)."""
+
+    SLEEP = "sleep"
+    STOP = "stop"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Levers:
-    """One setting of the levers (None / 1.0 / "sleep": the defaults).
+    """One setting of the levers (None / 1.0 / sleep: the defaults).
 
     `pacing` is how the quota's duty cycle is delivered: "sleep", by the runtime at step
     boundaries, or "stop", by the sidecar's SIGSTOP of the whole tree. Sleeping one
@@ -70,13 +81,13 @@ class Levers:
 
     threads: int | None = None
     batch_scale: float = 1.0
-    pacing: str = "sleep"
+    pacing: Pacing = Pacing.SLEEP
 
     def __str__(self) -> str:
         parts = [f"threads={self.threads or 'default'}"]
         if self.batch_scale != 1.0:
             parts.append(f"batch_scale={self.batch_scale:g}")
-        if self.pacing != "sleep":
+        if self.pacing != Pacing.SLEEP:
             parts.append(f"pacing={self.pacing}")
         return ",".join(parts)
 
@@ -459,4 +470,4 @@ def probe_order(cores: int, target_cores: float, stop_pacing: bool) -> list[Leve
     threads = thread_candidates(cores, target_cores)
     first = [c for c in threads if c.threads >= target_cores]
     rest = [c for c in threads if c.threads < target_cores]
-    return first + ([Levers(pacing="stop")] if stop_pacing else []) + rest
+    return first + ([Levers(pacing=Pacing.STOP)] if stop_pacing else []) + rest

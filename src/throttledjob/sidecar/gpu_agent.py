@@ -13,10 +13,11 @@ from __future__ import annotations
 import collections
 import logging
 
+from throttledjob.contracts.policy import Policy
+
 from .gpu import GpuBackend, GpuError, GpuReading, NullGpuBackend, select_gpus
 from .gpu_controller import DEFAULT_MARGIN, GpuController, GpuDecision, GpuObservation
 from .gpu_explorer import UNCAPPED, GpuSample, PowerLimitExplorer
-from .policy import Policy
 from .stats import PeakStats
 
 log = logging.getLogger("throttledjob.sidecar")

@@ -16,12 +16,12 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from throttledjob.runtime.client import ENV_DIR
+from throttledjob.contracts.names import ENV_DIR
+from throttledjob.contracts.policy import Policy
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent, CycleStatus
 from .enforcer import SignalEnforcer
-from .policy import Policy
 from .processes import ProcessTree, resume
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         guardian = _start_guardian(proc.pid)
         tree = ProcessTree(root_pid=proc.pid)
         enforcer = (SignalEnforcer(tree, process_group=proc.pid)
-                    if policy.enforcement in ("signals", "both") else None)
+                    if policy.uses_signals else None)
         agent = Agent(policy, tree, settings_dir, enforcer, gpu=gpu)
         if exporter:
             exporter.attach(agent, f"psutil: process tree of pid {proc.pid}").start()

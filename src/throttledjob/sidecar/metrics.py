@@ -20,6 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.process_collector import ProcessCollector
 
 from throttledjob import __version__
+from throttledjob.contracts.status import LEVERS
 
 from .gpu import THROTTLE_REASONS
 from .snapshot import Snapshot, SnapshotHolder
@@ -138,8 +139,7 @@ def _control(s: Snapshot) -> Iterator[Metric]:
     yield paused
     active = GaugeMetricFamily(P + "lever_active", "1 for each lever in use.",
                                labels=["lever"])
-    for lever in ("signals", "pacing", "threads", "batch", "rate_limit", "gpu_memory_fraction",
-                  "gpu_power_limit"):
+    for lever in LEVERS:
         active.add_metric([lever], float(lever in s.levers))
     yield active
 

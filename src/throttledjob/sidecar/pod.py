@@ -14,12 +14,13 @@ import signal
 import threading
 import time
 
+from throttledjob.contracts.policy import Policy
+
 from .agent import Agent
 from .enforcer import SignalEnforcer
 from .exporter import Exporter, log_to_stderr
 from .gpu import open_backend
 from .gpu_agent import GpuAgent
-from .policy import Policy
 from .policy_watch import PolicyWatcher
 from .processes import ProcessTree, cgroup_of, pod_cgroup, resume
 
@@ -97,7 +98,7 @@ def _loop(agent: Agent, watcher: PolicyWatcher, exporter: Exporter, stop: thread
 
 
 def _apply_policy(agent: Agent, policy: Policy) -> None:
-    if policy.enforcement in ("signals", "both") and agent.enforcer is None:
+    if policy.uses_signals and agent.enforcer is None:
         agent.enforcer = _enforcer(agent.tree, policy)
         if agent.enforcer is not None:
             agent.enforcer.start()
@@ -108,7 +109,7 @@ def _enforcer(tree: ProcessTree, policy: Policy) -> SignalEnforcer | None:
     # Scanning every process 50 times a second costs CPU: only when signals may be used.
     if not tree.scoped:  # never stop a process that may not be the workload's
         return None
-    return SignalEnforcer(tree) if policy.enforcement in ("signals", "both") else None
+    return SignalEnforcer(tree) if policy.uses_signals else None
 
 
 def _cpu_telemetry(tree: ProcessTree, root_pid: int | None) -> str:

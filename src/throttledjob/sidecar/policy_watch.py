@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .policy import MAX_POLICY_BYTES, Policy, PolicyError, load_policy_file
+from throttledjob.contracts.policy import MAX_POLICY_BYTES, Policy, PolicyError, load_policy_file
 
 
 class PolicyWatcher:

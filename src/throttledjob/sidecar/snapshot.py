@@ -12,11 +12,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from throttledjob.runtime.progress import PROGRESS_PREFIX, read_progress
+from throttledjob.contracts.names import PROGRESS_PREFIX
+from throttledjob.contracts.policy import Policy
+from throttledjob.contracts.status import STATUS_VERSION, StatusDocument
+from throttledjob.runtime.progress import read_progress
 
 from .agent import Agent, CycleStatus
 from .gpu import GpuReading
-from .policy import Policy
 
 # A target counts as met while the p99 of recent 1-second samples is within this much
 # of it: the same tolerance the benchmarks give the CPU controller.
@@ -150,10 +152,11 @@ def take_snapshot(agent: Agent, health: Health, steps_per_second: float = 0.0) -
     )
 
 
-def status_document(s: Snapshot) -> dict:
+def status_document(s: Snapshot) -> StatusDocument:
     """The /status JSON the operator copies into the ThrottledJob's status."""
     p = s.policy
     return {
+        "version": STATUS_VERSION,
         "observed": {
             "cpuPeakCores": _round(s.cpu.p99),
             "cpuMaxCores": _round(s.cpu.max),
@@ -177,8 +180,8 @@ def status_document(s: Snapshot) -> dict:
             "gpuPeakPowerWatts": p.gpu_peak_power_watts,
             "gpuMemoryFraction": p.gpu_memory_fraction,
             "maxSlowdown": p.max_slowdown,
-            "mode": p.mode,
-            "enforcement": p.enforcement,
+            "mode": str(p.mode),
+            "enforcement": str(p.enforcement),
         },
         "errors": [f"{kind}: {message}" for kind, message in sorted(s.health.problems.items())],
         "telemetry": {"cpu": s.health.cpu_telemetry, "gpu": s.gpu_telemetry,

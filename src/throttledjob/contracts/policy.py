@@ -9,11 +9,32 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any
 
 MAX_POLICY_BYTES = 64 * 1024
-MODES = ("adaptive", "fixed")
-ENFORCEMENTS = ("cooperative", "signals", "both")
+
+
+class _Choice(str, Enum):
+    """A string choice that compares and prints as its value (StrEnum, on Python 3.10)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Mode(_Choice):
+    ADAPTIVE = "adaptive"  # the controller and explorer move the levers
+    FIXED = "fixed"  # the levers stay as the policy sets them
+
+
+class Enforcement(_Choice):
+    COOPERATIVE = "cooperative"  # pacing by the runtime library at the workload's steps
+    SIGNALS = "signals"  # SIGSTOP/SIGCONT duty cycling by the sidecar, for any program
+    BOTH = "both"  # pacing while the workload calls step(), signals otherwise
+
+
+MODES = tuple(m.value for m in Mode)
+ENFORCEMENTS = tuple(e.value for e in Enforcement)
 
 
 class PolicyError(ValueError):
@@ -27,9 +48,8 @@ class Policy:
     gpu_peak_power_watts: float | None = None
     gpu_memory_fraction: float | None = None
     max_slowdown: float = 1.25
-    mode: str = "adaptive"
-    # Both: pacing while the workload calls step(), signals otherwise; works for any program.
-    enforcement: str = "both"
+    mode: Mode = Mode.ADAPTIVE
+    enforcement: Enforcement = Enforcement.BOTH
     interval_seconds: float = 1.0
     # Static cooperative levers (applied as they are, in both modes).
     threads: int | None = None
@@ -39,6 +59,25 @@ class Policy:
     nice: int | None = None
     cpu_affinity: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Plain strings are accepted (the CLI's --enforcement, tests); the enum is stored.
+        if self.mode in MODES:
+            object.__setattr__(self, "mode", Mode(self.mode))
+        if self.enforcement in ENFORCEMENTS:
+            object.__setattr__(self, "enforcement", Enforcement(self.enforcement))
+
+    @property
+    def uses_signals(self) -> bool:
+        return self.enforcement in (Enforcement.SIGNALS, Enforcement.BOTH)
+
+    @property
+    def uses_pacing(self) -> bool:
+        return self.enforcement in (Enforcement.COOPERATIVE, Enforcement.BOTH)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.mode is Mode.ADAPTIVE
 
     @property
     def max_pause_fraction(self) -> float:
@@ -95,8 +134,8 @@ def parse_policy(doc: Any) -> Policy:
         gpu_peak_power_watts=_num(gpu, "peakPowerWatts"),
         gpu_memory_fraction=_num(gpu, "memoryFraction"),
         max_slowdown=_num(doc, "maxSlowdown", 1.25),
-        mode=_enum(doc, "mode", MODES, "adaptive"),
-        enforcement=_enum(doc, "enforcement", ENFORCEMENTS, "both"),
+        mode=Mode(_enum(doc, "mode", MODES, Mode.ADAPTIVE)),
+        enforcement=Enforcement(_enum(doc, "enforcement", ENFORCEMENTS, Enforcement.BOTH)),
         interval_seconds=_num(doc, "intervalSeconds", 1.0),
         threads=_num(levers, "threads"),
         batch_scale=_num(levers, "batchScale", 1.0),

@@ -1,0 +1,18 @@
+"""Names the parts agree on: environment variables and files in the shared directory."""
+
+# Set in the workload's environment by the operator or `throttledjob run`: the shared
+# directory. Without it the runtime library does nothing.
+ENV_DIR = "THROTTLEDJOB_DIR"
+# "1"/"true": the runtime library does nothing even with ENV_DIR set.
+ENV_DISABLE = "THROTTLEDJOB_DISABLE"
+# "open" (default) or "hold": what the runtime does when the settings file goes stale.
+ENV_ON_STALE = "THROTTLEDJOB_ON_STALE"
+# "0"/"false"/"off": the injected start-up hook leaves the process alone.
+ENV_AUTOHOOK = "THROTTLEDJOB_AUTOHOOK"
+# The user's own PYTHONPATH, kept by the operator when it prepends the injected library.
+ENV_USER_PYTHONPATH = "THROTTLEDJOB_USER_PYTHONPATH"
+
+# In the shared directory: one settings file (sidecar -> workload) and one progress file
+# per cooperating process (workload -> sidecar), named PROGRESS_PREFIX + PID + ".json".
+SETTINGS_FILE = "settings.json"
+PROGRESS_PREFIX = "progress-"

@@ -1,0 +1,60 @@
+"""The contracts between the parts: typed choices and the /status document."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from throttledjob.contracts.policy import Enforcement, Mode, Policy, parse_policy
+from throttledjob.contracts.status import STATUS_VERSION, parse_status
+
+
+@pytest.mark.parametrize("written, signals, pacing", [
+    ("Cooperative", False, True), ("signals", True, False), ("BOTH", True, True)])
+def test_enforcement_is_typed_and_says_which_levers_it_uses(written, signals, pacing):
+    p = parse_policy({"enforcement": written, "mode": "Fixed"})
+    assert isinstance(p.enforcement, Enforcement) and p.enforcement == written.lower()
+    assert (p.uses_signals, p.uses_pacing, p.adaptive) == (signals, pacing, False)
+    assert p.mode is Mode.FIXED and str(p.mode) == "fixed"
+
+
+def test_a_plain_string_override_is_stored_as_the_enum():
+    p = Policy().with_overrides(enforcement="signals")
+    assert p.enforcement is Enforcement.SIGNALS and p.uses_signals and not p.uses_pacing
+
+
+def test_the_sidecars_status_document_reads_back_unchanged():
+    import os
+    import tempfile
+
+    from throttledjob.contracts.policy import Policy
+    from throttledjob.sidecar.agent import Agent
+    from throttledjob.sidecar.processes import ProcessTree
+    from throttledjob.sidecar.snapshot import Health, status_document, take_snapshot
+
+    with tempfile.TemporaryDirectory() as d:
+        agent = Agent(Policy(cpu_peak_cores=1.0), ProcessTree(root_pid=os.getpid()), d, None)
+        doc = json.loads(json.dumps(status_document(take_snapshot(agent, Health()))))
+    assert doc["version"] == STATUS_VERSION
+    assert parse_status(doc) == doc
+    assert doc["targets"]["enforcement"] == "both" and doc["targets"]["mode"] == "adaptive"
+
+
+def test_status_numbers_that_are_not_finite_become_none_and_flags_must_be_true():
+    doc = parse_status({"observed": {"cpuPeakCores": math.nan, "slowdown": "2",
+                                     "throttleLevel": 0.5},
+                        "targetMet": "yes", "errors": "x"})
+    assert doc["version"] == 1  # before the field existed
+    assert doc["observed"]["cpuPeakCores"] is None and doc["observed"]["slowdown"] is None
+    assert doc["observed"]["throttleLevel"] == 0.5
+    assert doc["targetMet"] is False and doc["errors"] == []
+
+
+@pytest.mark.parametrize("doc, message", [
+    ([], "no 'observed' object"), ({"observed": 1}, "no 'observed' object"),
+    ({"version": 2, "observed": {}}, "status version 2, this operator reads 1")])
+def test_unusable_status_documents_are_refused_by_name(doc, message):
+    with pytest.raises(ValueError, match=message):
+        parse_status(doc)
