@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.run-installed
 
-.PHONY: demo test lint unit tools bench install install-run clean cluster cluster-down
+.PHONY: demo test lint unit tools checkov bench install install-run clean cluster cluster-down
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,21 @@ tools:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			prometheus cpulimit >/dev/null; }
 
+# checkov (tests/chart/test_checkov.py) in a venv of its own: its many dependencies clash
+# with the pins of requirements-dev.txt. Pinned; a new pin reinstalls it.
+CHECKOV_VERSION := 3.3.30
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION)
+
+$(CHECKOV_STAMP):
+	rm -rf $(CHECKOV_VENV)
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet checkov==$(CHECKOV_VERSION)
+	touch $@
+
+checkov: $(CHECKOV_STAMP)
+
 # A real control plane (etcd, kube-apiserver, controller-manager, scheduler, a KWOK
 # node) built from source once into ~/.cache/throttledjob and started on loopback;
 # admin kubeconfig in .cluster/kubeconfig. The suite reuses it when it runs.
@@ -53,7 +68,7 @@ demo: install-run
 lint: install
 	$(VENV)/bin/ruff check .
 
-unit: install tools
+unit: install tools checkov
 	$(K8S) build >/dev/null
 	$(VENV)/bin/pytest
 

@@ -19,7 +19,25 @@ RELEASE, NAMESPACE = "tj", "throttledjob-system"
 ALL_ON = {"monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "kps"}},
                          "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
                          "dashboard": {"enabled": True, "namespace": "grafana",
-                                       "annotations": {"grafana_folder": "Batch"}}}}
+                                       "annotations": {"grafana_folder": "Batch"}}},
+          "networkPolicy": {"enabled": True, "namespaces": ["ml"]}}
+
+
+def operator_job(name: str = "train", inject: str = "None", settings: Any = None,
+                 **pod: Any) -> dict[str, Any]:
+    """The Job the operator builds for a small ThrottledJob in namespace "ml" (keyword
+    arguments override pod spec fields of its template), as it sends it."""
+    from throttledjob.operator.children import build_job
+    from throttledjob.operator.settings import OperatorSettings
+    from throttledjob.operator.validation import validate
+
+    from ..operator.conftest import make_tj
+
+    tj = make_tj(name, throttle={"targets": {"cpu": {"peak": "1500m"}}, "maxSlowdown": 1.25,
+                                 "inject": inject}, **pod)
+    job = build_job(tj, validate(tj), settings or OperatorSettings())
+    job["metadata"]["namespace"] = tj["metadata"]["namespace"]
+    return job
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from throttledjob import __version__
-from throttledjob.operator import builders
+from throttledjob.operator import children
+from throttledjob.operator.settings import OperatorSettings
 
 from .conftest import (
     ALL_ON,
@@ -22,6 +23,7 @@ from .conftest import (
     by_kind,
     helm,
     k8s_errors,
+    operator_job,
     render,
     restricted_violations,
     template,
@@ -31,8 +33,10 @@ from .monitoring_schemas import SCHEMAS
 CONFIGS = {
     "default": None,
     "all-optional-on": ALL_ON,
-    "all-on, two namespaces": {**ALL_ON, "watchNamespaces": ["ml", "team-a"]},
+    "all-on, two namespaces": {**ALL_ON, "watchNamespaces": ["ml", "team-a"],
+                               "networkPolicy": {"enabled": True}},
 }
+OPTIONAL_KINDS = {"PodMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy"}
 
 
 def test_helm_lint_strict() -> None:
@@ -40,7 +44,7 @@ def test_helm_lint_strict() -> None:
     assert "0 chart(s) failed" in out
     for name, values in CONFIGS.items():
         if values:
-            args = [f"--set-json=monitoring={json.dumps(values['monitoring'])}"]
+            args = [f"--set-json={key}={json.dumps(value)}" for key, value in values.items()]
             out = helm("lint", "--strict", str(CHART), *args).stdout
             assert "0 chart(s) failed" in out, name
 
@@ -49,7 +53,7 @@ def test_chart_metadata_matches_the_package() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__
     # The image the operator injects by default is the one the chart runs.
-    assert builders.OperatorSettings().sidecar_image.endswith(f":{__version__}")
+    assert OperatorSettings().sidecar_image.endswith(f":{__version__}")
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
@@ -67,9 +71,9 @@ def test_every_rendered_object_is_valid(config: str, tmp_path) -> None:
             errors += k8s_errors(obj)
     assert errors == []
     if CONFIGS[config]:
-        assert {"PodMonitor", "PrometheusRule", "ConfigMap"} <= set(kinds)
+        assert set(kinds) >= OPTIONAL_KINDS
     else:
-        assert not {"PodMonitor", "PrometheusRule", "ConfigMap"} & set(kinds)
+        assert not OPTIONAL_KINDS & set(kinds)
 
 
 def test_the_validators_catch_a_broken_object(tmp_path) -> None:
@@ -133,8 +137,8 @@ def test_operator_gets_its_flags_probes_and_sidecar_defaults(tmp_path) -> None:
     assert "--status-interval=5" in c["args"] and "--verbose" in c["args"]
     assert "--liveness=http://0.0.0.0:9090/healthz" in c["args"]
     env = {e["name"]: e["value"] for e in c["env"]}
-    # The names the operator reads (operator/builders.py, OperatorSettings.from_env).
-    settings = builders.OperatorSettings.from_env(env)
+    # The names the operator reads (operator/settings.py, OperatorSettings.from_env).
+    settings = OperatorSettings.from_env(env)
     assert settings.sidecar_cpu_request == "100m"
     assert settings.sidecar_memory_limit == "256Mi"
     assert settings.sidecar_memory_request == "64Mi"
@@ -182,13 +186,13 @@ def test_optional_parts_take_their_namespace_and_labels(tmp_path) -> None:
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
     # The PodMonitor selects exactly the pods the operator builds, on their metrics port.
     assert pm["spec"]["selector"]["matchLabels"] == {
-        builders.LABEL_MANAGED_BY: builders.MANAGED_BY}
+        children.LABEL_MANAGED_BY: children.MANAGED_BY}
     assert pm["spec"]["selector"]["matchExpressions"] == [
-        {"key": builders.LABEL_NAME, "operator": "Exists"}]
-    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == builders.METRICS_PORT_NAME
+        {"key": children.LABEL_NAME, "operator": "Exists"}]
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == children.METRICS_PORT_NAME
     relabel = pm["spec"]["podMetricsEndpoints"][0]["relabelings"][0]
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_" + re.sub(
-        r"[^a-zA-Z0-9_]", "_", builders.LABEL_NAME)]
+        r"[^a-zA-Z0-9_]", "_", children.LABEL_NAME)]
     assert relabel["targetLabel"] == "throttledjob"  # what the dashboard and alerts use
     assert cm["metadata"]["namespace"] == "grafana"
     assert cm["metadata"]["labels"]["dash"] == "yes"
@@ -267,6 +271,24 @@ BAD_VALUES = [
     ({"monitoring": {"dashboard": {"sidecarLabel": ""}}}, "sidecarLabel"),
     ({"monitoring": {"dashboard": {"sidecarLabelValue": 1}}}, "sidecarLabelValue"),
     ({"monitoring": {"serviceMonitor": {"enabled": True}}}, "serviceMonitor"),
+    ({"networkPolicy": {"enabled": "true"}}, "networkPolicy.enabled"),
+    ({"networkPolicy": {"namespaces": "ml"}}, "namespaces"),
+    ({"networkPolicy": {"namespaces": ["ML"]}}, "namespaces"),
+    ({"networkPolicy": {"metricsPort": 0}}, "metricsPort"),
+    ({"networkPolicy": {"metricsPort": 65536}}, "metricsPort"),
+    ({"networkPolicy": {"metricsPort": "9400"}}, "metricsPort"),
+    ({"networkPolicy": {"allowOtherPorts": "no"}}, "allowOtherPorts"),
+    ({"networkPolicy": {"prometheus": {"podSelector": {"matchLabel": {"a": "b"}}}}},
+     "matchLabel"),
+    ({"networkPolicy": {"prometheus": {"podSelector": {"matchLabels": {"a": 1}}}}},
+     "matchLabels.a"),
+    ({"networkPolicy": {"prometheus": {"namespaceSelector": {"matchExpressions": [
+        {"key": "a", "operator": "Equals"}]}}}}, "operator"),
+    ({"networkPolicy": {"prometheus": {"namespaceSelector": {"matchExpressions": [
+        {"operator": "Exists"}]}}}}, "key"),
+    ({"networkPolicy": {"nodeCIDRs": ["10.0.0.0"]}}, "nodeCIDRs"),
+    ({"networkPolicy": {"nodeCIDRs": "10.0.0.0/8"}}, "nodeCIDRs"),
+    ({"networkPolicy": {"egress": []}}, "egress"),
 ]
 
 
@@ -322,3 +344,164 @@ def test_schema_describes_every_key_and_refuses_unknown_ones() -> None:
 def test_default_values_render_without_overrides() -> None:
     """The values file passes its own schema (helm checks it on every render)."""
     helm("template", "tj", str(CHART))
+
+
+# --- networkPolicy -----------------------------------------------------------------------
+
+PROTOCOLS = ("TCP", "UDP", "SCTP")
+ALL_PORTS = frozenset(range(1, 65536))
+ANYONE = "anyone"
+
+
+def covered_ports(rule: dict[str, Any], protocol: str) -> frozenset[int]:
+    """The ports of `protocol` an ingress rule allows, as NetworkPolicy defines them: no
+    `ports` means all; an entry without `port` means all of its protocol (default TCP)."""
+    if not rule.get("ports"):
+        return ALL_PORTS
+    out: set[int] = set()
+    for p in rule["ports"]:
+        if p.get("protocol", "TCP") != protocol:
+            continue
+        if "port" not in p:
+            return ALL_PORTS
+        assert isinstance(p["port"], int), p  # a named port would match only containers'
+        out |= set(range(p["port"], p.get("endPort", p["port"]) + 1))
+    return frozenset(out)
+
+
+def reachable(policy: dict[str, Any], protocol: str) -> dict[int, Any]:
+    """Port -> ANYONE, or the list of peers allowed to it; ports absent are closed."""
+    out: dict[int, Any] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in covered_ports(rule, protocol):
+            if not rule.get("from") or out.get(port) == ANYONE:
+                out[port] = ANYONE
+            else:
+                out.setdefault(port, []).extend(rule["from"])
+    return out
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector (matchLabels and matchExpressions) against a set of labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        ok = {"In": lambda e: labels.get(e["key"]) in e["values"],
+              "NotIn": lambda e: labels.get(e["key"]) not in e["values"],
+              "Exists": lambda e: e["key"] in labels,
+              "DoesNotExist": lambda e: e["key"] not in labels}[e["operator"]](e)
+        if not ok:
+            return False
+    return True
+
+
+def sidecar_policies(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in by_kind(objs, "NetworkPolicy")
+            if o["metadata"]["name"].endswith("-sidecar-metrics")]
+
+
+def test_network_policy_is_off_by_default(tmp_path) -> None:
+    assert by_kind(render(None), "NetworkPolicy") == []
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["networkPolicy"]["enabled"] is False
+    # The default port is the one the operator gives the sidecar's `metrics` port.
+    assert values["networkPolicy"]["metricsPort"] == children.METRICS_PORT
+
+
+def test_network_policy_goes_where_the_throttledjobs_are(tmp_path) -> None:
+    # A NetworkPolicy is namespaced: with the operator watching every namespace, the
+    # namespaces must be listed, or the render fails and says so.
+    proc = template({"networkPolicy": {"enabled": True}}, tmp_path)
+    assert proc.returncode != 0 and "networkPolicy.namespaces" in proc.stderr, proc.stderr
+    objs = render({"networkPolicy": {"enabled": True}, "watchNamespaces": ["ml", "team-a"]},
+                  tmp_path)
+    assert [p["metadata"]["namespace"] for p in sidecar_policies(objs)] == ["ml", "team-a"]
+    objs = render({"networkPolicy": {"enabled": True, "namespaces": ["batch"]},
+                   "watchNamespaces": ["ml", "team-a"]}, tmp_path)
+    assert [p["metadata"]["namespace"] for p in sidecar_policies(objs)] == ["batch"]
+    # The operator's own pod: only its health port, from anyone (the kubelet).
+    (op,) = [o for o in by_kind(objs, "NetworkPolicy") if o not in sidecar_policies(objs)]
+    assert op["metadata"]["namespace"] == NAMESPACE
+    assert selects(op["spec"]["podSelector"],
+                   operator_pod_labels(objs)) and op["spec"]["policyTypes"] == ["Ingress"]
+    open_tcp = reachable(op, "TCP")
+    assert open_tcp == {8080: ANYONE}
+    assert reachable(op, "UDP") == reachable(op, "SCTP") == {}
+
+
+def operator_pod_labels(objs: list[dict[str, Any]]) -> dict[str, str]:
+    (deploy,) = by_kind(objs, "Deployment")
+    return deploy["spec"]["template"]["metadata"]["labels"]
+
+
+def assert_only_peers_reach_the_metrics_port(policy: dict[str, Any], port: int,
+                                             objs: list[dict[str, Any]],
+                                             extra_peers: list[dict[str, Any]]) -> None:
+    """Every port but `port` open to anyone, for TCP, UDP and SCTP; `port` reachable over
+    TCP from Prometheus, the operator and `extra_peers` only, and not over UDP or SCTP."""
+    for protocol in PROTOCOLS:
+        reach = reachable(policy, protocol)
+        assert {p for p, who in reach.items() if who == ANYONE} == ALL_PORTS - {port}, protocol
+        if protocol != "TCP":
+            assert port not in reach, protocol
+    peers = reachable(policy, "TCP")[port]
+    assert peers != ANYONE
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["networkPolicy"]
+    prometheus = {"namespaceSelector": values["prometheus"]["namespaceSelector"],
+                  "podSelector": values["prometheus"]["podSelector"]}
+    operator = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": NAMESPACE}},
+        "podSelector": {"matchLabels": {k: v for k, v in operator_pod_labels(objs).items()
+                                        if k != "app.kubernetes.io/component"}}}
+    assert peers == [prometheus, operator, *extra_peers]
+    # The operator peer selects the operator's pod (in the release namespace's label).
+    assert selects(peers[1]["podSelector"], operator_pod_labels(objs))
+    assert selects(peers[1]["namespaceSelector"],
+                   {"kubernetes.io/metadata.name": NAMESPACE})
+
+
+def test_network_policy_leaves_every_port_open_but_the_metrics_one(tmp_path) -> None:
+    objs = render({"networkPolicy": {"enabled": True, "namespaces": ["ml"]}}, tmp_path)
+    (policy,) = sidecar_policies(objs)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress untouched
+    # It selects exactly the pods the operator builds, not the operator's own.
+    job = operator_job(inject="Auto")
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert selects(policy["spec"]["podSelector"], pod_labels)
+    assert not selects(policy["spec"]["podSelector"], operator_pod_labels(objs))
+    assert not selects(policy["spec"]["podSelector"], {"team": "vision"})
+    # ... and guards the port the built sidecar serves on.
+    (port,) = [p["containerPort"] for c in job["spec"]["template"]["spec"]["initContainers"]
+               for p in c.get("ports") or [] if p["name"] == children.METRICS_PORT_NAME]
+    assert_only_peers_reach_the_metrics_port(policy, port, objs, [])
+    assert k8s_errors(policy) == []
+
+
+@pytest.mark.parametrize("port", [8000, 1, 65535])
+def test_network_policy_ranges_follow_the_metrics_port(port: int, tmp_path) -> None:
+    values = {"networkPolicy": {"enabled": True, "namespaces": ["ml"], "metricsPort": port,
+                                "nodeCIDRs": ["10.0.0.0/16", "fd00::/64"]}}
+    objs = render(values, tmp_path)
+    (policy,) = sidecar_policies(objs)
+    assert_only_peers_reach_the_metrics_port(
+        policy, port, objs, [{"ipBlock": {"cidr": "10.0.0.0/16"}},
+                             {"ipBlock": {"cidr": "fd00::/64"}}])
+    assert k8s_errors(policy) == []
+
+
+def test_network_policy_can_leave_other_ports_to_the_namespace(tmp_path) -> None:
+    """allowOtherPorts=false: only the metrics rule (policies add up, so the open-ports
+    rule would undo a namespace's own default-deny); a wider Prometheus selector."""
+    values = {"networkPolicy": {"enabled": True, "namespaces": ["ml"], "allowOtherPorts": False,
+                                "prometheus": {"namespaceSelector": {"matchLabels": None},
+                                               "podSelector": {"matchLabels": {
+                                                   "app": "prometheus"}}}}}
+    objs = render(values, tmp_path)
+    (policy,) = sidecar_policies(objs)
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": children.METRICS_PORT}]
+    assert rule["from"][0] == {"namespaceSelector": {},
+                               "podSelector": {"matchLabels": {"app.kubernetes.io/name":
+                                                               "prometheus",
+                                                               "app": "prometheus"}}}
+    assert k8s_errors(policy) == []

@@ -142,7 +142,7 @@ def pod_sidecar(cluster: Any) -> Iterator[FakeSidecar]:
     """A /status server where the operator looks for a KWOK pod's sidecar: the pods' IP
     (a loopback address of the cluster's own, see tools/k8s/kwok-stages.yaml) and the
     sidecar's metrics port."""
-    from throttledjob.operator.builders import METRICS_PORT
+    from throttledjob.operator.children import METRICS_PORT
 
     s = FakeSidecar(METRICS_PORT, host=cluster.pod_ip)
     yield s
@@ -179,9 +179,9 @@ def tj_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
 
 
 def tj_condition(kubectl: Kubectl, namespace: str, name: str, type_: str) -> dict[str, Any]:
-    from throttledjob.operator import builders as b
+    from throttledjob.operator.status import condition
 
-    return b.condition(tj_status(kubectl, namespace, name), type_) or {}
+    return condition(tj_status(kubectl, namespace, name), type_) or {}
 
 
 def tj_events(kubectl: Kubectl, namespace: str, name: str) -> list[tuple[str, str]]:
@@ -191,9 +191,9 @@ def tj_events(kubectl: Kubectl, namespace: str, name: str) -> list[tuple[str, st
 
 
 def jobs_of(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
-    from throttledjob.operator import builders as b
+    from throttledjob.operator.children import LABEL_NAME
 
-    listed = kubectl.json("get", "jobs", "-n", namespace, "-l", f"{b.LABEL_NAME}={name}")
+    listed = kubectl.json("get", "jobs", "-n", namespace, "-l", f"{LABEL_NAME}={name}")
     return (listed or {}).get("items") or []
 
 

@@ -13,8 +13,8 @@ import yaml
 
 from conftest import wait_for
 from throttledjob.contracts.policy import parse_policy
-from throttledjob.operator import builders as b
 from throttledjob.operator import crd
+from throttledjob.operator.children import LABEL_NAME, owned_by
 
 from ..chart.test_rbac import CRDS, NAMESPACED, NAMESPACES
 from ..operator.conftest import FakeSidecar, OperatorProcess
@@ -60,7 +60,7 @@ def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorPr
     cm = wait_json(kubectl, bool, "configmap", "-n", namespace, "train-throttle",
                    what="the ConfigMap")
     uid = kubectl.json("get", "tj", "-n", namespace, "train")["metadata"]["uid"]
-    assert b.owned_by(job, uid) and b.owned_by(cm, uid)
+    assert owned_by(job, uid) and owned_by(cm, uid)
     assert parse_policy(yaml.safe_load(cm["data"]["policy.yaml"])).cpu_peak_cores == 1.5
 
     pods = wait_json(kubectl, lambda o: any(p["status"].get("phase") == "Running"
@@ -76,7 +76,7 @@ def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorPr
     # never read: only pods the Job owns are.
     rogue = copy.deepcopy(pods["items"][0])
     rogue["metadata"] = {"name": "rogue", "namespace": namespace,
-                         "labels": {b.LABEL_NAME: "train"}}
+                         "labels": {LABEL_NAME: "train"}}
     rogue["spec"].pop("nodeName", None)
     rogue.pop("status", None)
     kubectl.apply(rogue)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from conftest import wait_for
-from throttledjob.operator import builders as b
 from throttledjob.operator import crd
+from throttledjob.operator.children import INJECT_DIR, build_configmap
 
 from ..operator.conftest import OperatorProcess
 from .conftest import (
@@ -139,7 +139,7 @@ def test_restart_over_a_stale_configmap_never_duplicates_the_job(
     the operator had been killed between creating the ConfigMap and the Job."""
     kubectl.apply(tj_manifest("restart", namespace, run_for="1h"))
     uid = kubectl.json("get", "tj", "-n", namespace, "restart")["metadata"]["uid"]
-    stale = b.build_configmap("restart", {"targets": {"cpu": {"peak": "3"}}})
+    stale = build_configmap("restart", {"targets": {"cpu": {"peak": "3"}}})
     stale["metadata"].update(namespace=namespace, ownerReferences=[{
         "apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": "restart", "uid": uid,
         "controller": True, "blockOwnerDeletion": True}])
@@ -175,11 +175,11 @@ def test_inject_auto_job_has_init_container_volume_and_users_pythonpath(
     pod = job["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER,
                                                           crd.INJECT_CONTAINER]
-    assert pod["initContainers"][1]["args"] == ["inject-lib", b.INJECT_DIR]
+    assert pod["initContainers"][1]["args"] == ["inject-lib", INJECT_DIR]
     assert {"name": crd.INJECT_VOLUME, "emptyDir": {"sizeLimit": "32Mi"}} in pod["volumes"]
     (trainer,) = pod["containers"]
-    assert {"name": "PYTHONPATH", "value": f"{b.INJECT_DIR}:/app/src"} in trainer["env"]
-    assert {"name": crd.INJECT_VOLUME, "mountPath": b.INJECT_DIR, "readOnly": True} \
+    assert {"name": "PYTHONPATH", "value": f"{INJECT_DIR}:/app/src"} in trainer["env"]
+    assert {"name": crd.INJECT_VOLUME, "mountPath": INJECT_DIR, "readOnly": True} \
         in trainer["volumeMounts"]
     assert "inject" not in policy_of(kubectl, namespace, "zero-code")
 

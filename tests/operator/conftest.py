@@ -4,7 +4,8 @@ The emulator plays only what a real API server will not do on demand: 429s, 5xxs
 answers, slow answers and watch errors (test_faults.py). Everything else runs against a
 real kube-apiserver (tests/cluster/). The emulator runs in a thread of the test process
 (its own event loop); the operator runs as a real `throttledjob operator` process
-pointed at it with a kubeconfig, exactly as a user starts it.
+pointed at it with a kubeconfig, exactly as a user starts it, or, where kopf's watch and
+retries add nothing, a handler is called directly with a memo (`handler_memo`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from throttledjob.operator import builders as b
 from throttledjob.operator import crd
+from throttledjob.operator.children import LABEL_NAME
+from throttledjob.operator.status import condition
 
 from ..conftest import wait_for
 
@@ -384,12 +386,12 @@ def status(emu: Emulator, name: str) -> dict[str, Any]:
 
 
 def cond(emu: Emulator, name: str, type_: str) -> dict[str, Any]:
-    return b.condition(status(emu, name), type_) or {}
+    return condition(status(emu, name), type_) or {}
 
 
 def jobs_of(emu: Emulator, name: str) -> list[dict[str, Any]]:
     return [j for j in emu.items(JOBS_PATH)
-            if j["metadata"].get("labels", {}).get(b.LABEL_NAME) == name]
+            if j["metadata"].get("labels", {}).get(LABEL_NAME) == name]
 
 
 def assert_valid_status(emu: Emulator, name: str) -> None:
@@ -486,6 +488,25 @@ def operator_process(emulator: Emulator, tmp_path: Path,
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         sys.stderr.write(f"--- operator log ---\n{op.log_text()}\n")
+
+
+def handler_memo(kubeconfig: Path, **settings: Any) -> Any:
+    """kopf's memo as the startup handler leaves it, for calling handlers directly: the
+    OperatorState of test `settings` and a client logged in with `kubeconfig`."""
+    import kopf
+    import kubernetes
+
+    from throttledjob.operator.kube import Kube
+    from throttledjob.operator.poller import OperatorState
+    from throttledjob.operator.settings import OperatorSettings
+    from throttledjob.operator.sidecar_status import HttpStatusReader
+
+    config = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(str(kubeconfig), client_configuration=config)
+    ours = OperatorSettings(**settings)
+    kube = Kube(kubernetes.client.ApiClient(config), timeout_seconds=ours.api_timeout_seconds)
+    return kopf.Memo(state=OperatorState(ours, kube,
+                                         HttpStatusReader(ours.status_timeout_seconds)))
 
 
 @pytest.hookimpl(wrapper=True)

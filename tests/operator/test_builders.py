@@ -1,5 +1,6 @@
-"""The pure builders: what the operator would send, validated against the official
-Kubernetes schemas (1.30 and the newest bundled), and the status logic."""
+"""The pure functions: what the operator would send (children.py), validated against the
+official Kubernetes schemas (1.30 and the newest bundled), what it refuses
+(validation.py), and the status logic (status.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,30 @@ import yaml
 
 from throttledjob.contracts.names import ENV_DIR
 from throttledjob.contracts.policy import parse_policy
-from throttledjob.operator import builders as b
 from throttledjob.operator import crd
+from throttledjob.operator.children import (
+    DEFAULT_SIDECAR_UID,
+    LABEL_NAME,
+    SHARED_DIR,
+    build_configmap,
+    build_job,
+    job_owner_name,
+    sidecar_endpoint,
+)
+from throttledjob.operator.settings import OperatorSettings
+from throttledjob.operator.status import (
+    condition,
+    set_condition,
+    status_from_job,
+    status_invalid,
+    status_job_created,
+    status_with_observed,
+)
+from throttledjob.operator.validation import SpecError, signals_uid_warning, validate
 
 from .conftest import NAMESPACE, k8s_validate, make_tj
 
-SETTINGS = b.OperatorSettings()
+SETTINGS = OperatorSettings()
 NOW = "2026-01-01T00:00:00Z"
 
 
@@ -32,8 +51,8 @@ def owned(tj: dict[str, Any]) -> dict[str, Any]:
 def built(tj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(Job, ConfigMap) as the handler sends them: built, then kopf.adopt-ed."""
     tj = owned(tj)
-    doc = b.validate(tj)
-    job, cm = b.build_job(tj, doc, SETTINGS), b.build_configmap(tj["metadata"]["name"], doc)
+    doc = validate(tj)
+    job, cm = build_job(tj, doc, SETTINGS), build_configmap(tj["metadata"]["name"], doc)
     kopf.adopt([job, cm], owner=tj)
     return job, cm
 
@@ -93,15 +112,15 @@ def test_job_keeps_the_users_template_and_adds_the_sidecar() -> None:
     assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER, "fetch"]
     (trainer,) = pod["containers"]
     assert trainer["env"] == [{"name": "EPOCHS", "value": "3"},
-                              {"name": ENV_DIR, "value": b.SHARED_DIR}]
+                              {"name": ENV_DIR, "value": SHARED_DIR}]
     assert trainer["volumeMounts"] == [{"name": "data", "mountPath": "/data"},
-                                       {"name": crd.SHARED_VOLUME, "mountPath": b.SHARED_DIR}]
+                                       {"name": crd.SHARED_VOLUME, "mountPath": SHARED_DIR}]
     assert [v["name"] for v in pod["volumes"]] == ["data", crd.SHARED_VOLUME,
                                                     crd.POLICY_VOLUME]
     policy_volume = pod["volumes"][-1]["configMap"]
     assert policy_volume["name"] == "train-throttle"
     labels = job["spec"]["template"]["metadata"]["labels"]
-    assert labels[b.LABEL_NAME] == "train"
+    assert labels[LABEL_NAME] == "train"
     assert job["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9400"
     # The input is not mutated (kopf hands the same body to later handlers).
     user_pod = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
@@ -155,12 +174,12 @@ def test_the_checker_sees_an_unrestricted_template() -> None:
 def test_unknown_workload_uid_with_signals_warns_and_runs_sidecar_non_root() -> None:
     tj = make_tj(throttle={"targets": {"cpu": {"peak": 1}}, "enforcement": "Both"},
                  securityContext={"runAsNonRoot": True})
-    doc = b.validate(owned(tj))
-    assert "runAsUser" in (b.signals_uid_warning(tj, doc) or "")
+    doc = validate(owned(tj))
+    assert "runAsUser" in (signals_uid_warning(tj, doc) or "")
     job, _ = built(tj)
     sc = pod_of(job)["initContainers"][0]["securityContext"]
-    assert sc["runAsUser"] == b.DEFAULT_SIDECAR_UID and sc["runAsNonRoot"] is True
-    assert b.signals_uid_warning(make_tj(), b.validate(owned(make_tj()))) is None
+    assert sc["runAsUser"] == DEFAULT_SIDECAR_UID and sc["runAsNonRoot"] is True
+    assert signals_uid_warning(make_tj(), validate(owned(make_tj()))) is None
 
 
 def test_root_workload_gets_a_root_sidecar_without_capabilities() -> None:
@@ -186,10 +205,10 @@ def test_configmap_holds_the_policy_and_parameter_values() -> None:
 
 
 def test_settings_from_environment() -> None:
-    s = b.OperatorSettings.from_env({"THROTTLEDJOB_SIDECAR_IMAGE": "registry.local/tj:dev",
+    s = OperatorSettings.from_env({"THROTTLEDJOB_SIDECAR_IMAGE": "registry.local/tj:dev",
                                      "THROTTLEDJOB_STATUS_INTERVAL": "2.5"})
     assert s.sidecar_image == "registry.local/tj:dev" and s.status_interval_seconds == 2.5
-    job = b.build_job(owned(make_tj()), {}, s)
+    job = build_job(owned(make_tj()), {}, s)
     assert pod_of(job)["initContainers"][0]["image"] == "registry.local/tj:dev"
 
 
@@ -246,38 +265,38 @@ REFUSED = [
 @pytest.mark.parametrize(("tj", "reason", "message"), REFUSED,
                          ids=[r for _, r, _ in REFUSED])
 def test_refused_specs(tj: dict[str, Any], reason: str, message: str) -> None:
-    with pytest.raises(b.SpecError) as info:
-        b.validate(owned(tj))
+    with pytest.raises(SpecError) as info:
+        validate(owned(tj))
     assert info.value.reason == reason
     assert message in str(info.value)
 
 
 def test_host_access_is_accepted_when_the_operator_allows_it() -> None:
     tj = _pod_set(make_tj(), hostPID=True)
-    assert b.validate(owned(tj), allow_host_access=True)
-    assert b.OperatorSettings.from_env({"THROTTLEDJOB_ALLOW_HOST_ACCESS": "true"}
+    assert validate(owned(tj), allow_host_access=True)
+    assert OperatorSettings.from_env({"THROTTLEDJOB_ALLOW_HOST_ACCESS": "true"}
                                        ).allow_host_access
-    assert not b.OperatorSettings.from_env({}).allow_host_access
+    assert not OperatorSettings.from_env({}).allow_host_access
 
 
 def test_cpu_target_within_the_limit_and_gpu_target_with_a_gpu_are_accepted() -> None:
     tj = make_tj(throttle={"targets": {"cpu": {"peak": "2"},
                                        "gpu": {"peakPowerWatts": 250}}})
     _container_set(tj, resources={"limits": {"cpu": "2", "nvidia.com/gpu": 1}})
-    assert b.validate(owned(tj))["targets"]["gpu"] == {"peakPowerWatts": 250}
+    assert validate(owned(tj))["targets"]["gpu"] == {"peakPowerWatts": 250}
     # No CPU limit: nothing to compare with, the target is the only cap.
-    assert b.validate(owned(_container_set(make_tj(throttle={"targets": {"cpu": {
+    assert validate(owned(_container_set(make_tj(throttle={"targets": {"cpu": {
         "peak": "64"}}}), resources={})))
 
 
 # --- status ------------------------------------------------------------------------------
 
 def test_conditions_keep_transition_time_unless_status_flips() -> None:
-    conds = b.set_condition([], "Ready", True, "A", "a", "t1")
-    conds = b.set_condition(conds, "Ready", True, "B", "b", "t2")
+    conds = set_condition([], "Ready", True, "A", "a", "t1")
+    conds = set_condition(conds, "Ready", True, "B", "b", "t2")
     assert conds == [{"type": "Ready", "status": "True", "reason": "B", "message": "b",
                       "lastTransitionTime": "t1"}]
-    conds = b.set_condition(conds, "Ready", False, "C", "c", "t3")
+    conds = set_condition(conds, "Ready", False, "C", "c", "t3")
     assert conds[0]["lastTransitionTime"] == "t3" and len(conds) == 1
 
 
@@ -292,14 +311,14 @@ def test_conditions_keep_transition_time_unless_status_flips() -> None:
     ({"conditions": [{"type": "Failed", "status": "False"}], "active": 1}, "Running"),
 ])
 def test_phase_from_job_status(job_status: dict[str, Any] | None, phase: str) -> None:
-    assert b.status_from_job({}, job_status, NOW)["phase"] == phase
+    assert status_from_job({}, job_status, NOW)["phase"] == phase
 
 
 def test_failed_job_reason_reaches_the_condition() -> None:
-    st = b.status_from_job({}, {"conditions": [{"type": "Failed", "status": "True",
+    st = status_from_job({}, {"conditions": [{"type": "Failed", "status": "True",
                                                 "reason": "DeadlineExceeded",
                                                 "message": "too slow"}]}, NOW)
-    assert b.condition(st, "Failed") == {"type": "Failed", "status": "True",
+    assert condition(st, "Failed") == {"type": "Failed", "status": "True",
                                          "reason": "DeadlineExceeded", "message": "too slow",
                                          "lastTransitionTime": NOW}
 
@@ -314,34 +333,34 @@ def report(cpu: float, level: float, met: bool = True, exhausted: bool = False,
 
 
 def test_observed_is_the_worst_pod_and_target_met_needs_all() -> None:
-    st = b.status_with_observed({}, [report(1.2, 0.2), report(1.6, 0.5, met=False)], [], NOW)
+    st = status_with_observed({}, [report(1.2, 0.2), report(1.6, 0.5, met=False)], [], NOW)
     obs = st["observed"]
     assert obs["cpuPeakCores"] == 1.6 and obs["throttleLevel"] == 0.5
     assert obs["gpuPeakUtilizationPercent"] is None and obs["pods"] == 2
-    assert b.condition(st, "TargetMet")["status"] == "False"
-    assert b.condition(st, "TargetMet")["reason"] == "Converging"
-    assert b.condition(st, "Throttling")["status"] == "True"
+    assert condition(st, "TargetMet")["status"] == "False"
+    assert condition(st, "TargetMet")["reason"] == "Converging"
+    assert condition(st, "Throttling")["status"] == "True"
 
 
 def test_budget_exhausted_and_unthrottled() -> None:
-    st = b.status_with_observed({}, [report(2.0, 1.0, met=False, exhausted=True)], [], NOW)
-    assert b.condition(st, "TargetMet")["reason"] == "BudgetExhausted"
-    st = b.status_with_observed({}, [report(0.5, 0.0)], [], NOW)
-    assert b.condition(st, "Throttling")["status"] == "False"
-    assert b.condition(st, "TargetMet")["status"] == "True"
+    st = status_with_observed({}, [report(2.0, 1.0, met=False, exhausted=True)], [], NOW)
+    assert condition(st, "TargetMet")["reason"] == "BudgetExhausted"
+    st = status_with_observed({}, [report(0.5, 0.0)], [], NOW)
+    assert condition(st, "Throttling")["status"] == "False"
+    assert condition(st, "TargetMet")["status"] == "True"
 
 
 def test_unreachable_sidecars_keep_the_last_observation() -> None:
-    first = b.status_with_observed({}, [report(1.2, 0.2)], [], NOW)
-    later = b.status_with_observed(first, [], ["pod p: connection refused"], "later")
+    first = status_with_observed({}, [report(1.2, 0.2)], [], NOW)
+    later = status_with_observed(first, [], ["pod p: connection refused"], "later")
     assert later["observed"]["cpuPeakCores"] == 1.2
     assert later["observed"]["errors"] == ["pod p: connection refused"]
-    assert b.status_with_observed(first, [], [], "later") == first
+    assert status_with_observed(first, [], [], "later") == first
 
 
 def test_hostile_report_values_are_clamped() -> None:
     nan = report(float("nan"), float("inf"))
-    st = b.status_with_observed({}, [report(1.0, 7.0), {"observed": "nope", "errors": 3},
+    st = status_with_observed({}, [report(1.0, 7.0), {"observed": "nope", "errors": 3},
                                      nan], [], NOW)
     assert st["observed"]["throttleLevel"] == 1.0
     assert st["observed"]["cpuPeakCores"] == 1.0
@@ -349,18 +368,18 @@ def test_hostile_report_values_are_clamped() -> None:
 
 
 def test_invalid_then_created_clears_the_spec_failure() -> None:
-    st = b.status_invalid({}, b.SpecError("VolumeClash", "bad"), 1, NOW)
-    assert st["phase"] == "Failed" and b.condition(st, "Failed")["status"] == "True"
-    st = b.status_job_created(st, "train", 2, NOW)
+    st = status_invalid({}, SpecError("VolumeClash", "bad"), 1, NOW)
+    assert st["phase"] == "Failed" and condition(st, "Failed")["status"] == "True"
+    st = status_job_created(st, "train", 2, NOW)
     assert st["phase"] == "Pending" and st["observedGeneration"] == 2
-    assert b.condition(st, "Failed")["status"] == "False"
-    assert b.condition(st, "Ready")["status"] == "True"
+    assert condition(st, "Failed")["status"] == "False"
+    assert condition(st, "Ready")["status"] == "True"
 
 
 def test_sidecar_endpoint_from_the_pod() -> None:
     job, _ = built(make_tj())
     pod = {"metadata": {"name": "p"}, "spec": pod_of(job),
            "status": {"phase": "Running", "podIP": "10.0.0.7"}}
-    assert b.sidecar_endpoint(pod) == ("10.0.0.7", 9400)
-    assert b.sidecar_endpoint({**pod, "status": {"phase": "Pending"}}) is None
-    assert b.job_owner_name(job) == "train"
+    assert sidecar_endpoint(pod) == ("10.0.0.7", 9400)
+    assert sidecar_endpoint({**pod, "status": {"phase": "Pending"}}) is None
+    assert job_owner_name(job) == "train"

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from .conftest import VENV_BIN
 
@@ -47,3 +51,33 @@ def test_no_cluster_is_a_clear_failure(tmp_path: Path) -> None:
         "KUBERNETES_SERVICE_HOST": ""}, timeout=60)
     assert result.returncode != 0
     assert "cannot find the cluster" in result.stderr, result.stderr[-2000:]
+
+
+def test_flags_override_the_environment_in_the_handlers_memo(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI hands its flags to kopf.run in memo; the startup handler reads the
+    environment once and puts both, flags on top, in the state the handlers share."""
+    import kopf
+
+    from throttledjob.cli import build_parser
+    from throttledjob.operator import handlers
+    from throttledjob.operator.main import run_operator
+
+    runs: list[dict[str, Any]] = []
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: runs.append(kwargs))
+    monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)  # the test's logging stays
+    monkeypatch.setattr(handlers, "load_client", lambda connections: object())
+    monkeypatch.setenv("THROTTLEDJOB_SIDECAR_IMAGE", "env/image:1")
+    monkeypatch.setenv("THROTTLEDJOB_STATUS_INTERVAL", "30")
+    monkeypatch.setenv("THROTTLEDJOB_STATUS_TIMEOUT", "3")
+    args = build_parser().parse_args(["operator", "-A", "--sidecar-image", "flag/image:2"])
+    assert run_operator(args) == 0
+    (memo,) = [kwargs["memo"] for kwargs in runs]
+    handlers.configure(settings=kopf.OperatorSettings(), memo=memo,
+                       logger=logging.getLogger("test"))
+    try:
+        ours = memo.state.settings
+        assert (ours.sidecar_image, ours.status_interval_seconds,
+                ours.status_timeout_seconds) == ("flag/image:2", 30.0, 3.0)
+    finally:
+        handlers.stop_poller(memo=memo)

@@ -78,12 +78,16 @@ def test_crd_names_columns_and_status_subresource() -> None:
 
 
 def test_status_schema_accepts_what_the_builders_write() -> None:
-    from throttledjob.operator import builders as b
+    from throttledjob.operator.status import (
+        status_from_job,
+        status_job_created,
+        status_with_observed,
+    )
 
     now = "2026-01-01T00:00:00Z"
-    st = b.status_job_created({}, "train", 1, now)
-    st = b.status_from_job(st, {"active": 1, "startTime": now}, now)
-    st = b.status_with_observed(st, [{"observed": {
+    st = status_job_created({}, "train", 1, now)
+    st = status_from_job(st, {"active": 1, "startTime": now}, now)
+    st = status_with_observed(st, [{"observed": {
         "cpuPeakCores": 1.2, "cpuMaxCores": 1.5, "gpuPeakUtilizationPercent": None,
         "gpuPeakPowerWatts": None, "throttleLevel": 0.3, "slowdown": 1.1},
         "targetMet": True, "budgetExhausted": False, "levers": [], "errors": []}], [], now)

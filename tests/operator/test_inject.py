@@ -17,8 +17,10 @@ import yaml
 
 from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
 from throttledjob.contracts.policy import parse_policy
-from throttledjob.operator import builders as b
 from throttledjob.operator import crd
+from throttledjob.operator.children import INJECT_DIR, SHARED_DIR
+from throttledjob.operator.settings import OperatorSettings
+from throttledjob.operator.validation import SpecError, validate
 
 from .conftest import VENV_BIN, k8s_validate, make_tj
 from .test_builders import built, owned, pod_of, restricted_violations
@@ -54,10 +56,10 @@ def test_auto_adds_init_container_volume_and_pythonpath() -> None:
     names = [c["name"] for c in pod["initContainers"]]
     assert names == [crd.SIDECAR_CONTAINER, crd.INJECT_CONTAINER]  # sidecar first
     init = pod["initContainers"][1]
-    assert init["image"] == b.OperatorSettings().sidecar_image  # the product image
-    assert init["args"] == ["inject-lib", b.INJECT_DIR]
+    assert init["image"] == OperatorSettings().sidecar_image  # the product image
+    assert init["args"] == ["inject-lib", INJECT_DIR]
     assert "restartPolicy" not in init  # runs to completion before the workload
-    assert init["volumeMounts"] == [{"name": crd.INJECT_VOLUME, "mountPath": b.INJECT_DIR}]
+    assert init["volumeMounts"] == [{"name": crd.INJECT_VOLUME, "mountPath": INJECT_DIR}]
     sc = init["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -66,9 +68,9 @@ def test_auto_adds_init_container_volume_and_pythonpath() -> None:
     volume = next(v for v in pod["volumes"] if v["name"] == crd.INJECT_VOLUME)
     assert volume == {"name": crd.INJECT_VOLUME, "emptyDir": {"sizeLimit": "32Mi"}}
     (trainer,) = pod["containers"]
-    assert env_of(trainer)["PYTHONPATH"] == b.INJECT_DIR
-    assert env_of(trainer)[ENV_DIR] == b.SHARED_DIR  # the hook needs the shared dir too
-    assert {"name": crd.INJECT_VOLUME, "mountPath": b.INJECT_DIR, "readOnly": True} \
+    assert env_of(trainer)["PYTHONPATH"] == INJECT_DIR
+    assert env_of(trainer)[ENV_DIR] == SHARED_DIR  # the hook needs the shared dir too
+    assert {"name": crd.INJECT_VOLUME, "mountPath": INJECT_DIR, "readOnly": True} \
         in trainer["volumeMounts"]
     # The policy the sidecar reads has no `inject`: it is the operator's alone.
     doc = yaml.safe_load(cm["data"]["policy.yaml"])
@@ -84,7 +86,7 @@ def test_every_workload_container_gets_it_and_the_users_init_containers_do_not()
     out = pod_of(job)
     assert [c["name"] for c in out["initContainers"]] == [
         crd.SIDECAR_CONTAINER, crd.INJECT_CONTAINER, "fetch"]
-    assert all(env_of(c)["PYTHONPATH"] == b.INJECT_DIR for c in out["containers"])
+    assert all(env_of(c)["PYTHONPATH"] == INJECT_DIR for c in out["containers"])
     assert "env" not in out["initContainers"][2]
     k8s_validate(job)
 
@@ -96,7 +98,7 @@ def test_a_users_pythonpath_value_is_kept_after_ours() -> None:
     env = pod_of(job)["containers"][0]["env"]
     # Same place (B, which refers to it, still sees the full value), our directory first.
     assert env[:3] == [{"name": "A", "value": "1"},
-                       {"name": "PYTHONPATH", "value": f"{b.INJECT_DIR}:/app/src:/app/lib"},
+                       {"name": "PYTHONPATH", "value": f"{INJECT_DIR}:/app/src:/app/lib"},
                        {"name": "B", "value": "$(PYTHONPATH)"}]
     assert [e["name"] for e in env].count("PYTHONPATH") == 1
     k8s_validate(job)
@@ -107,7 +109,7 @@ def test_a_pythonpath_from_a_configmap_is_renamed_and_expanded() -> None:
     job, _ = built(injected(env=[{"name": "PYTHONPATH", "valueFrom": source}]))
     env = pod_of(job)["containers"][0]["env"]
     assert env[0] == {"name": ENV_USER_PYTHONPATH, "valueFrom": source}
-    assert env[1] == {"name": "PYTHONPATH", "value": f"{b.INJECT_DIR}:$({ENV_USER_PYTHONPATH})"}
+    assert env[1] == {"name": "PYTHONPATH", "value": f"{INJECT_DIR}:$({ENV_USER_PYTHONPATH})"}
     assert [e["name"] for e in env].count("PYTHONPATH") == 1
     k8s_validate(job)
 
@@ -115,7 +117,7 @@ def test_a_pythonpath_from_a_configmap_is_renamed_and_expanded() -> None:
 def test_a_pythonpath_from_envfrom_is_expanded() -> None:
     job, _ = built(injected(envFrom=[{"configMapRef": {"name": "settings"}}]))
     assert env_of(pod_of(job)["containers"][0])["PYTHONPATH"] == \
-        f"{b.INJECT_DIR}:$(PYTHONPATH)"
+        f"{INJECT_DIR}:$(PYTHONPATH)"
     k8s_validate(job)
 
 
@@ -131,8 +133,8 @@ def test_the_off_switch_set_by_the_user_is_kept() -> None:
     (injected(env=[{"name": ENV_USER_PYTHONPATH, "value": "x"}]), "EnvClash"),
 ])
 def test_names_the_injection_needs_are_refused(tj: dict[str, Any], reason: str) -> None:
-    with pytest.raises(b.SpecError) as info:
-        b.validate(owned(tj))
+    with pytest.raises(SpecError) as info:
+        validate(owned(tj))
     assert info.value.reason == reason
 
 
@@ -140,8 +142,8 @@ def test_a_volume_named_like_ours_is_refused() -> None:
     tj = injected()
     tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["volumes"] = [
         {"name": crd.INJECT_VOLUME, "emptyDir": {}}]
-    with pytest.raises(b.SpecError, match="reserved"):
-        b.validate(owned(tj))
+    with pytest.raises(SpecError, match="reserved"):
+        validate(owned(tj))
 
 
 # --- the pod, played on this machine -----------------------------------------------------
@@ -195,7 +197,7 @@ def test_the_built_pod_loads_the_hook_and_keeps_the_users_path(
     assert (lib / "sitecustomize.py").is_file()
     # The workload container, its mounts mapped to this machine's directories.
     env = kubelet_env(pod["containers"][0], sources)
-    env = {k: v.replace(b.INJECT_DIR, str(lib)).replace(b.SHARED_DIR, str(tmp_path))
+    env = {k: v.replace(INJECT_DIR, str(lib)).replace(SHARED_DIR, str(tmp_path))
            for k, v in env.items()}
     # A bare interpreter: no throttledjob installed, only what the pod has.
     base = {"PATH": os.environ.get("PATH", ""), "PYTHONNOUSERSITE": "1"}

@@ -1,8 +1,9 @@
 """The few Kubernetes API calls the operator makes besides kopf's own, as plain JSON.
 
 The official client finds the cluster as kubectl does (in-cluster service account, else
-KUBECONFIG / ~/.kube/config) and signs the requests; the bodies stay plain dicts so that
-what the builders return is exactly what is sent, with no model round trip.
+KUBECONFIG / ~/.kube/config) and signs the requests; the bodies stay plain dicts so
+that what children.py and status.py return is exactly what is sent, with no model
+round trip.
 """
 
 from __future__ import annotations

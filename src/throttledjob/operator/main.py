@@ -1,10 +1,9 @@
-"""`throttledjob operator` (options in cli/cli.py, named as kopf run's): kopf.run with
-our handlers."""
+"""`throttledjob operator` (options in throttledjob/cli.py, named as kopf run's): kopf.run
+with our handlers."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -16,19 +15,18 @@ def run_operator(args: argparse.Namespace) -> int:
     if args.status_interval is not None and args.status_interval <= 0:
         sys.stderr.write("throttledjob operator: error: --status-interval must be > 0\n")
         return 2
-    # Flags override the environment; the handlers read their settings from it at import
-    # (kopf's timer interval is fixed when the decorator runs).
-    if args.sidecar_image:
-        os.environ["THROTTLEDJOB_SIDECAR_IMAGE"] = args.sidecar_image
-    if args.status_interval is not None:
-        os.environ["THROTTLEDJOB_STATUS_INTERVAL"] = str(args.status_interval)
     import kopf
 
     from throttledjob.operator import handlers  # noqa: F401  (registers the handlers)
 
+    # The flags override the environment: kopf hands this memo to the startup handler
+    # (handlers.configure), which reads the environment once and applies these on top.
+    flags = {"sidecar_image": args.sidecar_image or None,
+             "status_interval_seconds": args.status_interval}
     kopf.configure(debug=args.debug, verbose=args.verbose)
     kopf.run(standalone=True if args.standalone else None,
              clusterwide=args.all_namespaces, namespaces=args.namespace,
              liveness_endpoint=args.liveness, peering_name=args.peering,
-             priority=args.priority)
+             priority=args.priority,
+             memo=kopf.Memo(overrides={k: v for k, v in flags.items() if v is not None}))
     return 0

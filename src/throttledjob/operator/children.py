@@ -1,0 +1,271 @@
+"""The objects a ThrottledJob owns: its Job (the user's template plus the sidecar, the
+volumes and, with `inject: Auto`, the library's init container) and its policy ConfigMap;
+and how the operator recognises them again (labels, owner references, the sidecar's port).
+
+Pure functions, dicts in and dicts out: the handlers adopt the result and send it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
+
+from .crd import (
+    API_VERSION,
+    DEFAULT_INJECT,
+    INJECT_CONTAINER,
+    INJECT_VOLUME,
+    KIND,
+    POLICY_VOLUME,
+    SHARED_VOLUME,
+    SIDECAR_CONTAINER,
+)
+from .settings import OperatorSettings
+
+SHARED_DIR = "/var/run/throttledjob"
+POLICY_DIR = "/etc/throttledjob"
+POLICY_KEY = "policy.yaml"
+# Zero-code injection (spec.throttle.inject: Auto): where the runtime library lands.
+INJECT_DIR = "/opt/throttledjob/python"
+METRICS_PORT = 9400
+METRICS_PORT_NAME = "metrics"
+LABEL_NAME = "throttledjob.io/name"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "throttledjob-operator"
+# The sidecar image's non-root user, used when the workload's UID is unknown.
+DEFAULT_SIDECAR_UID = 65532
+
+
+def job_name(tj_name: str) -> str:
+    """The Job is named after its ThrottledJob, so `kubectl get job NAME` finds it."""
+    return tj_name
+
+
+def configmap_name(tj_name: str) -> str:
+    return f"{tj_name}-throttle"
+
+
+def _labels(tj_name: str) -> dict[str, str]:
+    return {LABEL_NAME: tj_name, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def build_configmap(tj_name: str, policy_doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy ConfigMap; mounted as a volume (not subPath) so edits reach the pod."""
+    import yaml
+
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": configmap_name(tj_name), "labels": _labels(tj_name)},
+        "data": {POLICY_KEY: yaml.safe_dump(dict(policy_doc), sort_keys=True)},
+    }
+
+
+def workload_uid(pod: Mapping[str, Any]) -> int | None:
+    """The UID the workload runs as, when the template says so for all containers."""
+    pod_uid = (pod.get("securityContext") or {}).get("runAsUser")
+    uids = {(c.get("securityContext") or {}).get("runAsUser", pod_uid)
+            for c in pod.get("containers") or []}
+    return uids.pop() if len(uids) == 1 and None not in uids else None
+
+
+
+
+def build_sidecar(settings: OperatorSettings, uid: int | None) -> dict[str, Any]:
+    """The sidecar as a native sidecar: an init container with restartPolicy Always.
+
+    Kubernetes >= 1.29 starts it before the workload and stops it after the workload's
+    containers end, so it never holds the Job open; as a regular container it would keep
+    the pod Running forever after the workload exits.
+
+    The Pod Security "restricted" profile allows no added capability except
+    NET_BIND_SERVICE, and capabilities added to a non-root container are not effective
+    anyway (no ambient set). So signals are sent as the workload's own UID: same UID is
+    what kill(2) needs, without CAP_KILL.
+    """
+    run_as = DEFAULT_SIDECAR_UID if uid is None else uid
+    security = {
+        "runAsNonRoot": run_as != 0,
+        "runAsUser": run_as,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    probe = {"httpGet": {"path": "/healthz", "port": METRICS_PORT_NAME},
+             "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3}
+    return {
+        "name": SIDECAR_CONTAINER,
+        "image": settings.sidecar_image,
+        "imagePullPolicy": "IfNotPresent",
+        "restartPolicy": "Always",
+        "args": ["sidecar", "--policy", f"{POLICY_DIR}/{POLICY_KEY}",
+                 "--shared-dir", SHARED_DIR, "--port", str(METRICS_PORT)],
+        "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT,
+                   "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": settings.sidecar_cpu_request,
+                                   "memory": settings.sidecar_memory_request},
+                      "limits": {"memory": settings.sidecar_memory_limit}},
+        "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": 30},
+        "livenessProbe": probe,
+        "readinessProbe": {**probe, "httpGet": {"path": "/readyz", "port": METRICS_PORT_NAME},
+                           "periodSeconds": 5},
+        "securityContext": security,
+        "volumeMounts": [{"name": SHARED_VOLUME, "mountPath": SHARED_DIR},
+                         {"name": POLICY_VOLUME, "mountPath": POLICY_DIR, "readOnly": True}],
+    }
+
+
+def inject_mode(spec: Mapping[str, Any]) -> str:
+    """`spec.throttle.inject` (Auto or None), defaulted as the CRD defaults it."""
+    return str((spec.get("throttle") or {}).get("inject") or DEFAULT_INJECT)
+
+
+def build_inject_container(settings: OperatorSettings) -> dict[str, Any]:
+    """The init container that copies the runtime library and its sitecustomize.py into
+    the `throttledjob-python` emptyDir (`throttledjob inject-lib DIR`, product image).
+
+    It runs to completion before the workload starts, as a non-root UID with nothing
+    but its own volume: the files it writes are world-readable, so any workload UID can
+    import them, and it needs no privilege at all (Pod Security "restricted")."""
+    return {
+        "name": INJECT_CONTAINER,
+        "image": settings.sidecar_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["inject-lib", INJECT_DIR],
+        # No .pyc files: the image's root filesystem is read-only here.
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                      "limits": {"memory": "64Mi"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": DEFAULT_SIDECAR_UID,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": INJECT_VOLUME, "mountPath": INJECT_DIR}],
+    }
+
+
+def inject_pythonpath(container: dict[str, Any]) -> None:
+    """Put INJECT_DIR first on the container's PYTHONPATH, keeping the user's value.
+
+    - `value` in `env`: prefixed in place.
+    - `valueFrom` in `env` (a ConfigMap or Secret key): the entry is renamed
+      THROTTLEDJOB_USER_PYTHONPATH, same source, same place, and a PYTHONPATH entry after
+      it expands it: `INJECT_DIR:$(THROTTLEDJOB_USER_PYTHONPATH)` (the kubelet expands
+      `$(VAR)` from entries defined before).
+    - no entry, but `envFrom`: `INJECT_DIR:$(PYTHONPATH)`, which the kubelet expands from
+      the envFrom sources (they are resolved before `env`); when none defines it, the
+      literal `$(PYTHONPATH)` stays, a directory that does not exist, which Python skips.
+    - neither: INJECT_DIR alone. A PYTHONPATH set only in the image (Dockerfile ENV) is
+      invisible to Kubernetes and is overridden: repeat it in the template's env.
+    """
+    env = container.setdefault("env", [])
+    for i, e in enumerate(env):
+        if e.get("name") != "PYTHONPATH":
+            continue
+        if "valueFrom" in e:
+            env[i] = {**e, "name": ENV_USER_PYTHONPATH}
+            env.insert(i + 1, {"name": "PYTHONPATH",
+                               "value": f"{INJECT_DIR}:$({ENV_USER_PYTHONPATH})"})
+        else:
+            user = e.get("value") or ""
+            env[i] = {"name": "PYTHONPATH",
+                      "value": f"{INJECT_DIR}:{user}" if user else INJECT_DIR}
+        return
+    value = f"{INJECT_DIR}:$(PYTHONPATH)" if container.get("envFrom") else INJECT_DIR
+    env.append({"name": "PYTHONPATH", "value": value})
+
+
+def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
+              settings: OperatorSettings) -> dict[str, Any]:
+    """The Job: the user's jobTemplate, kept as written, plus the sidecar, the shared
+    directory, the policy volume, the runtime's environment and the labels that link
+    each pod to its ThrottledJob. Ownership (ownerReferences) is added by kopf.adopt."""
+    name = body["metadata"]["name"]
+    template = copy.deepcopy(dict(body["spec"]["jobTemplate"]))
+    meta = template.get("metadata") or {}
+    job_spec = template["spec"]
+    pod_template = job_spec["template"]
+    pod_meta = pod_template.setdefault("metadata", {})
+    pod_meta.setdefault("labels", {}).update({**settings.extra_pod_labels, **_labels(name)})
+    # The chart's PodMonitor selects on the label; these annotations serve a Prometheus
+    # that uses the common annotation-based discovery instead.
+    pod_meta.setdefault("annotations", {}).update({
+        "prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+        "prometheus.io/path": "/metrics"})
+    pod = pod_template["spec"]
+    pod.setdefault("automountServiceAccountToken", False)
+    # The sidecar measures the workload's CPU from /proc and, with Signals, SIGSTOPs and
+    # SIGCONTs it: both need the other containers' processes in view.
+    pod["shareProcessNamespace"] = True
+    for c in pod["containers"]:
+        c.setdefault("env", []).append({"name": ENV_DIR, "value": SHARED_DIR})
+        c.setdefault("volumeMounts", []).append({"name": SHARED_VOLUME,
+                                                 "mountPath": SHARED_DIR})
+    # First init container: a native sidecar starts before the later init containers
+    # and the workload, so the settings file exists when the workload starts.
+    uid = workload_uid(pod)
+    ours = [build_sidecar(settings, uid)]
+    volumes = [
+        {"name": SHARED_VOLUME, "emptyDir": {"sizeLimit": settings.shared_dir_size_limit}},
+        {"name": POLICY_VOLUME, "configMap": {"name": configmap_name(name),
+                                              "items": [{"key": POLICY_KEY,
+                                                         "path": POLICY_KEY}]}},
+    ]
+    if inject_mode(body["spec"]) == "Auto":
+        # After the sidecar (which must start first), before the user's init containers;
+        # the workload containers start only once it has completed.
+        ours.append(build_inject_container(settings))
+        volumes.append({"name": INJECT_VOLUME,
+                        "emptyDir": {"sizeLimit": settings.inject_dir_size_limit}})
+        for c in pod["containers"]:
+            inject_pythonpath(c)
+            c["volumeMounts"].append({"name": INJECT_VOLUME, "mountPath": INJECT_DIR,
+                                      "readOnly": True})
+    pod["initContainers"] = [*ours, *(pod.get("initContainers") or [])]
+    pod.setdefault("volumes", []).extend(volumes)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(name),
+            "labels": {**(meta.get("labels") or {}), **_labels(name)},
+            "annotations": dict(meta.get("annotations") or {}),
+        },
+        "spec": job_spec,
+    }
+
+
+def job_owner_name(job: Mapping[str, Any]) -> str | None:
+    """The ThrottledJob that owns this Job, from its controller owner reference."""
+    for ref in job.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(
+                API_VERSION.split("/")[0] + "/"):
+            return ref.get("name")
+    return None
+
+
+def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    return any(ref.get("uid") == owner_uid
+               for ref in obj.get("metadata", {}).get("ownerReferences") or [])
+
+
+def sidecar_endpoint(pod: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(pod IP, port of the sidecar's `metrics` port) of a running pod, else None."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip or (pod.get("status") or {}).get("phase") != "Running":
+        return None
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if c.get("name") == SIDECAR_CONTAINER:
+            for p in c.get("ports") or []:
+                if p.get("name") == METRICS_PORT_NAME:
+                    return ip, int(p["containerPort"])
+    return None

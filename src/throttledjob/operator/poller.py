@@ -1,0 +1,164 @@
+"""The periodic work, without kopf timers: the sidecars' /status of Running ThrottledJobs
+into status.observed, and the Job of unfinished ones into the phase (a level-triggered
+safety net for Job events lost to an API failure or a restart).
+
+kopf puts a finalizer on every object that has a timer or daemon, so a ThrottledJob could
+not be deleted while the operator is down. One thread instead walks the ThrottledJobs
+this process has seen (kopf's watch feeds `OperatorState.seen`, within the operator's
+namespaces) and hands each one's reads to a pool.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import kopf
+
+from .children import LABEL_NAME, job_owner_name, owned_by, sidecar_endpoint
+from .kube import Kube
+from .settings import OperatorSettings
+from .sidecar_status import StatusReader, StatusReadError
+from .status import (
+    Condition,
+    Phase,
+    Reason,
+    condition,
+    now_iso,
+    status_from_job,
+    status_with_observed,
+)
+
+# Threads reading sidecars and Jobs. A read holds one for at most the read deadline per
+# pod, so a slow sidecar takes one thread, not the tick.
+POLL_THREADS = 8
+
+TjKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass
+class OperatorState:
+    """What the handlers and the poller share; kopf's memo carries it (`memo.state`), so a
+    test builds its own (settings, an API client, a reader) and calls them directly."""
+
+    settings: OperatorSettings
+    kube: Kube
+    reader: StatusReader
+    # (namespace, name) -> (phase, jobName) of every ThrottledJob the watch has shown.
+    seen: dict[TjKey, tuple[str | None, str | None]] = field(default_factory=dict)
+    # (namespace, ThrottledJob name) -> uid of its Job, as the Job watch showed it: only
+    # pods that Job owns are ever read.
+    job_uids: dict[TjKey, str] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    # kopf.info/warn find kopf's event queue in context variables, set for handlers (not
+    # yet for startup activities): the pool's threads run in a copy of a handler's.
+    context: contextvars.Context | None = None
+
+
+Read = Callable[[OperatorState, str, str, str | None], None]
+
+
+def resync_from_job(state: OperatorState, namespace: str, name: str,
+                    job_name: str | None) -> None:
+    """Level-triggered: the Job as it is now -> phase and conditions."""
+    if not job_name:
+        return
+    job = state.kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job_name}")
+    if job is None:
+        return
+    now = now_iso()
+    state.kube.update_status(namespace, name,
+                             lambda st, _tj: status_from_job(st, job.get("status"), now))
+
+
+def read_sidecars(state: OperatorState, namespace: str, name: str,
+                  job: str | None = None) -> None:
+    """Observed peaks from each running pod's sidecar /status into status.observed."""
+    kube = state.kube
+    job_uid = state.job_uids.get((namespace, name))
+    if not job_uid and job:
+        current = kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}") or {}
+        if job_owner_name(current) == name:
+            job_uid = state.job_uids[(namespace, name)] = current["metadata"]["uid"]
+    if not job_uid:
+        return
+    reports: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for pod in kube.list_pods(namespace, f"{LABEL_NAME}={name}"):
+        # Only the Job's own pods: anyone may put the label on a pod of theirs, whose
+        # "sidecar" would then write our status (or stall our reads).
+        if not owned_by(pod, job_uid):
+            continue
+        endpoint = sidecar_endpoint(pod)
+        if endpoint is None:
+            continue
+        try:
+            reports.append(state.reader.read(*endpoint))
+        except StatusReadError as e:
+            failures.append(f"pod {pod['metadata'].get('name')}: {e}")
+    now = now_iso()
+    result = kube.update_status(namespace, name, lambda st, _tj: status_with_observed(
+        st, reports, failures, now))
+    if result:
+        tj, old, new = result
+        was = condition(old, Condition.TARGET_MET) or {}
+        is_ = condition(new, Condition.TARGET_MET) or {}
+        if (is_.get("reason") == Reason.BUDGET_EXHAUSTED
+                and was.get("reason") != Reason.BUDGET_EXHAUSTED):
+            kopf.warn(tj, reason=Reason.TARGET_UNREACHABLE, message=is_.get("message", ""))
+
+
+def due(seen: Mapping[TjKey, tuple[str | None, str | None]],
+        resync: bool) -> list[tuple[Read, str, str, str | None]]:
+    """This tick's reads: (function, namespace, name, Job name)."""
+    work: list[tuple[Read, str, str, str | None]] = [
+        (read_sidecars, ns, name, job) for (ns, name), (phase, job) in seen.items()
+        if phase == Phase.RUNNING]
+    if resync:
+        work += [(resync_from_job, ns, name, job) for (ns, name), (phase, job) in seen.items()
+                 if job and phase not in (Phase.SUCCEEDED, Phase.FAILED)]
+    return work
+
+
+def poll(state: OperatorState, logger: logging.Logger) -> None:
+    """Every status interval: read_sidecars of Running ThrottledJobs; every resync
+    interval: resync_from_job of unfinished ones.
+
+    Each ThrottledJob's read goes to the pool on its own and the tick does not wait for
+    it: a slow pod (it may dribble its answer up to the read deadline) delays only its
+    own ThrottledJob's status. A read still running when its next is due is skipped, so a
+    slow one never piles up in the pool."""
+    settings = state.settings
+    next_resync = time.monotonic() + settings.resync_seconds
+    # Keys of the reads in flight; added by this thread, removed by the pool's (set.add
+    # and set.discard are atomic).
+    running: set[tuple[Read, str, str]] = set()
+    with ThreadPoolExecutor(POLL_THREADS, thread_name_prefix="throttledjob-read") as pool:
+        while not state.stop.wait(settings.status_interval_seconds):
+            resync = time.monotonic() >= next_resync
+            if resync:
+                next_resync = time.monotonic() + settings.resync_seconds
+            context = state.context or contextvars.copy_context()
+            for fn, ns, name, job in due(dict(state.seen), resync):
+                key = (fn, ns, name)
+                if key in running:
+                    continue
+                running.add(key)
+                future = pool.submit(context.copy().run, fn, state, ns, name, job)
+                future.add_done_callback(partial(_finished, running, key, logger))
+
+
+def _finished(running: set[tuple[Read, str, str]], key: tuple[Read, str, str],
+              logger: logging.Logger, future: Future[None]) -> None:
+    running.discard(key)
+    error = future.exception()
+    if error is not None:  # the next tick tries again
+        fn, ns, name = key
+        logger.warning("%s %s/%s: %s", fn.__name__, ns, name, str(error) or type(error).__name__)

@@ -1,0 +1,55 @@
+"""The operator's own settings: what it injects and how often it looks, read once from the
+environment (and the command line's flags) when kopf starts; handlers get them in memo."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """What the operator injects; every field has an environment variable (from_env)."""
+
+    sidecar_image: str = "ghcr.io/throttledjob/throttledjob:0.1.0"
+    sidecar_cpu_request: str = "50m"
+    sidecar_memory_request: str = "64Mi"
+    sidecar_memory_limit: str = "128Mi"
+    shared_dir_size_limit: str = "16Mi"
+    inject_dir_size_limit: str = "32Mi"
+    status_interval_seconds: float = 10.0
+    status_timeout_seconds: float = 2.0
+    # Each API call of the operator's own (kopf has its own settings for its calls).
+    api_timeout_seconds: float = 10.0
+    # Level-triggered safety net: re-read each unfinished ThrottledJob's Job this often,
+    # so a Job event lost to an API failure or a restart still reaches the status.
+    resync_seconds: float = 60.0
+    # Threads running the (blocking) handlers; kopf's default is 6 on 2 cores.
+    handler_threads: int = 32
+    # hostPID, hostIPC, hostNetwork and privileged containers in a ThrottledJob's pod.
+    allow_host_access: bool = False
+    extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
+        env = os.environ if env is None else env
+        names = {"sidecar_image": "THROTTLEDJOB_SIDECAR_IMAGE",
+                 "sidecar_cpu_request": "THROTTLEDJOB_SIDECAR_CPU_REQUEST",
+                 "sidecar_memory_request": "THROTTLEDJOB_SIDECAR_MEMORY_REQUEST",
+                 "sidecar_memory_limit": "THROTTLEDJOB_SIDECAR_MEMORY_LIMIT",
+                 "shared_dir_size_limit": "THROTTLEDJOB_SHARED_DIR_SIZE_LIMIT",
+                 "inject_dir_size_limit": "THROTTLEDJOB_INJECT_DIR_SIZE_LIMIT"}
+        values: dict[str, Any] = {attr: env[var] for attr, var in names.items() if env.get(var)}
+        for attr, var in (("status_interval_seconds", "THROTTLEDJOB_STATUS_INTERVAL"),
+                          ("status_timeout_seconds", "THROTTLEDJOB_STATUS_TIMEOUT"),
+                          ("api_timeout_seconds", "THROTTLEDJOB_API_TIMEOUT"),
+                          ("resync_seconds", "THROTTLEDJOB_RESYNC_INTERVAL")):
+            if env.get(var):
+                values[attr] = float(env[var])
+        if env.get("THROTTLEDJOB_ALLOW_HOST_ACCESS"):
+            values["allow_host_access"] = env["THROTTLEDJOB_ALLOW_HOST_ACCESS"] == "true"
+        if env.get("THROTTLEDJOB_HANDLER_THREADS"):
+            values["handler_threads"] = int(env["THROTTLEDJOB_HANDLER_THREADS"])
+        return cls(**values)

@@ -1,0 +1,215 @@
+"""A ThrottledJob's status: its phase and conditions from the operator's own steps, the
+Job's status and the sidecars' /status documents.
+
+Pure functions from the old status to the new one; the handlers write the result with a
+resourceVersion precondition (Kube.update_status), so each may run again on a conflict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from throttledjob.contracts.policy import _Choice as Choice  # a str-enum printing its value
+
+from .validation import SpecError
+
+
+class Phase(Choice):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Condition(Choice):
+    """The types of status.conditions (Complete and Failed mirror the Job's)."""
+
+    READY = "Ready"
+    FAILED = "Failed"
+    COMPLETE = "Complete"
+    THROTTLING = "Throttling"
+    TARGET_MET = "TargetMet"
+    POLICY_APPLIED = "PolicyApplied"
+    TEMPLATE_APPLIED = "TemplateApplied"
+
+
+class Reason(Choice):
+    """Reasons of the conditions the operator writes, and of its events. A refused spec's
+    reason is a validation.Refusal; a failed Job's is the Job controller's."""
+
+    JOB_CREATED = "JobCreated"  # Ready; also the event
+    SPEC_ACCEPTED = "SpecAccepted"  # Failed False: a refused spec was fixed
+    JOB_COMPLETE = "JobComplete"
+    JOB_FAILED = "JobFailed"  # a failed Job that gave no reason
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # the Job controller's
+    THROTTLING = "Throttling"
+    UNDER_TARGET = "UnderTarget"
+    NOT_RUNNING = "NotRunning"
+    TARGET_MET = "TargetMet"
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+    CONVERGING = "Converging"
+    CONFIG_MAP_UPDATED = "ConfigMapUpdated"  # PolicyApplied True
+    JOB_TEMPLATE_IMMUTABLE = "JobTemplateImmutable"  # TemplateApplied False; also the event
+    INJECT_IMMUTABLE = "InjectImmutable"  # TemplateApplied False; also the event
+    # Events only.
+    POLICY_UPDATED = "PolicyUpdated"
+    SIGNALS_MAY_FAIL = "SignalsMayFail"
+    TARGET_UNREACHABLE = "TargetUnreachable"
+
+
+def now_iso(now: datetime | None = None) -> str:
+    now = now or datetime.now(timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: bool,
+                  reason: str, message: str, now: str,
+                  generation: int | None = None) -> list[dict[str, Any]]:
+    """A new list with condition `type_` set; lastTransitionTime moves only on a flip."""
+    out = [dict(c) for c in conditions or []]
+    value = "True" if status else "False"
+    new = {"type": type_, "status": value, "reason": reason, "message": message[:32000],
+           "lastTransitionTime": now}
+    if generation is not None:
+        new["observedGeneration"] = generation
+    for i, c in enumerate(out):
+        if c.get("type") == type_:
+            if c.get("status") == value:
+                new["lastTransitionTime"] = c.get("lastTransitionTime", now)
+            out[i] = new
+            return out
+    out.append(new)
+    return out
+
+
+def condition(status: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
+
+
+def status_invalid(status: Mapping[str, Any], error: SpecError, generation: int | None,
+                   now: str) -> dict[str, Any]:
+    """A refused spec: phase Failed, Ready False, Failed True with the reason."""
+    out = dict(status)
+    out["phase"] = Phase.FAILED
+    out["observedGeneration"] = generation
+    conds = set_condition(status.get("conditions"), Condition.READY, False, error.reason,
+                          str(error), now, generation)
+    out["conditions"] = set_condition(conds, Condition.FAILED, True, error.reason, str(error),
+                                      now, generation)
+    return out
+
+
+def status_job_created(status: Mapping[str, Any], job: str, generation: int | None,
+                       now: str) -> dict[str, Any]:
+    out = dict(status)
+    out["jobName"] = job
+    out["observedGeneration"] = generation
+    if out.get("phase") in (None, Phase.FAILED) and not condition(status, Condition.COMPLETE):
+        out["phase"] = Phase.PENDING
+    conds = set_condition(status.get("conditions"), Condition.READY, True, Reason.JOB_CREATED,
+                          f"Job {job} created with the throttle sidecar", now, generation)
+    failed = condition(status, Condition.FAILED)
+    if failed and failed.get("reason") not in (Reason.BACKOFF_LIMIT_EXCEEDED, Reason.JOB_FAILED):
+        # A spec error that has been fixed; the Job's own failures are kept.
+        conds = set_condition(conds, Condition.FAILED, False, Reason.SPEC_ACCEPTED,
+                              "the spec is valid", now, generation)
+    out["conditions"] = conds
+    return out
+
+
+def status_from_job(status: Mapping[str, Any], job_status: Mapping[str, Any] | None,
+                    now: str) -> dict[str, Any]:
+    """Phase, times and Complete/Failed from the Job's status, as the Job controller
+    writes it (conditions Complete/Failed, active/ready counters, start/completion)."""
+    js = job_status or {}
+    out = dict(status)
+    job_conds = {c.get("type"): c for c in js.get("conditions") or []
+                 if c.get("status") == "True"}
+    conds = list(status.get("conditions") or [])
+    if Condition.COMPLETE in job_conds:
+        out["phase"] = Phase.SUCCEEDED
+        conds = set_condition(conds, Condition.COMPLETE, True, Reason.JOB_COMPLETE,
+                              job_conds[Condition.COMPLETE].get("message") or "the Job completed",
+                              now)
+    elif Condition.FAILED in job_conds:
+        out["phase"] = Phase.FAILED
+        c = job_conds[Condition.FAILED]
+        conds = set_condition(conds, Condition.FAILED, True, c.get("reason") or Reason.JOB_FAILED,
+                              c.get("message") or "the Job failed", now)
+    elif js.get("active") or js.get("ready"):
+        out["phase"] = Phase.RUNNING
+    else:
+        out["phase"] = Phase.PENDING
+    if out["phase"] != Phase.RUNNING and condition(status, Condition.THROTTLING):
+        # Nothing to throttle any more (or yet): the last observed peaks stay.
+        conds = set_condition(conds, Condition.THROTTLING, False, Reason.NOT_RUNNING,
+                              f"the Job is {out['phase']}", now)
+    for key in ("startTime", "completionTime"):
+        if js.get(key):
+            out[key] = js[key]
+    out["conditions"] = conds
+    return out
+
+
+def aggregate_observed(reports: list[Mapping[str, Any]], failures: list[str],
+                       now: str) -> dict[str, Any]:
+    """`status.observed` from the sidecars' /status documents: the worst pod counts."""
+
+    def top(key: str) -> float | None:
+        # A sidecar is another program: skip what is not a finite number (NaN is valid
+        # to Python's json module but not to the API server, which would refuse the
+        # whole status patch).
+        values = []
+        for r in reports:
+            obs = r.get("observed")
+            v = obs.get(key) if isinstance(obs, dict) else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                values.append(float(v))
+        return max(values) if values else None
+
+    errors = [*failures, *(e for r in reports if isinstance(r.get("errors"), list)
+                           for e in r["errors"])]
+    return {
+        "cpuPeakCores": top("cpuPeakCores"),
+        "cpuMaxCores": top("cpuMaxCores"),
+        "gpuPeakUtilizationPercent": top("gpuPeakUtilizationPercent"),
+        "gpuPeakPowerWatts": top("gpuPeakPowerWatts"),
+        "throttleLevel": min(1.0, max(0.0, top("throttleLevel") or 0.0)),
+        "slowdown": max(0.0, top("slowdown") or 1.0),
+        "pods": len(reports),
+        "lastReadTime": now,
+        "errors": [str(e)[:500] for e in errors][:16],
+    }
+
+
+def status_with_observed(status: Mapping[str, Any], reports: list[Mapping[str, Any]],
+                         failures: list[str], now: str) -> dict[str, Any]:
+    """Observed peaks and the Throttling / TargetMet conditions; no reports (no pod
+    answered) keeps the last observation and only records why."""
+    out = dict(status)
+    if not reports:
+        if failures:
+            observed = dict(status.get("observed") or {})
+            observed["errors"] = [f[:500] for f in failures][:16]
+            out["observed"] = observed
+        return out
+    observed = aggregate_observed(reports, failures, now)
+    out["observed"] = observed
+    level = observed["throttleLevel"]
+    conds = set_condition(status.get("conditions"), Condition.THROTTLING, level > 0,
+                          Reason.THROTTLING if level > 0 else Reason.UNDER_TARGET,
+                          f"throttle level {level:.2f}, slowdown {observed['slowdown']:.2f}",
+                          now)
+    met = all(bool(r.get("targetMet")) for r in reports)
+    exhausted = any(bool(r.get("budgetExhausted")) for r in reports)
+    reason = (Reason.TARGET_MET if met else
+              Reason.BUDGET_EXHAUSTED if exhausted else Reason.CONVERGING)
+    message = ("the peak is at or under the target" if met else
+               "the target is unreachable within maxSlowdown" if exhausted else
+               "the peak is over the target; throttling harder")
+    out["conditions"] = set_condition(conds, Condition.TARGET_MET, met, reason, message, now)
+    return out
+

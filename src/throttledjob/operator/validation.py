@@ -1,0 +1,219 @@
+"""Whether the operator runs a ThrottledJob: what passes the CRD's schema but cannot work
+or must not run is refused with a reason (SpecError), before anything is created.
+
+Pure functions; the policy itself is checked by the sidecar's own parser, so the operator
+refuses exactly what the sidecar would refuse.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
+from throttledjob.contracts.policy import PolicyError, parse_cpu_quantity, parse_policy
+from throttledjob.contracts.policy import _Choice as Choice  # a str-enum printing its value
+
+from .children import (
+    DEFAULT_SIDECAR_UID,
+    INJECT_DIR,
+    METRICS_PORT,
+    POLICY_DIR,
+    SHARED_DIR,
+    workload_uid,
+)
+from .crd import INJECT_VOLUME, MAX_NAME_LENGTH, POLICY_VOLUME, RESERVED_CONTAINERS, SHARED_VOLUME
+
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
+class Refusal(Choice):
+    """Why a spec is refused: the reason of the Failed condition and the Warning event."""
+
+    INVALID_NAME = "InvalidName"
+    INVALID_JOB_TEMPLATE = "InvalidJobTemplate"
+    INVALID_PARAMETER = "InvalidParameter"
+    INVALID_POLICY = "InvalidPolicy"
+    NAME_CLASH = "NameClash"
+    MOUNT_PATH_CLASH = "MountPathClash"
+    ENV_CLASH = "EnvClash"
+    PORT_CLASH = "PortClash"
+    VOLUME_CLASH = "VolumeClash"
+    PROCESS_NAMESPACE_REQUIRED = "ProcessNamespaceRequired"
+    HOST_ACCESS_REFUSED = "HostAccessRefused"
+    UNREACHABLE_TARGET = "UnreachableTarget"
+    # Found when creating: an object of the child's name exists and is not ours.
+    CONFIG_MAP_NAME_TAKEN = "ConfigMapNameTaken"
+    JOB_NAME_TAKEN = "JobNameTaken"
+
+
+class SpecError(ValueError):
+    """A ThrottledJob the operator refuses; `reason` is the condition/event reason."""
+
+    def __init__(self, reason: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def pod_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod template's spec inside a ThrottledJob's spec ({} when absent)."""
+    return spec.get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec", {})
+
+
+def parameter_values(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`{name: value}` from `spec.parameters`, each checked against its type and bounds."""
+    values: dict[str, Any] = {}
+    for name, decl in (parameters or {}).items():
+        kind, value = decl.get("type"), decl.get("value")
+        where = f"parameters.{name}"
+        ok = {"Integer": isinstance(value, int) and not isinstance(value, bool),
+              "Number": isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value),
+              "Boolean": isinstance(value, bool),
+              "String": isinstance(value, str)}.get(kind, False)
+        if not ok:
+            raise SpecError(Refusal.INVALID_PARAMETER,
+                            f"{where}: value {str(value)[:40]!r} is not a finite {kind}")
+        low, high = decl.get("min"), decl.get("max")
+        if low is not None and value < low:
+            raise SpecError(Refusal.INVALID_PARAMETER,
+                            f"{where}: value {value} is below min {low}")
+        if high is not None and value > high:
+            raise SpecError(Refusal.INVALID_PARAMETER,
+                            f"{where}: value {value} is above max {high}")
+        choices = decl.get("choices")
+        if choices is not None and value not in choices:
+            raise SpecError(Refusal.INVALID_PARAMETER,
+                            f"{where}: value {value!r} is not one of {choices}")
+        values[name] = value
+    return values
+
+
+def policy_document(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The sidecar's policy: `spec.throttle` plus the parameter values under `parameters`.
+
+    Validated by the sidecar's own parser, so the operator refuses exactly what the
+    sidecar would refuse (one implementation of the rules)."""
+    doc = copy.deepcopy(dict(spec.get("throttle") or {}))
+    # `inject` shapes the pod, which the operator builds; the sidecar never reads it.
+    doc.pop("inject", None)
+    if "parameters" in doc:
+        raise SpecError(Refusal.INVALID_POLICY, "throttle.parameters is not a field: "
+                                                "declare tunables in spec.parameters")
+    values = parameter_values(spec.get("parameters"))
+    if values:
+        doc["parameters"] = values
+    try:
+        parse_policy(doc)
+    except PolicyError as e:
+        raise SpecError(Refusal.INVALID_POLICY, f"throttle: {e}") from None
+    return doc
+
+
+def _cpu_limit_cores(containers: list[Mapping[str, Any]]) -> float | None:
+    """The pod's CPU limit in cores, or None when a container has no limit."""
+    total = 0.0
+    for c in containers:
+        limit = c.get("resources", {}).get("limits", {}).get("cpu")
+        if limit is None:
+            return None
+        try:
+            total += parse_cpu_quantity(limit, "limit")
+        except PolicyError:
+            return None
+    return total
+
+
+def validate(body: Mapping[str, Any], allow_host_access: bool = False) -> dict[str, Any]:
+    """The policy document of a ThrottledJob, or SpecError for what passes the CRD's
+    schema but cannot work or must not run: a bad policy, names the sidecar needs, a
+    target the pod cannot reach, host access (unless allowed)."""
+    name = body.get("metadata", {}).get("name", "")
+    if len(name) > MAX_NAME_LENGTH:
+        raise SpecError(Refusal.INVALID_NAME,
+                        f"the name is longer than {MAX_NAME_LENGTH} characters")
+    spec = body.get("spec") or {}
+    pod = pod_spec(spec)
+    containers = pod.get("containers") or []
+    if not containers:
+        raise SpecError(Refusal.INVALID_JOB_TEMPLATE,
+                        "jobTemplate.spec.template.spec.containers is empty")
+    doc = policy_document(spec)
+    init = pod.get("initContainers") or []
+    if not allow_host_access:
+        _refuse_host_access(pod, [*containers, *init])
+    for c in [*containers, *init]:
+        cname = c.get("name")
+        if cname in RESERVED_CONTAINERS:
+            raise SpecError(Refusal.NAME_CLASH, f"container name {cname} is reserved for the "
+                                                "injected sidecar and init container")
+        for m in c.get("volumeMounts") or []:
+            if m.get("mountPath", "").rstrip("/") in (SHARED_DIR, POLICY_DIR, INJECT_DIR):
+                raise SpecError(Refusal.MOUNT_PATH_CLASH,
+                                f"container {cname} mounts {m.get('mountPath')}, which the "
+                                "operator uses for the throttle files")
+        for e in c.get("env") or []:
+            if e.get("name") in (ENV_DIR, ENV_USER_PYTHONPATH):
+                raise SpecError(Refusal.ENV_CLASH, f"container {cname} sets {e.get('name')}, "
+                                                   "which the operator sets")
+        for p in c.get("ports") or []:
+            if p.get("containerPort") == METRICS_PORT:
+                raise SpecError(Refusal.PORT_CLASH, f"container {cname} uses port "
+                                                    f"{METRICS_PORT}, the sidecar's metrics port")
+    if pod.get("shareProcessNamespace") is False:
+        raise SpecError(Refusal.PROCESS_NAMESPACE_REQUIRED,
+                        "shareProcessNamespace: false hides the workload from the sidecar, "
+                        "which measures it; remove the field")
+    for v in pod.get("volumes") or []:
+        if v.get("name") in (SHARED_VOLUME, POLICY_VOLUME, INJECT_VOLUME):
+            raise SpecError(Refusal.VOLUME_CLASH, f"volume name {v.get('name')} is reserved "
+                                                  "for the operator's volumes")
+    _check_reachable(doc, containers)
+    return doc
+
+
+def _refuse_host_access(pod: Mapping[str, Any], containers: list[Mapping[str, Any]]) -> None:
+    """The operator creates the Job with its own rights: host access would reach the
+    node through it (and with hostPID the sidecar would take the node's processes for the
+    workload). The chart's admission policy refuses the same before it is stored."""
+    for key in ("hostPID", "hostIPC", "hostNetwork"):
+        if pod.get(key):
+            raise SpecError(Refusal.HOST_ACCESS_REFUSED, f"{key}: true is refused (operator "
+                                                         "setting THROTTLEDJOB_ALLOW_HOST_ACCESS)")
+    for c in containers:
+        if (c.get("securityContext") or {}).get("privileged"):
+            raise SpecError(Refusal.HOST_ACCESS_REFUSED,
+                            f"container {c.get('name')} is privileged, which is refused "
+                            "(operator setting THROTTLEDJOB_ALLOW_HOST_ACCESS)")
+
+
+def _check_reachable(doc: Mapping[str, Any], containers: list[Mapping[str, Any]]) -> None:
+    targets = doc.get("targets") or {}
+    peak = (targets.get("cpu") or {}).get("peak")
+    limit = _cpu_limit_cores(containers)
+    if peak is not None and limit is not None:
+        cores = parse_cpu_quantity(peak, "targets.cpu.peak")
+        if cores > limit:
+            # The kernel already caps the pod below the target: it can never bind and the
+            # user probably meant something else.
+            raise SpecError(Refusal.UNREACHABLE_TARGET,
+                            f"targets.cpu.peak {peak} ({cores:g} cores) exceeds the pod's CPU "
+                            f"limit of {limit:g} cores; the target would never apply")
+    gpu = targets.get("gpu") or {}
+    if gpu and not any(c.get("resources", {}).get("limits", {}).get(r)
+                       for c in containers for r in GPU_RESOURCES):
+        raise SpecError(Refusal.UNREACHABLE_TARGET, "targets.gpu is set but no container has "
+                                                    f"a GPU limit ({', '.join(GPU_RESOURCES)})")
+
+
+
+def signals_uid_warning(body: Mapping[str, Any], policy_doc: Mapping[str, Any]) -> str | None:
+    """Why Signals may fail for this template, or None."""
+    if (not parse_policy(dict(policy_doc)).uses_signals
+            or workload_uid(pod_spec(body.get("spec") or {})) is not None):
+        return None
+    return ("enforcement needs signals but the template does not set one runAsUser for "
+            f"all containers; the sidecar runs as {DEFAULT_SIDECAR_UID} and can signal only "
+            "processes of that UID. Set securityContext.runAsUser in the pod template.")
