@@ -1,6 +1,6 @@
 """GPU power targets, simulated: the power-limit explorer vs an oracle sweep of static caps
 and vs holding back alone (docs/frontier.md). No GPU here, so every run drives the real
-GpuAgent (controller, explorer, lever) against the simulated board of sidecar/fakegpu.py.
+GpuAgent (controller, explorer, lever) against the simulated board of sidecar/gpu/fake.py.
 The figures measure the control logic on that model, not a board.
 
     .venv/bin/python bench/gpu_frontier.py [--intervals 300]
@@ -42,8 +42,9 @@ WORKLOADS = {
 def simulate(trace: str, sensitivity: float, intervals: int, target: float | None,
              lever: bool, static_limit: float | None = None) -> dict:
     from throttledjob.contracts.policy import Policy
-    from throttledjob.sidecar.fakegpu import FakeGpuBackend, drive
-    from throttledjob.sidecar.gpu_agent import GpuAgent
+    from throttledjob.sidecar.gpu import GpuAgent
+    from throttledjob.sidecar.gpu.fake import FakeGpuBackend
+    from throttledjob.sidecar.gpu.simulate import drive
 
     gpu = FakeGpuBackend(1, trace, clock_sensitivity=sensitivity)
     if static_limit is not None:
@@ -59,7 +60,7 @@ def simulate(trace: str, sensitivity: float, intervals: int, target: float | Non
 
 
 def run(intervals: int) -> list[dict]:
-    from throttledjob.sidecar.fakegpu import MIN_LIMIT_WATTS, TDP_WATTS
+    from throttledjob.sidecar.gpu.fake import MIN_LIMIT_WATTS, TDP_WATTS
 
     results = []
     for name, (trace, sens) in WORKLOADS.items():

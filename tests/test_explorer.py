@@ -403,6 +403,9 @@ class RecordingEnforcer:
         self.paused_seconds = 0.0
         self.pause_capped = False
 
+    def start(self) -> None:
+        pass
+
     def set(self, quota, max_pause_fraction) -> None:
         self.quotas.append(quota)
 

@@ -17,8 +17,9 @@ import psutil
 from throttledjob.contracts.policy import Policy
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.exporter import Exporter
-from throttledjob.sidecar.fakegpu import FakeGpuBackend
-from throttledjob.sidecar.gpu_agent import GpuAgent
+from throttledjob.sidecar.gpu import GpuAgent
+from throttledjob.sidecar.gpu.fake import FakeGpuBackend
+from throttledjob.sidecar.gpu.simulate import follow
 from throttledjob.sidecar.processes import ProcessTree
 
 CYCLES = 100_000
@@ -44,6 +45,7 @@ def test_100k_cycles_leak_neither_memory_nor_descriptors(tmp_path):
     policy = Policy(cpu_peak_cores=1.0, gpu_peak_utilization_percent=70,
                     gpu_peak_power_watts=250, enforcement="cooperative")
     gpu = GpuAgent(FakeGpuBackend(8, "sawtooth"), policy)
+    follow(gpu)
     agent = Agent(policy, ProcessTree(root_pid=workload.pid), str(shared), gpu=gpu,
                   clock=Clock())
     exporter = Exporter("127.0.0.1", 0).attach(agent, "psutil").start()
@@ -60,7 +62,7 @@ def test_100k_cycles_leak_neither_memory_nor_descriptors(tmp_path):
         grown = me.memory_info().rss - rss
         assert grown < 2 * 1024 * 1024, f"resident memory grew {grown / 1024:.0f} KiB"
         assert me.num_fds() == fds
-        assert agent.cpu_stats.count >= CYCLES - 1
+        assert agent.result.cpu.count >= CYCLES - 1
     finally:
         exporter.close()
         agent.close()

@@ -211,7 +211,7 @@ def _gpu_agent(prog: str, args: argparse.Namespace, policy):
     """The GPU agent for --gpu-backend, or an exit code when the backend cannot open."""
     from throttledjob.sidecar.exporter import log_to_stderr
     from throttledjob.sidecar.gpu import GpuError, open_backend
-    from throttledjob.sidecar.gpu_agent import GpuAgent
+    from throttledjob.sidecar.gpu.agent import GpuAgent
 
     log_to_stderr()
     try:

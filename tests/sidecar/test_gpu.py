@@ -8,10 +8,17 @@ import pynvml
 import pytest
 
 from throttledjob.contracts.policy import Policy
-from throttledjob.sidecar.fakegpu import FakeGpuBackend
-from throttledjob.sidecar.gpu import GpuError, GpuReading, NullGpuBackend, open_backend, select_gpus
-from throttledjob.sidecar.gpu_agent import GpuAgent
-from throttledjob.sidecar.nvml import NvmlBackend
+from throttledjob.sidecar.gpu import (
+    GpuAgent,
+    GpuError,
+    GpuReading,
+    NullGpuBackend,
+    open_backend,
+    select_gpus,
+)
+from throttledjob.sidecar.gpu.fake import MEMORY_BYTES, FakeGpuBackend
+from throttledjob.sidecar.gpu.nvml import NvmlBackend
+from throttledjob.sidecar.gpu.simulate import follow
 
 
 def test_auto_without_nvml_library_runs_cpu_only_and_says_why():
@@ -47,11 +54,11 @@ def test_bad_fake_settings_are_refused(env):
 def test_simulated_gpu_responds_to_hold_back_and_power_limit():
     gpu = FakeGpuBackend(1, "steady")
     free = gpu.read()[0]
-    gpu.observe_pause(0.5)
+    gpu.feed(hold_back=0.5)
     held = gpu.read()[0]
     assert held.utilization_ratio == pytest.approx(free.utilization_ratio / 2)
     assert held.power_watts < free.power_watts
-    gpu.observe_pause(0.0)
+    gpu.feed(hold_back=0.0)
     gpu.set_power_limit_watts(0, 150.0)
     capped = gpu.read()[0]
     # Like a real board: power clipped, clocks down, utilization unchanged, reason raised.
@@ -59,6 +66,23 @@ def test_simulated_gpu_responds_to_hold_back_and_power_limit():
     assert capped.sm_clock_hertz < free.sm_clock_hertz
     assert capped.utilization_ratio == free.utilization_ratio
     assert "sw_power_cap" in capped.throttle_reasons
+
+
+def test_in_a_live_run_simulated_gpus_follow_the_gpu_agent():
+    # What the GPU agent does to the workload reaches the simulator without any hook in
+    # the backend interface the NVML adapter implements.
+    gpu = FakeGpuBackend(1, "steady")
+    agent = GpuAgent(gpu, Policy(gpu_memory_fraction=0.2))
+    follow(agent)
+    agent.cycle(1.0, 0.0, [])
+    free = agent.readings[0]
+    agent.cycle(1.0, 0.5, [])
+    held = agent.readings[0]
+    assert held.utilization_ratio == pytest.approx(free.utilization_ratio / 2)
+    assert free.memory_used_bytes == int(0.2 * MEMORY_BYTES)
+    agent.set_policy(Policy())
+    agent.cycle(1.0, 0.0, [])
+    assert agent.readings[0].memory_used_bytes > free.memory_used_bytes
 
 
 def test_select_gpus_by_index_or_uuid():

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from throttledjob.sidecar.fakegpu import FakeGpuBackend
-from throttledjob.sidecar.gpu_controller import GpuController, GpuObservation
+from throttledjob.sidecar.gpu.controller import GpuController, GpuObservation
+from throttledjob.sidecar.gpu.fake import FakeGpuBackend
 
 
 def replay(trace: str, samples: int = 80, util: float | None = None,
@@ -20,7 +20,7 @@ def replay(trace: str, samples: int = 80, util: float | None = None,
     ctl = GpuController(util, power, max_duty=max_duty)
     duty, rows = 0.0, []
     for _ in range(samples):
-        gpu.observe_pause(duty)
+        gpu.feed(duty)
         r = gpu.read()[0]
         d = ctl.update(GpuObservation(r.utilization_ratio if util else None,
                                       r.power_watts if power else None, duty))

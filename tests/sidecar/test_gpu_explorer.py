@@ -3,7 +3,7 @@
 The simulator's dynamic power grows with the square of the clock and a workload's speed
 with the clock to its `clock_sensitivity` (1: compute-bound, 0.3: memory-bound; 4: a
 board or workload where a cap costs more than holding back, as no physical one should).
-Each test drives a GpuAgent (sidecar/gpu_agent.py) with a workload reporting its steps,
+Each test drives a GpuAgent (sidecar/gpu/agent.py) with a workload reporting its steps,
 and checks the explorer's promises: hold the target, take the cheaper lever, touch
 nothing under the target, never lift the cap into a target the hold-back cannot hold.
 """
@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 
 from throttledjob.contracts.policy import Policy
-from throttledjob.sidecar.fakegpu import FakeGpuBackend, drive
-from throttledjob.sidecar.gpu_agent import GpuAgent
-from throttledjob.sidecar.gpu_explorer import UNCAPPED, GpuSample, PowerLimitExplorer
+from throttledjob.sidecar.gpu import GpuAgent
+from throttledjob.sidecar.gpu.explorer import UNCAPPED, GpuSample, PowerLimitExplorer
+from throttledjob.sidecar.gpu.fake import FakeGpuBackend
+from throttledjob.sidecar.gpu.simulate import drive
 
 TARGET = 200.0
 
@@ -67,7 +68,7 @@ def test_without_steps_the_cap_alone_holds_the_target():
     agent = agent_for(gpu := FakeGpuBackend(1, "steady"))
     duty = 0.0
     for _ in range(30):
-        gpu.observe_pause(duty)
+        gpu.feed(duty)
         duty = agent.cycle(1.0, duty, []) or 0.0
     assert agent.explorer is None and gpu.limits == [194.0]
     assert duty == 0.0 and agent.readings[0].power_watts <= TARGET

@@ -2,12 +2,13 @@
 
 Each cycle reads the tree's CPU time and the runtime's progress records, asks the
 controller for a quota, writes the settings file for cooperating processes and arms
-the signal enforcer for those that do not cooperate.
+the enforcer for those that do not cooperate. It returns a frozen `CycleResult` (also
+handed to every observer): the only view of the agent that readers (the /status
+snapshot, the `--report`, the status line) get, so none reaches into the agent.
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import time
 from collections.abc import Callable
@@ -20,21 +21,19 @@ from throttledjob.contracts.settings import SETTINGS_FILE, Settings
 from throttledjob.runtime.files import write_json_atomic
 from throttledjob.runtime.progress import read_progress
 
-from .controller import CpuController, CpuDecision, CpuObservation
-from .enforcer import SignalEnforcer
+from .controller import CpuController, CpuObservation
+from .enforcer import Enforcer
 from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, Pacing, probe_order
 from .os_levers import OsLevers
-from .processes import ProcessTree
-from .stats import PeakStats
+from .processes import ProcessTree, resume
+from .stats import PeakSummary, PeakTracker
 
 if TYPE_CHECKING:
-    from .gpu_agent import GpuAgent
+    from .gpu import GpuAgent, GpuState
 
 # With enforcement Both, the workload counts as cooperating while it has called step()
 # within this many control intervals; otherwise the signal enforcer takes over.
 COOPERATION_TIMEOUT_INTERVALS = 3
-# Recent 1-second CPU samples kept for "is the target met now" (see /status).
-RECENT_SAMPLES = 60
 
 
 # Processes whose steps are counted over a run (the sidecar keeps each one's last count):
@@ -42,7 +41,7 @@ RECENT_SAMPLES = 60
 MAX_STEP_PIDS = 4 * MAX_PROGRESS_FILES
 
 
-@dataclass
+@dataclass(frozen=True)
 class CycleStatus:
     """What the last cycle saw and did (for the status line, metrics and /status)."""
 
@@ -59,20 +58,43 @@ class CycleStatus:
     gpu_duty: float | None = None
 
 
+@dataclass(frozen=True)
+class CycleResult:
+    """The agent after a cycle: what it saw and did, and the run's totals so far.
+
+    Everything a reader needs to summarise the run (sidecar/summary.py) is here, copied,
+    so a reader on another thread never sees a half-updated agent.
+    """
+
+    time: float                     # the agent's clock at the cycle (monotonic seconds)
+    wall_seconds: float             # since the agent started
+    policy: Policy
+    status: CycleStatus
+    cycle_seconds: float            # how long the cycle itself took
+    cpu_seconds: float              # the workload's CPU time so far
+    processes: int                  # processes counted as the workload
+    cpu: PeakSummary                # of 1-second CPU samples, in cores
+    signal_paused_seconds: float    # time the enforcer held the workload back
+    cooperative_paused_seconds: float  # time the runtime paced itself
+    budget_exhausted_seconds: float
+    levers: Levers                  # the cooperative levers in force (settings.json)
+    controller_quota: float | None  # the CPU controller's quota (None: no CPU target)
+    gpu: GpuState | None
+
+
 class Agent:
     def __init__(self, policy: Policy, tree: ProcessTree, settings_dir: str,
-                 enforcer: SignalEnforcer | None = None, clock=time.monotonic,
+                 enforcer: Enforcer | None = None, clock: Callable[[], float] = time.monotonic,
                  gpu: GpuAgent | None = None) -> None:
         self.policy = policy
         self.gpu = gpu
-        # Called with the agent after every cycle (the metrics exporter takes a snapshot).
-        self.observers: list[Callable[[Agent], None]] = []
-        self.recent_cpu: collections.deque[float] = collections.deque(maxlen=RECENT_SAMPLES)
+        # Called with each cycle's result (the metrics exporter publishes a snapshot).
+        self.observers: list[Callable[[CycleResult], None]] = []
         self._gpu_bound = False
-        self.last_cycle_seconds = 0.0
         self.tree = tree
         self.settings_dir = settings_dir
-        self.enforcer = enforcer
+        self._enforcer = enforcer
+        self._running = False
         self.clock = clock
         self.controller = (CpuController(policy.cpu_peak_cores, policy.adaptive)
                            if policy.cpu_peak_cores else None)
@@ -81,16 +103,14 @@ class Agent:
         self.explorer: Explorer | None = None
         self._explorer_steps: int | None = None
         self.os_levers = OsLevers(policy.nice, policy.cpu_affinity)
-        self.cpu_stats = PeakStats()
+        self._cpu_peaks = PeakTracker()
         self.status = CycleStatus()
         self.seq = 0
         self.started = clock()
-        self.cooperative_paused_seconds = 0.0
-        self.budget_exhausted_seconds = 0.0
+        self._cooperative_paused_seconds = 0.0
+        self._budget_exhausted_seconds = 0.0
         self._last_cpu = tree.cpu_seconds()
         self._last_time = self.started
-        self._window_cpu = 0.0
-        self._window_time = 0.0
         self._last_coop_paused: dict[int, float] = {}
         self._last_step_time = -1e18
         self._last_signal_paused = 0.0
@@ -101,14 +121,46 @@ class Agent:
         self._stop_pacing = False
         # The runtime was given the quota in the last cycle (read by the next observation).
         self._coop_pacing = False
+        # What the last actuation left: the settings file's error, whether signals hold.
+        self._settings_error: str | None = None
+        self._enforcer_armed = False
+        self.result = self._result(self.started, 0.0)
 
     def start(self) -> None:
         """Arm the actuators before the workload runs its first instruction."""
         self.os_levers.apply(self.tree.pids())
         quota = self.controller.quota if self.controller else None
         self._actuate(quota, now=self.started)
+        self.status = replace(self.status, error=self._settings_error,
+                              enforcer_armed=self._enforcer_armed)
+        self.result = self._result(self.started, 0.0)
+        if self._enforcer:
+            self._enforcer.start()
+        self._running = True
 
-    def cycle(self) -> CycleStatus:
+    @property
+    def has_enforcer(self) -> bool:
+        return self._enforcer is not None
+
+    def use_enforcer(self, enforcer: Enforcer | None) -> None:
+        """Add an enforcer (a live policy edit turned signals on); started at once if the
+        agent runs, armed by the next cycle. Closes the one it replaces."""
+        if enforcer is self._enforcer:
+            return
+        if self._enforcer:
+            self._enforcer.close()
+        self._enforcer = enforcer
+        if enforcer and self._running:
+            enforcer.start()
+
+    def release(self) -> None:
+        """Let the workload run free (a cycle failed): disarm the enforcer, which the next
+        good cycle re-arms, and resume every process it may have stopped."""
+        if self._enforcer:
+            self._enforcer.set(None, 0.0)
+        resume(self.tree.pids())
+
+    def cycle(self) -> CycleResult:
         began = time.perf_counter()
         now = self.clock()
         self.tree.refresh()
@@ -117,7 +169,7 @@ class Agent:
         elapsed = max(1e-6, now - self._last_time)
         used = max(0.0, cpu - self._last_cpu)
         self._last_cpu, self._last_time = cpu, now
-        self._record_sample(used, elapsed)
+        self._cpu_peaks.add(used, elapsed)  # peaks are over 1-second samples
 
         everyone = read_progress(self.settings_dir)
         for r in everyone:  # the count survives the process that made it
@@ -126,7 +178,7 @@ class Agent:
         records = [r for r in everyone if _alive(r.pid)]
         cooperating = [r.pid for r in records]
         coop_pause, coop_capped = self._cooperative_pause(records, elapsed)
-        signal_paused = self.enforcer.paused_seconds if self.enforcer else 0.0
+        signal_paused = self._signal_paused_seconds
         sig_pause = (signal_paused - self._last_signal_paused) / elapsed
         self._last_signal_paused = signal_paused
         steps = sum(self._steps_by_pid.values())
@@ -136,7 +188,7 @@ class Agent:
         obs = CpuObservation(
             usage_cores=used / elapsed,
             pause_fraction=min(1.0, max(coop_pause, sig_pause)),
-            pause_capped=coop_capped or bool(self.enforcer and self.enforcer.pause_capped),
+            pause_capped=coop_capped or bool(self._enforcer and self._enforcer.pause_capped),
             # Only peers given equal shares they use unequally can leave usage under the
             # quota by the actuator's own bias; one paced process or the enforcer gets
             # exactly its quota, so a shortfall while pacing is a partly idle interval.
@@ -157,18 +209,41 @@ class Agent:
             quota = gpu_quota
         gpu_exhausted = bool(self.gpu and self.gpu.decision and self.gpu.decision.budget_exhausted)
         if (decision and decision.budget_exhausted) or gpu_exhausted:
-            self.budget_exhausted_seconds += elapsed
-        self.status = self._status(obs, decision, cooperating, steps)
-        self.status.gpu_duty = gpu_duty
-        self.status.budget_exhausted = self.status.budget_exhausted or gpu_exhausted
-        self.status.throttling = self.status.throttling or bool(gpu_duty)
-        self.status.quota_cores = quota
+            self._budget_exhausted_seconds += elapsed
         self._explore(obs, steps, elapsed, records)
-        self._actuate(quota, now)
-        self.last_cycle_seconds = time.perf_counter() - began
+        quota = self._actuate(quota, now)
+        self.status = CycleStatus(
+            usage_cores=obs.usage_cores,
+            quota_cores=quota,
+            pause_fraction=obs.pause_fraction,
+            throttling=bool(decision and decision.throttling) or bool(gpu_duty),
+            budget_exhausted=bool(decision and decision.budget_exhausted) or gpu_exhausted,
+            cooperating_pids=cooperating,
+            steps=steps,
+            enforcer_armed=self._enforcer_armed,
+            error=self._settings_error,
+            gpu_duty=gpu_duty,
+        )
+        self.result = self._result(now, time.perf_counter() - began)
         for observer in self.observers:
-            observer(self)
-        return self.status
+            observer(self.result)
+        return self.result
+
+    def _result(self, now: float, cycle_seconds: float) -> CycleResult:
+        return CycleResult(
+            time=now, wall_seconds=now - self.started, policy=self.policy, status=self.status,
+            cycle_seconds=cycle_seconds, cpu_seconds=self._last_cpu,
+            processes=len(self.tree.pids()), cpu=self._cpu_peaks.summary(),
+            signal_paused_seconds=self._signal_paused_seconds,
+            cooperative_paused_seconds=self._cooperative_paused_seconds,
+            budget_exhausted_seconds=self._budget_exhausted_seconds, levers=self.levers,
+            controller_quota=self.controller.quota if self.controller else None,
+            gpu=self.gpu.state() if self.gpu else None,
+        )
+
+    @property
+    def _signal_paused_seconds(self) -> float:
+        return self._enforcer.paused_seconds if self._enforcer else 0.0
 
     def set_policy(self, policy: Policy) -> None:
         """Apply an edited policy (a live ConfigMap change) from the next cycle on."""
@@ -185,20 +260,13 @@ class Agent:
             self.gpu.set_policy(policy)
 
     def close(self) -> None:
+        """Restore the OS levers, resume what the enforcer stopped, release the GPUs."""
+        self._running = False
         self.os_levers.restore()
-        if self.enforcer:
-            self.enforcer.close()
+        if self._enforcer:
+            self._enforcer.close()
         if self.gpu:
             self.gpu.close()
-
-    def _record_sample(self, used: float, elapsed: float) -> None:
-        # Peaks are defined over 1-second samples whatever the control interval.
-        self._window_cpu += used
-        self._window_time += elapsed
-        if self._window_time >= 0.999:
-            self.cpu_stats.add(self._window_cpu / self._window_time)
-            self.recent_cpu.append(self._window_cpu / self._window_time)
-            self._window_cpu = self._window_time = 0.0
 
     def _cooperative_pause(self, records, elapsed: float) -> tuple[float, bool]:
         deltas = []
@@ -206,28 +274,16 @@ class Agent:
             before = self._last_coop_paused.get(r.pid, r.paused_seconds)
             deltas.append(max(0.0, r.paused_seconds - before))
         self._last_coop_paused = {r.pid: r.paused_seconds for r in records}
-        self.cooperative_paused_seconds += max(deltas, default=0.0)
+        self._cooperative_paused_seconds += max(deltas, default=0.0)
         pause = max(deltas, default=0.0) / elapsed
         return pause, any(r.pause_capped for r in records)
 
-    def _status(self, obs: CpuObservation, decision: CpuDecision | None,
-                cooperating: list[int], steps: int) -> CycleStatus:
-        return CycleStatus(
-            usage_cores=obs.usage_cores,
-            quota_cores=decision.quota_cores if decision else None,
-            pause_fraction=obs.pause_fraction,
-            throttling=bool(decision and decision.throttling),
-            budget_exhausted=bool(decision and decision.budget_exhausted),
-            cooperating_pids=cooperating,
-            steps=steps,
-            enforcer_armed=self.status.enforcer_armed,
-        )
-
-    def _actuate(self, quota: float | None, now: float) -> None:
+    def _actuate(self, quota: float | None, now: float) -> float | None:
+        """Publish the settings and arm the enforcer; returns the quota in force."""
         p = self.policy
         stop_pacing = p.enforcement is Enforcement.BOTH and self.levers.pacing == Pacing.STOP
         if stop_pacing != self._stop_pacing and self.controller and not self._gpu_bound:
-            quota = self.status.quota_cores = self.controller.restart()
+            quota = self.controller.restart()
         handing_over, self._stop_pacing = self._stop_pacing, stop_pacing
         use_coop = p.uses_pacing and not stop_pacing
         use_signals = p.enforcement is Enforcement.SIGNALS or (
@@ -248,13 +304,15 @@ class Agent:
             gpu_memory_fraction=p.gpu_memory_fraction, params=p.params,
             stale_after_seconds=max(10.0, 5 * p.interval_seconds),
         )
+        self._settings_error = None
         try:
             write_json_atomic(os.path.join(self.settings_dir, SETTINGS_FILE), settings.to_dict())
         except OSError as e:
-            self.status.error = f"cannot write settings: {e.strerror or e}"
-        if self.enforcer:
-            self.enforcer.set(quota if use_signals else None, p.max_pause_fraction)
-            self.status.enforcer_armed = bool(quota and use_signals)
+            self._settings_error = f"cannot write settings: {e.strerror or e}"
+        if self._enforcer:
+            self._enforcer.set(quota if use_signals else None, p.max_pause_fraction)
+            self._enforcer_armed = bool(quota and use_signals)
+        return quota
 
     @property
     def levers(self) -> Levers:
@@ -278,7 +336,7 @@ class Agent:
         if self.explorer is None:
             if not done:
                 return  # no step reported (yet): the policy's levers, as without explorer
-            stop = self.enforcer is not None and self.policy.enforcement == "both"
+            stop = self._enforcer is not None and self.policy.enforcement == "both"
             candidates = probe_order(_usable_cores(), self.policy.cpu_peak_cores, stop)
             if any(r.batch_size is not None for r in records):  # it uses tj.batch_size()
                 candidates += [Levers(batch_scale=0.5)]

@@ -1,8 +1,13 @@
-"""Enforcement without cooperation: SIGSTOP/SIGCONT duty cycling of a process tree.
+"""Enforcement without cooperation: what the agent needs of an enforcer, and the
+SIGSTOP/SIGCONT one.
 
-The same token bucket as the runtime's pacing (throttledjob.runtime.budget), evaluated
-every `tick` seconds on the tree's CPU time, as cpulimit does. Every process it stops
-is resumed when it stops itself, whatever the exit path.
+`Enforcer` is the whole interface the agent uses, so another way of holding the tree
+to a quota (a kernel CPU quota) fits beside `SignalEnforcer` without touching the agent.
+
+`SignalEnforcer` runs the same token bucket as the runtime's pacing
+(throttledjob.runtime.budget), evaluated every `tick` seconds on the tree's CPU time, as
+cpulimit does. Every process it stops is resumed when it stops itself, whatever the exit
+path.
 """
 
 from __future__ import annotations
@@ -12,10 +17,33 @@ import os
 import signal
 import threading
 import time
+from typing import Protocol
 
 from throttledjob.runtime.budget import CpuBudget
 
 from .processes import ProcessTree, resume
+
+
+class Enforcer(Protocol):
+    """Holds the workload to a CPU quota without its cooperation."""
+
+    def start(self) -> None:
+        """Begin enforcing (unarmed until `set` gives a quota)."""
+
+    def set(self, quota_cores: float | None, max_pause_fraction: float) -> None:
+        """The quota from now on (None: disarmed), never pausing more than
+        `max_pause_fraction` of wall time (the slowdown budget)."""
+
+    def close(self) -> None:
+        """Stop enforcing and leave nothing held back. Safe to call twice."""
+
+    @property
+    def paused_seconds(self) -> float:
+        """Time the workload was held back so far."""
+
+    @property
+    def pause_capped(self) -> bool:
+        """The slowdown budget refused a pause that the quota wanted."""
 
 
 class SignalEnforcer:

@@ -20,12 +20,14 @@ from throttledjob.contracts.names import ENV_DIR
 from throttledjob.contracts.policy import Policy
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
-from .agent import Agent, CycleStatus
+from .agent import Agent, CycleResult
 from .enforcer import SignalEnforcer
+from .gpu.simulate import follow
 from .processes import ProcessTree, resume
+from .summary import summarize
 
 if TYPE_CHECKING:
-    from .gpu_agent import GpuAgent
+    from .gpu import GpuAgent
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _PR_SET_PDEATHSIG = 1
@@ -64,11 +66,11 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         enforcer = (SignalEnforcer(tree, process_group=proc.pid)
                     if policy.uses_signals else None)
         agent = Agent(policy, tree, settings_dir, enforcer, gpu=gpu)
+        if gpu:
+            follow(gpu)  # simulated GPUs see what the agent does to the workload
         if exporter:
             exporter.attach(agent, f"psutil: process tree of pid {proc.pid}").start()
         agent.start()
-        if enforcer:
-            enforcer.start()
         previous_handlers = _forward_signals(proc, tree)
         loop_started, loop_cpu_started = time.monotonic(), _own_cpu_seconds()
         exit_code = _loop(proc, agent, policy, status_stream)
@@ -88,7 +90,8 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
             signal.signal(sig, handler)
         shutil.rmtree(settings_dir, ignore_errors=True)
     wall = time.monotonic() - started
-    report = build_report(agent, policy, wall, exit_code)
+    report = build_report(agent.result, wall, exit_code, agent.explorer_report(),
+                          gpu.report() if gpu else None)
     # The control loop's own cost in steady state, apart from start-up (imports, spawn).
     report["controller"]["loop_cpu_percent"] = round(100 * loop_cpu / max(1e-9, loop_wall), 3)
     if status_stream is not None:
@@ -114,14 +117,14 @@ def _loop(proc: subprocess.Popen, agent: Agent, policy: Policy,
         if failed:
             continue
         try:
-            status = agent.cycle()
+            result = agent.cycle()
         except Exception as e:  # fail open: a bug here must not hold the workload back
             failed = True
             agent.close()
             sys.stderr.write(f"throttledjob: control loop failed, running unthrottled: {e!r}\n")
             continue
         if tty:
-            status_stream.write("\r" + status_line(status, agent, policy) + "\033[K")
+            status_stream.write("\r" + status_line(result) + "\033[K")
             status_stream.flush()
     if not failed:
         agent.cycle()  # the last partial interval, for the statistics
@@ -154,62 +157,53 @@ def _exit_waiter(proc: subprocess.Popen):
     return wait
 
 
-def status_line(status: CycleStatus, agent: Agent, policy: Policy) -> str:
+def status_line(result: CycleResult) -> str:
+    status, policy = result.status, result.policy
     target = f"{policy.cpu_peak_cores:.2f}" if policy.cpu_peak_cores else "-"
     state = "over budget" if status.budget_exhausted else (
         "throttling" if status.throttling else "under target")
     return (f"throttledjob: cpu {status.usage_cores:.2f} cores (target {target}, "
-            f"p99 {agent.cpu_stats.p99:.2f}) | paused {status.pause_fraction:.0%} | {state}")
+            f"p99 {result.cpu.p99 or 0.0:.2f}) | paused {status.pause_fraction:.0%} | {state}")
 
 
-def build_report(agent: Agent | None, policy: Policy, wall: float, exit_code: int) -> dict:
-    stats = agent.cpu_stats if agent else None
+def build_report(result: CycleResult, wall: float, exit_code: int,
+                 explorer: dict | None = None, gpu: dict | None = None) -> dict:
+    """The --report JSON. The run's figures (peaks, time held back, slowdown, levers)
+    come from sidecar/summary.py, as /status's do; `wall` is the command's own."""
+    run = summarize(result)
+    policy = result.policy
     total_cpu = _children_cpu_seconds()
-    signal_paused = agent.enforcer.paused_seconds if agent and agent.enforcer else 0.0
-    coop_paused = agent.cooperative_paused_seconds if agent else 0.0
-    paused = max(signal_paused, coop_paused)
-    explorer = agent.explorer_report() if agent else None
-    chosen = agent.explorer.decision().levers if agent and agent.explorer else None
-    levers = [name for name, used in (("signals", signal_paused > 0), ("pacing", coop_paused > 0),
-                                      ("threads", policy.threads is not None
-                                       or bool(chosen and chosen.threads)),
-                                      ("batch", policy.batch_scale < 1
-                                       or bool(chosen and chosen.batch_scale < 1)),
-                                      ("rate_limit", policy.rate_limit_per_second is not None),
-                                      ("nice", bool(policy.nice)),
-                                      ("cpu_affinity", policy.cpu_affinity is not None))
-              if used]
     return {
         "exit_code": exit_code,
         "wall_seconds": round(wall, 3),
         "cpu_target_cores": policy.cpu_peak_cores,
-        "cpu_peak_cores": round(stats.p99, 3) if stats else 0.0,
-        "cpu_max_cores": round(stats.max, 3) if stats else 0.0,
+        "cpu_peak_cores": round(run.cpu.p99 or 0.0, 3),
+        "cpu_max_cores": round(run.cpu.max or 0.0, 3),
         "cpu_mean_cores": round(total_cpu / wall, 3) if wall > 0 else 0.0,
         "cpu_seconds": round(total_cpu, 3),
-        "samples": stats.count if stats else 0,
+        "samples": run.cpu.count,
         # The last minute of 1-second samples, oldest first.
-        "cpu_recent_samples": [round(c, 3) for c in agent.recent_cpu] if agent else [],
+        "cpu_recent_samples": [round(c, 3) for c in run.cpu.recent],
         # Units of work reported through the runtime library (step() or the auto-hook).
-        "steps": agent.status.steps if agent else 0,
+        "steps": result.status.steps,
         "max_slowdown": policy.max_slowdown,
         "enforcement": policy.enforcement,
         "mode": policy.mode,
         "controller": {
-            "levers_used": levers,
-            "paused_seconds": round(paused, 3),
-            "signal_paused_seconds": round(signal_paused, 3),
-            "cooperative_paused_seconds": round(coop_paused, 3),
-            "estimated_slowdown": round(wall / max(1e-9, wall - paused), 3),
-            "budget_exhausted_seconds": round(agent.budget_exhausted_seconds, 3) if agent else 0,
-            "final_quota_cores": round(agent.controller.quota, 3)
-            if agent and agent.controller else None,
+            "levers_used": list(run.levers),
+            "paused_seconds": round(run.paused_seconds, 3),
+            "signal_paused_seconds": round(run.signal_paused_seconds, 3),
+            "cooperative_paused_seconds": round(run.cooperative_paused_seconds, 3),
+            "estimated_slowdown": round(run.slowdown, 3),
+            "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
+            "final_quota_cores": None if result.controller_quota is None
+            else round(result.controller_quota, 3),
             # What the lever explorer measured and chose (None when it did not run).
             "explorer": explorer,
             # This tool's own CPU (start-up, sampling, control, signals), not the command's.
             "own_cpu_seconds": round(_own_cpu_seconds(), 3),
         },
-        **({"gpu": agent.gpu.report()} if agent and agent.gpu else {}),
+        **({"gpu": gpu} if gpu is not None else {}),
     }
 
 

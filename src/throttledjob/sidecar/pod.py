@@ -19,8 +19,8 @@ from throttledjob.contracts.policy import Policy
 from .agent import Agent
 from .enforcer import SignalEnforcer
 from .exporter import Exporter, log_to_stderr
-from .gpu import open_backend
-from .gpu_agent import GpuAgent
+from .gpu import GpuAgent, open_backend
+from .gpu.simulate import follow
 from .policy_watch import PolicyWatcher
 from .processes import ProcessTree, cgroup_of, pod_cgroup, resume
 
@@ -46,6 +46,7 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     backend, note = open_backend(gpu_backend)
     log.info("throttledjob: %s", note)
     gpu = GpuAgent(backend, policy, power_limit_lever=gpu_power_limit, note=note)
+    follow(gpu)  # simulated GPUs see what the agent does to the workload
     agent = Agent(policy, tree, shared_dir, _enforcer(tree, policy), gpu=gpu)
     exporter = Exporter(host, port).attach(agent, _cpu_telemetry(tree, root_pid))
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
@@ -54,9 +55,7 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
         exporter.start()
         log.info("throttledjob: sidecar serving http://%s:%d/metrics", host, exporter.port)
         agent.start()
-        if agent.enforcer:
-            agent.enforcer.start()
-        _loop(agent, watcher, exporter, stop, root_pid)
+        _loop(agent, tree, watcher, exporter, stop, root_pid)
     finally:
         agent.close()  # resumes what the enforcer stopped, restores GPU power limits
         resume(tree.pids())
@@ -66,8 +65,8 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     return 0
 
 
-def _loop(agent: Agent, watcher: PolicyWatcher, exporter: Exporter, stop: threading.Event,
-          root_pid: int | None) -> None:
+def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exporter,
+          stop: threading.Event, root_pid: int | None) -> None:
     next_cycle = time.monotonic()
     failures = 0
     while True:
@@ -76,32 +75,28 @@ def _loop(agent: Agent, watcher: PolicyWatcher, exporter: Exporter, stop: thread
             return
         new = watcher.poll()
         if new is not None:
-            _apply_policy(agent, new)
-            exporter.server.interval_seconds = new.interval_seconds
+            _apply_policy(agent, tree, new)
+            exporter.set_interval(new.interval_seconds)
             log.info("throttledjob: policy reloaded from %s", watcher.path)
-        exporter.health.policy_reloads = dict(watcher.reloads)
+        exporter.set_policy_reloads(watcher.reloads)
         exporter.report("policy", watcher.error)
-        exporter.report("processes", None if agent.tree.pids() else
+        exporter.report("processes", None if tree.pids() else
                          "no workload process visible: is shareProcessNamespace on?")
-        exporter.health.cpu_telemetry = _cpu_telemetry(agent.tree, root_pid)
+        exporter.set_cpu_telemetry(_cpu_telemetry(tree, root_pid))
         try:
             agent.cycle()
             failures = 0
         except Exception as e:  # a bug must not leave the workload stopped or kill the pod
             failures += 1
-            if agent.enforcer:
-                agent.enforcer.set(None, 0.0)
-            resume(agent.tree.pids())
+            agent.release()
             exporter.report("processes", f"control cycle failed: {e!r}")
             if failures == 1:
                 log.exception("throttledjob: control cycle failed; workload released")
 
 
-def _apply_policy(agent: Agent, policy: Policy) -> None:
-    if policy.uses_signals and agent.enforcer is None:
-        agent.enforcer = _enforcer(agent.tree, policy)
-        if agent.enforcer is not None:
-            agent.enforcer.start()
+def _apply_policy(agent: Agent, tree: ProcessTree, policy: Policy) -> None:
+    if policy.uses_signals and not agent.has_enforcer:
+        agent.use_enforcer(_enforcer(tree, policy))
     agent.set_policy(policy)
 
 

@@ -1,28 +1,30 @@
 """A consistent, immutable view of the agent after a cycle, and the /status document.
 
-The control loop takes a snapshot after each cycle; the HTTP thread only ever reads
-the latest one, so a scrape never sees a half-updated agent and never blocks the loop.
+The control loop publishes a snapshot of each cycle's result; the HTTP thread only ever
+reads the latest one, so a scrape never sees a half-updated agent and never blocks the
+loop. The run's figures come from sidecar/summary.py, as local mode's --report's do.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from throttledjob.contracts.names import PROGRESS_PREFIX
 from throttledjob.contracts.policy import Policy
 from throttledjob.contracts.status import STATUS_VERSION, StatusDocument
 from throttledjob.runtime.progress import read_progress
 
-from .agent import Agent, CycleStatus
-from .gpu import GpuReading
+from .agent import CycleResult, CycleStatus
+from .gpu.backend import GpuReading
+from .stats import PeakSummary
+from .summary import summarize
 
-# A target counts as met while the p99 of recent 1-second samples is within this much
-# of it: the same tolerance the benchmarks give the CPU controller.
-TARGET_TOLERANCE = 0.05
+if TYPE_CHECKING:
+    from .agent import Agent
 
 
 @dataclass
@@ -49,24 +51,17 @@ class Health:
 
 
 @dataclass(frozen=True)
-class Peak:
-    p99: float | None = None
-    max: float | None = None
-    recent_p99: float | None = None
-
-
-@dataclass(frozen=True)
 class Snapshot:
     time: float
     policy: Policy
     status: CycleStatus
     cpu_seconds: float
     processes: int
-    cpu: Peak
+    cpu: PeakSummary
     gpu_telemetry: str
     gpus: tuple[GpuReading, ...]
-    gpu_util: Peak
-    gpu_power: Peak
+    gpu_util: PeakSummary
+    gpu_power: PeakSummary
     gpu_power_limit_lever: bool
     throttle_level: float
     slowdown: float
@@ -91,14 +86,14 @@ class SnapshotHolder:
         with self._lock:
             return self._snapshot
 
-    def publish(self, agent: Agent, health: Health) -> Snapshot:
-        snap = take_snapshot(agent, health, self._throughput(agent))
+    def publish(self, result: CycleResult, health: Health) -> Snapshot:
+        snap = snapshot_of(result, health, self._throughput(result))
         with self._lock:
             self._snapshot = snap
         return snap
 
-    def _throughput(self, agent: Agent) -> float:
-        now, steps = agent.clock(), agent.status.steps
+    def _throughput(self, result: CycleResult) -> float:
+        now, steps = result.time, result.status.steps
         if self._steps is not None and now - self._steps[0] >= 0.5:
             self._rate = max(0.0, steps - self._steps[1]) / (now - self._steps[0])
             self._steps = (now, steps)
@@ -108,44 +103,26 @@ class SnapshotHolder:
 
 
 def take_snapshot(agent: Agent, health: Health, steps_per_second: float = 0.0) -> Snapshot:
-    p = agent.policy
-    gpu = agent.gpu
-    signal_paused = agent.enforcer.paused_seconds if agent.enforcer else 0.0
-    coop_paused = agent.cooperative_paused_seconds
-    wall = max(1e-9, agent.clock() - agent.started)
-    paused = min(max(signal_paused, coop_paused), wall * 0.99)
-    cpu = Peak(agent.cpu_stats.p99 if agent.cpu_stats.count else None,
-               agent.cpu_stats.max if agent.cpu_stats.count else None,
-               _p99(agent.recent_cpu))
-    util = power = Peak()
-    if gpu is not None and gpu.util_stats.count:
-        util = Peak(gpu.util_stats.p99, gpu.util_stats.max, _p99(gpu.recent_util))
-    if gpu is not None and gpu.power_stats.count:
-        power = Peak(gpu.power_stats.p99, gpu.power_stats.max, _p99(gpu.recent_power))
-    levers = tuple(name for name, used in (
-        ("signals", signal_paused > 0 or agent.status.enforcer_armed),
-        ("pacing", coop_paused > 0),
-        ("threads", p.threads is not None),
-        ("batch", p.batch_scale < 1),
-        ("rate_limit", p.rate_limit_per_second is not None),
-        ("gpu_memory_fraction", p.gpu_memory_fraction is not None),
-        ("gpu_power_limit", bool(gpu and gpu.capping)),
-    ) if used)
-    util_target = None if p.gpu_peak_utilization_percent is None \
-        else p.gpu_peak_utilization_percent / 100.0
-    met = (_met(cpu.recent_p99, p.cpu_peak_cores) and _met(util.recent_p99, util_target)
-           and _met(power.recent_p99, p.gpu_peak_power_watts))
+    """A snapshot of the agent's latest cycle (or of its state before the first one)."""
+    return snapshot_of(agent.result, health, steps_per_second)
+
+
+def snapshot_of(result: CycleResult, health: Health,
+                steps_per_second: float = 0.0) -> Snapshot:
+    run = summarize(result)
+    gpu = result.gpu
     return Snapshot(
-        time=time.time(), policy=p, status=agent.status, cpu_seconds=agent._last_cpu,
-        processes=len(agent.tree.pids()), cpu=cpu,
+        time=time.time(), policy=result.policy, status=result.status,
+        cpu_seconds=result.cpu_seconds, processes=result.processes, cpu=run.cpu,
         gpu_telemetry=gpu.telemetry if gpu else "none",
-        gpus=tuple(gpu.readings) if gpu else (), gpu_util=util, gpu_power=power,
+        gpus=gpu.readings if gpu else (),
+        gpu_util=run.gpu_util, gpu_power=run.gpu_power,
         gpu_power_limit_lever=bool(gpu and gpu.power_limit_lever),
-        throttle_level=min(1.0, max(0.0, agent.status.pause_fraction)),
-        slowdown=wall / (wall - paused),
-        paused_seconds={"signals": signal_paused, "pacing": coop_paused},
-        budget_exhausted_seconds=agent.budget_exhausted_seconds, levers=levers,
-        target_met=met, steps_per_second=steps_per_second,
+        throttle_level=run.throttle_level, slowdown=run.slowdown,
+        paused_seconds={"signals": run.signal_paused_seconds,
+                        "pacing": run.cooperative_paused_seconds},
+        budget_exhausted_seconds=result.budget_exhausted_seconds, levers=run.levers,
+        target_met=run.target_met, steps_per_second=steps_per_second,
         health=Health(health.started, health.cycles, health.last_cycle_duration,
                       dict(health.errors_total), dict(health.policy_reloads),
                       dict(health.problems), health.cpu_telemetry),
@@ -205,17 +182,6 @@ def progress_problem(directory: str) -> str | None:
     if bad:
         return f"ignoring {len(bad)} unreadable progress file(s), e.g. {bad[0]}"
     return None
-
-
-def _p99(samples) -> float | None:
-    values = sorted(samples)
-    if not values:
-        return None
-    return values[max(0, math.ceil(0.99 * len(values)) - 1)]
-
-
-def _met(observed: float | None, target: float | None) -> bool:
-    return target is None or observed is None or observed <= target * (1 + TARGET_TOLERANCE)
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:

@@ -1,8 +1,14 @@
-"""Peak statistics over a run: p99 and max of 1-second samples, in bounded memory."""
+"""Peak statistics over a run: p99 and max of 1-second samples, in bounded memory.
+
+`PeakTracker` is the single place where interval readings become 1-second samples and
+peaks, for the CPU and each GPU series alike; /status and `--report` both read it.
+"""
 
 from __future__ import annotations
 
+import collections
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -51,3 +57,67 @@ class PeakStats:
     @property
     def p99(self) -> float:
         return self.quantile(0.99)
+
+
+@dataclass(frozen=True)
+class PeakSummary:
+    """A tracker's figures at one instant (None: no 1-second sample yet)."""
+
+    count: int = 0
+    p99: float | None = None
+    max: float | None = None
+    # p99 of the recent samples: "is the target met now", apart from the start-up.
+    recent_p99: float | None = None
+    recent: tuple[float, ...] = ()  # oldest first
+
+
+class PeakTracker:
+    """The one rule for peaks, CPU and GPU alike: interval readings are averaged into
+    1-second samples (whatever the control interval), kept over the run in a PeakStats
+    and over the last `recent` samples for "is the target met now"."""
+
+    def __init__(self, resolution: float = 0.005, recent: int = 60) -> None:
+        self.stats = PeakStats(resolution=resolution)
+        self.recent: collections.deque[float] = collections.deque(maxlen=recent)
+        self._amount = 0.0
+        self._seconds = 0.0
+
+    def add(self, amount: float, elapsed: float, valid: bool = True) -> None:
+        """Add `amount` (rate x seconds) measured over `elapsed` seconds. A window is
+        closed once it spans a second; it makes a sample only if `valid` (the series
+        was readable at the close)."""
+        self._amount += amount
+        self._seconds += elapsed
+        if self._seconds < 0.999:
+            return
+        if valid:
+            value = self._amount / self._seconds
+            self.stats.add(value)
+            self.recent.append(value)
+        self._amount = self._seconds = 0.0
+
+    @property
+    def count(self) -> int:
+        return self.stats.count
+
+    @property
+    def p99(self) -> float:
+        return self.stats.p99
+
+    @property
+    def max(self) -> float:
+        return self.stats.max
+
+    def summary(self) -> PeakSummary:
+        if not self.stats.count:
+            return PeakSummary(recent=tuple(self.recent))
+        return PeakSummary(self.stats.count, self.stats.p99, self.stats.max,
+                           nearest_rank(self.recent, 0.99), tuple(self.recent))
+
+
+def nearest_rank(samples: Iterable[float], q: float) -> float | None:
+    """The exact nearest-rank q-quantile of `samples` (None when there are none)."""
+    values = sorted(samples)
+    if not values:
+        return None
+    return values[max(0, math.ceil(q * len(values)) - 1)]

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .gpu import GpuBackend, GpuError, GpuReading
+from .backend import GpuBackend, GpuError, GpuReading
 
 T = TypeVar("T")
 

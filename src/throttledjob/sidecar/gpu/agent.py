@@ -5,30 +5,40 @@ With the lever, a power target is held by capping the board at the controller's 
 (the prior: the cap changes nothing until the workload draws that much), and the hold-back
 duty answers only for what the cap cannot hold (a utilization target, a board whose
 minimum limit is over the target). Once the workload reports steps, the explorer
-(sidecar/gpu_explorer.py) measures whether the cap or the hold-back alone costs less.
+(sidecar/gpu/explorer.py) measures whether the cap or the hold-back alone costs less.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
+from dataclasses import dataclass
 
 from throttledjob.contracts.policy import Policy
 
-from .gpu import GpuBackend, GpuError, GpuReading, NullGpuBackend, select_gpus
-from .gpu_controller import DEFAULT_MARGIN, GpuController, GpuDecision, GpuObservation
-from .gpu_explorer import UNCAPPED, GpuSample, PowerLimitExplorer
-from .stats import PeakStats
+from ..stats import PeakSummary, PeakTracker
+from .backend import GpuBackend, GpuError, GpuReading, NullGpuBackend, select_gpus
+from .controller import DEFAULT_MARGIN, GpuController, GpuDecision, GpuObservation
+from .explorer import UNCAPPED, GpuSample, PowerLimitExplorer
 
 log = logging.getLogger("throttledjob.sidecar")
-# Recent 1-second samples kept for "is the target met now" (the run-long p99 remembers
-# the start-up, before the controller acted).
-RECENT_SAMPLES = 60
 # Intervals the duty tracks the control law down after the cap is lifted (it converges
 # from above, a third of the way or more per interval).
 TRACK_INTERVALS = 8
 # Consecutive failed reads before transient errors count as a lost GPU.
 MAX_FAILED_READS = 3
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """What the GPU half saw and holds after a cycle (part of the agent's CycleResult)."""
+
+    telemetry: str                  # "nvml", "fake (simulated)" or "none"
+    readings: tuple[GpuReading, ...]
+    utilization: PeakSummary        # of the busiest watched GPU, ratio 0..1
+    power: PeakSummary              # of the busiest watched GPU, watts
+    power_limit_lever: bool         # the lever is allowed (--gpu-power-limit)
+    capping: bool                   # a cap under the board's own limit is in force
+    error: str | None
 
 
 class GpuAgent:
@@ -38,16 +48,15 @@ class GpuAgent:
         self.note = note
         self.power_limit_lever = power_limit_lever
         self.readings: list[GpuReading] = []
-        self.util_stats = PeakStats(resolution=0.005)
-        self.power_stats = PeakStats(resolution=0.5)
-        self.recent_util: collections.deque[float] = collections.deque(maxlen=RECENT_SAMPLES)
-        self.recent_power: collections.deque[float] = collections.deque(maxlen=RECENT_SAMPLES)
+        self.util_stats = PeakTracker(resolution=0.005)
+        self.power_stats = PeakTracker(resolution=0.5)
+        # Fraction of the interval being read that the workload was held back.
+        self.hold_back = 0.0
         self.decision: GpuDecision | None = None
         self.error: str | None = None
         self.read_errors = 0
         self.error_lost = False
         self._failed_reads = 0
-        self._window: list[tuple[float, float | None, float]] = []
         self._saved_limits: dict[int, float] = {}
         # True while the board's caps hold the power target (the duty need not).
         self.cap_holds = False
@@ -74,8 +83,6 @@ class GpuAgent:
             self.explorer = None   # what it measured was for another target
         self.policy = policy
         self._sync_controller()
-        if hasattr(self.backend, "memory_fraction"):  # the simulator honours the cap
-            self.backend.memory_fraction = policy.gpu_memory_fraction
         self._limits_stale = True   # applied at the next read, to every GPU watched then
 
     @property
@@ -112,7 +119,7 @@ class GpuAgent:
         `steps`: what the workload reported done over the interval."""
         if isinstance(self.backend, NullGpuBackend):
             return None
-        self.backend.observe_pause(pause_fraction)
+        self.hold_back = pause_fraction
         try:
             self.readings = select_gpus(self.backend.read(), visible)
             self._failed_reads = 0
@@ -177,20 +184,15 @@ class GpuAgent:
             self.error = f"GPU read failed ({e}); keeping the last duty"
 
     def _record(self, elapsed: float, util: float | None, power: float | None) -> None:
-        # Peaks are over 1-second samples whatever the control interval (as for the CPU).
-        self._window.append((elapsed, util, power if power is not None else -1.0))
-        total = sum(w[0] for w in self._window)
-        if total < 0.999:
-            return
-        if util is not None:
-            u = sum(w[0] * (w[1] or 0.0) for w in self._window) / total
-            self.util_stats.add(u)
-            self.recent_util.append(u)
-        if power is not None:
-            p = sum(w[0] * max(0.0, w[2]) for w in self._window) / total
-            self.power_stats.add(p)
-            self.recent_power.append(p)
-        self._window = []
+        # An unreadable series counts as 0 in the window, which makes a sample only if the
+        # series was readable at its close.
+        self.util_stats.add(elapsed * (util or 0.0), elapsed, valid=util is not None)
+        self.power_stats.add(elapsed * max(0.0, power or 0.0), elapsed, valid=power is not None)
+
+    def state(self) -> GpuState:
+        return GpuState(self.telemetry, tuple(self.readings), self.util_stats.summary(),
+                        self.power_stats.summary(), self.power_limit_lever, self.capping,
+                        self.error)
 
     def _apply_power_limits(self) -> None:
         self._limits_stale = False
@@ -231,15 +233,16 @@ class GpuAgent:
 
     def report(self) -> dict:
         """The GPU part of local mode's JSON report."""
-        def peak(stats: PeakStats, scale: float = 1.0) -> dict | None:
-            if not stats.count:
+        def peak(stats: PeakSummary, scale: float = 1.0) -> dict | None:
+            if stats.p99 is None or stats.max is None:
                 return None
             return {"p99": round(stats.p99 * scale, 2), "max": round(stats.max * scale, 2)}
 
+        state = self.state()
         return {
-            "telemetry": self.telemetry,
-            "utilization_percent": peak(self.util_stats, 100.0),
-            "power_watts": peak(self.power_stats),
+            "telemetry": state.telemetry,
+            "utilization_percent": peak(state.utilization, 100.0),
+            "power_watts": peak(state.power),
             "target_utilization_percent": self.policy.gpu_peak_utilization_percent,
             "target_power_watts": self.policy.gpu_peak_power_watts,
             "power_limit": self.explorer.report() if self.explorer else None,

@@ -17,18 +17,19 @@ GPU fed by a host process:
 Environment (for `--gpu-backend fake`): THROTTLEDJOB_FAKE_GPUS (count, default 1),
 THROTTLEDJOB_FAKE_GPU_TRACE (steady, plateau, spike, sawtooth, idle; default plateau),
 THROTTLEDJOB_FAKE_GPU_FAIL_AFTER (reads before the GPUs fall off the bus; default never).
+
+What the workload does to its GPUs (held back, memory fraction) is not part of the GpuBackend
+interface, which the NVML adapter implements against hardware that sees it for itself: the
+fake reads it from `load`, a constructor argument. A harness feeds it (`feed`, `drive` in
+sidecar/gpu/simulate.py); a live run lets it follow the GPU agent (`simulate.follow`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .gpu import GpuBackend, GpuError, GpuReading
-
-if TYPE_CHECKING:
-    from .gpu_agent import GpuAgent
+from .backend import GpuBackend, GpuError, GpuReading
 
 IDLE_WATTS = 60.0
 TDP_WATTS = 300.0
@@ -69,12 +70,21 @@ TRACES: dict[str, Callable[[int], float]] = {
 }
 
 
+@dataclass(frozen=True)
+class SimulatedLoad:
+    """What the workload does to its GPUs over the interval a read reports."""
+
+    hold_back: float = 0.0                # fraction of the interval it was held back
+    memory_fraction: float | None = None  # GPU memory share it was told to use
+
+
 class FakeGpuBackend(GpuBackend):
     kind = "fake"
     simulated = True
 
     def __init__(self, count: int = 1, trace: str | Callable[[int], float] = "plateau",
-                 fail_after: int | None = None, clock_sensitivity: float = 1.0) -> None:
+                 fail_after: int | None = None, clock_sensitivity: float = 1.0,
+                 load: Callable[[], SimulatedLoad] | None = None) -> None:
         if not 1 <= count <= 64:
             raise GpuError(f"fake GPU count must be between 1 and 64, got {count}")
         if isinstance(trace, str):
@@ -87,8 +97,9 @@ class FakeGpuBackend(GpuBackend):
         self.count = count
         self.fail_after = fail_after
         self.reads = 0
-        self.pause_fraction = 0.0
-        self.memory_fraction: float | None = None
+        self._fed = SimulatedLoad()
+        # Asked once per read: the simulated workload's state over the interval it reports.
+        self.load: Callable[[], SimulatedLoad] = load or (lambda: self._fed)
         self.limits = [TDP_WATTS] * count
         self.clock_sensitivity = clock_sensitivity
         self._temps = [AMBIENT_CELSIUS + 10.0] * count
@@ -107,24 +118,28 @@ class FakeGpuBackend(GpuBackend):
     def describe(self) -> str:
         return f"{self.count} fake GPU(s), trace {self.trace_name}"
 
-    def observe_pause(self, pause_fraction: float) -> None:
-        self.pause_fraction = min(1.0, max(0.0, pause_fraction))
+    def feed(self, hold_back: float, memory_fraction: float | None = None) -> None:
+        """For a harness with the default `load`: the workload's state from now on."""
+        self._fed = SimulatedLoad(hold_back, memory_fraction)
 
     def read(self) -> list[GpuReading]:
         if self.fail_after is not None and self.reads >= self.fail_after:
             raise GpuError("fake GPU has fallen off the bus", lost=True)
+        load = self.load()
         t = self.reads
         self.reads += 1
-        return [self._reading(i, t) for i in range(self.count)]
+        return [self._reading(i, t, _hold_back(load), load.memory_fraction)
+                for i in range(self.count)]
 
-    def _reading(self, i: int, t: int) -> GpuReading:
+    def _reading(self, i: int, t: int, hold_back: float,
+                 memory_fraction: float | None) -> GpuReading:
         demand = self._demand(i, t)
-        util = demand * (1.0 - self.pause_fraction)
+        util = demand * (1.0 - hold_back)
         clock = self._clock(i, util)
         capped = clock < 1.0
         watts = IDLE_WATTS + (TDP_WATTS - IDLE_WATTS) * util * clock ** POWER_CLOCK_EXPONENT
         self._temps[i] += 0.3 * (AMBIENT_CELSIUS + 0.15 * watts - self._temps[i])
-        cap = self.memory_fraction or 1.0
+        cap = memory_fraction or 1.0
         used = int(MEMORY_BYTES * min(cap, 0.1 + 0.6 * demand))
         reasons = {"sw_power_cap"} if capped else ({"gpu_idle"} if util < 0.01 else set())
         return GpuReading(
@@ -150,8 +165,9 @@ class FakeGpuBackend(GpuBackend):
     def speed(self, index: int = 0) -> float:
         """The work the interval now running does (the next read reports it), as a
         fraction of the unthrottled rate: under the hold-back and limit in force now."""
-        util = self._demand(index, self.reads) * (1.0 - self.pause_fraction)
-        return (1.0 - self.pause_fraction) * self._clock(index, util) ** self.clock_sensitivity
+        hold_back = _hold_back(self.load())
+        util = self._demand(index, self.reads) * (1.0 - hold_back)
+        return (1.0 - hold_back) * self._clock(index, util) ** self.clock_sensitivity
 
     def power_limit_range_watts(self, index: int) -> tuple[float, float]:
         return MIN_LIMIT_WATTS, TDP_WATTS
@@ -163,24 +179,5 @@ class FakeGpuBackend(GpuBackend):
         self.limit_calls.append((index, watts))
 
 
-@dataclass(frozen=True)
-class SimulatedInterval:
-    power_watts: float      # the busiest GPU
-    duty: float             # hold-back in force
-    speed: float            # work done, as a fraction of the unthrottled rate
-    limit_watts: float      # the first GPU's power limit in force
-
-
-def drive(agent: GpuAgent, gpu: FakeGpuBackend, intervals: int,
-          steps_per_second: float = 100.0) -> list[SimulatedInterval]:
-    """Run a GPU agent against the simulator with a perfect actuator (the duty it asks
-    for is the hold-back in force next interval), the workload reporting its steps."""
-    duty, rows = 0.0, []
-    for _ in range(intervals):
-        gpu.observe_pause(duty)
-        speed, limit = gpu.speed(), gpu.limits[0]
-        next_duty = agent.cycle(1.0, duty, [], steps=steps_per_second * speed) or 0.0
-        rows.append(SimulatedInterval(max(r.power_watts or 0.0 for r in agent.readings),
-                                      duty, speed, limit))
-        duty = next_duty
-    return rows
+def _hold_back(load: SimulatedLoad) -> float:
+    return min(1.0, max(0.0, load.hold_back))

@@ -1,19 +1,15 @@
-"""GPUs behind one small interface: readings in base units, one error type, a factory.
+"""GPUs behind one small interface: readings in base units, one error type.
 
-The sidecar never calls NVML directly: `open_backend("auto")` returns the NVML adapter
-(sidecar/nvml.py) when the library loads, the simulated set (sidecar/fakegpu.py) when
-asked for, and a null backend otherwise, so the control loop has one code path.
+The sidecar never calls NVML directly: the NVML adapter (sidecar/gpu/nvml.py), the
+simulated set (sidecar/gpu/fake.py) and the null backend below implement this interface,
+so the control loop has one code path; `open_backend` (sidecar/gpu/__init__.py) picks one.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-log = logging.getLogger("throttledjob.sidecar")
-BACKENDS = ("auto", "nvml", "fake", "none")
 # Clock event ("throttle") reasons, named as dcgm-exporter and nvidia-smi name them.
 THROTTLE_REASONS = ("gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal",
                     "hw_power_brake")
@@ -69,10 +65,6 @@ class GpuBackend(ABC):
     def set_power_limit_watts(self, index: int, watts: float) -> None:
         raise GpuError(f"{self.kind}: GPU power limit is not supported")
 
-    def observe_pause(self, pause_fraction: float) -> None:
-        """The fraction of the last interval the workload was held back (for simulators)."""
-        return None
-
     def close(self) -> None:
         """Release the library; safe to call twice."""
         return None
@@ -83,33 +75,6 @@ class NullGpuBackend(GpuBackend):
 
     def read(self) -> list[GpuReading]:
         return []
-
-
-def open_backend(name: str, environ: dict[str, str] | None = None) -> tuple[GpuBackend, str]:
-    """The backend for `--gpu-backend name` and a one-line note on what was chosen.
-
-    "auto" falls back to none when NVML is missing (the common case off a GPU node); an
-    explicit "nvml" that cannot load raises GpuError so that a misconfiguration is loud.
-    """
-    env = os.environ if environ is None else environ
-    if name not in BACKENDS:
-        raise GpuError(f"unknown GPU backend {name!r} (choose from {', '.join(BACKENDS)})")
-    if name == "none":
-        return NullGpuBackend(), "GPU telemetry off (--gpu-backend none)"
-    if name == "fake":
-        from .fakegpu import FakeGpuBackend
-
-        backend = FakeGpuBackend.from_environ(env)
-        return backend, f"GPU telemetry simulated: {backend.describe()}"
-    from .nvml import NvmlBackend
-
-    try:
-        backend = NvmlBackend()
-    except GpuError as e:
-        if name == "nvml":
-            raise
-        return NullGpuBackend(), f"GPU telemetry off: {e}; running CPU-only"
-    return backend, f"GPU telemetry from NVML ({backend.device_count} GPUs)"
 
 
 def select_gpus(readings: list[GpuReading], visible: list[str]) -> list[GpuReading]:

@@ -1,0 +1,52 @@
+"""The sidecar's GPU half: backends behind one small interface, and the GPU agent.
+
+backend.py   the GpuBackend interface, readings, errors, the null backend
+nvml.py      the NVML adapter (pynvml)
+fake.py      simulated GPUs (tests, demos, `--gpu-backend fake`)
+simulate.py  what feeds simulated GPUs: a test harness, or a live run's GPU agent
+agent.py     one GPU control cycle: read, keep peaks, decide a duty, the power-limit lever
+controller.py, explorer.py   the duty control law and the power-limit explorer (pure)
+
+`open_backend` lives here rather than in backend.py so that the backends depend on the
+interface and only this package entry depends on them (no import circle).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .agent import GpuAgent, GpuState
+from .backend import THROTTLE_REASONS, GpuBackend, GpuError, GpuReading, NullGpuBackend, select_gpus
+
+__all__ = ["BACKENDS", "THROTTLE_REASONS", "GpuAgent", "GpuBackend", "GpuError", "GpuReading",
+           "GpuState", "NullGpuBackend", "open_backend", "select_gpus"]
+
+BACKENDS = ("auto", "nvml", "fake", "none")
+
+
+def open_backend(name: str, environ: dict[str, str] | None = None) -> tuple[GpuBackend, str]:
+    """The backend for `--gpu-backend name` and a one-line note on what was chosen.
+
+    "auto" falls back to none when NVML is missing (the common case off a GPU node); an
+    explicit "nvml" that cannot load raises GpuError so that a misconfiguration is loud.
+    Simulated GPUs see no workload until a GPU agent drives them (`simulate.follow`).
+    """
+    env = os.environ if environ is None else environ
+    if name not in BACKENDS:
+        raise GpuError(f"unknown GPU backend {name!r} (choose from {', '.join(BACKENDS)})")
+    if name == "none":
+        return NullGpuBackend(), "GPU telemetry off (--gpu-backend none)"
+    if name == "fake":
+        from .fake import FakeGpuBackend
+
+        backend = FakeGpuBackend.from_environ(env)
+        return backend, f"GPU telemetry simulated: {backend.describe()}"
+    from .nvml import NvmlBackend  # pynvml only when asked for
+
+    try:
+        backend = NvmlBackend()
+    except GpuError as e:
+        if name == "nvml":
+            raise
+        return NullGpuBackend(), f"GPU telemetry off: {e}; running CPU-only"
+    return backend, f"GPU telemetry from NVML ({backend.device_count} GPUs)"

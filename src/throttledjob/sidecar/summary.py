@@ -1,0 +1,84 @@
+"""The one summary of a run, read by both the /status document and local mode's --report.
+
+Rules (each in one place, so the two outputs cannot disagree):
+- peaks: p99 and max of 1-second samples over the run, and the p99 of the recent ones
+  (stats.PeakTracker);
+- time held back: by lever, as each lever counted it; the run's total is the larger of
+  the two (they hold the same workload back at the same time, so they do not add up);
+- slowdown: wall / (wall - held back), the time held back counted at most 99% of wall
+  (so at most 100, maxSlowdown's own limit), wall counted from the agent's start;
+- levers used: a duty-cycle lever (signals, pacing) once it has held the workload back,
+  a setting while it is in force (threads and batch scale as published, the explorer's
+  or the policy's; rate limit; nice; CPU affinity; GPU memory fraction; a GPU power cap
+  under the board's limit); named and ordered as contracts.status.LEVERS;
+- target met: the recent p99 of every target within TARGET_TOLERANCE of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from throttledjob.contracts.status import LEVERS
+
+from .agent import CycleResult
+from .stats import PeakSummary
+
+# A target counts as met while the p99 of recent 1-second samples is within this much
+# of it: the same tolerance the benchmarks give the CPU controller.
+TARGET_TOLERANCE = 0.05
+# The share of wall time counted as held back at most: keeps the slowdown finite (100 at
+# most, as for maxSlowdown) when the levers' clocks and the agent's disagree slightly.
+MAX_PAUSED_SHARE = 0.99
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    cpu: PeakSummary
+    gpu_util: PeakSummary
+    gpu_power: PeakSummary
+    signal_paused_seconds: float
+    cooperative_paused_seconds: float
+    paused_seconds: float
+    slowdown: float
+    throttle_level: float  # the last interval's held-back fraction, 0..1
+    levers: tuple[str, ...]
+    target_met: bool
+
+
+def summarize(result: CycleResult) -> RunSummary:
+    p = result.policy
+    gpu = result.gpu
+    signal_paused = result.signal_paused_seconds
+    coop_paused = result.cooperative_paused_seconds
+    paused = max(signal_paused, coop_paused)
+    wall = max(1e-9, result.wall_seconds)
+    util = gpu.utilization if gpu else PeakSummary()
+    power = gpu.power if gpu else PeakSummary()
+    used = {
+        "signals": signal_paused > 0,
+        "pacing": coop_paused > 0,
+        "threads": result.levers.threads is not None,
+        "batch": result.levers.batch_scale < 1,
+        "rate_limit": p.rate_limit_per_second is not None,
+        "nice": p.nice is not None,
+        "cpu_affinity": p.cpu_affinity is not None,
+        "gpu_memory_fraction": p.gpu_memory_fraction is not None,
+        "gpu_power_limit": bool(gpu and gpu.capping),
+    }
+    util_target = None if p.gpu_peak_utilization_percent is None \
+        else p.gpu_peak_utilization_percent / 100.0
+    return RunSummary(
+        cpu=result.cpu, gpu_util=util, gpu_power=power,
+        signal_paused_seconds=signal_paused, cooperative_paused_seconds=coop_paused,
+        paused_seconds=paused,
+        slowdown=wall / (wall - min(paused, MAX_PAUSED_SHARE * wall)),
+        throttle_level=min(1.0, max(0.0, result.status.pause_fraction)),
+        levers=tuple(name for name in LEVERS if used[name]),
+        target_met=(_met(result.cpu.recent_p99, p.cpu_peak_cores)
+                    and _met(util.recent_p99, util_target)
+                    and _met(power.recent_p99, p.gpu_peak_power_watts)),
+    )
+
+
+def _met(observed: float | None, target: float | None) -> bool:
+    return target is None or observed is None or observed <= target * (1 + TARGET_TOLERANCE)

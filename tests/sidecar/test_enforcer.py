@@ -1,0 +1,141 @@
+"""The SIGSTOP/SIGCONT enforcer on real processes with real signals: it holds a busy child
+to its quota, stops what a scan has not found yet through the process group, and never
+leaves anything stopped once closed, whatever it was doing."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from conftest import wait_for
+from throttledjob.sidecar.enforcer import Enforcer, SignalEnforcer
+from throttledjob.sidecar.processes import ProcessTree
+
+BUSY = [sys.executable, "-c", "while True: pass"]
+
+
+@pytest.fixture
+def spawn() -> Iterator:
+    """Start a command in a process group of its own; the group is killed afterwards."""
+    procs: list[subprocess.Popen] = []
+
+    def start(argv: list[str]) -> subprocess.Popen:
+        p = subprocess.Popen(argv, start_new_session=True)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        with contextlib.suppress(OSError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+
+
+def stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
+def never_stopped_for(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if stopped(pid):
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_it_holds_a_busy_child_to_the_quota_by_stopping_it(spawn):
+    child = spawn(BUSY)
+    tree = ProcessTree(root_pid=child.pid)
+    enforcer: Enforcer = SignalEnforcer(tree)
+    enforcer.set(0.2, 0.95)
+    before, began = tree.cpu_seconds(), time.monotonic()
+    enforcer.start()
+    try:
+        wait_for(lambda: stopped(child.pid), timeout=5, interval=0.002,
+                 what="the enforcer to stop the child")
+        time.sleep(1.5)
+        used = tree.cpu_seconds() - before
+        wall = time.monotonic() - began
+        # The bucket's 50 ms burst plus clock-tick granularity; a loaded machine only
+        # lowers what the child gets.
+        assert used <= 0.2 * wall + 0.1
+        assert enforcer.paused_seconds > 0.5 * wall
+    finally:
+        enforcer.close()
+    assert never_stopped_for(child.pid, 0.3)
+
+
+def test_close_while_the_child_is_stopped_resumes_it(spawn):
+    child = spawn(BUSY)
+    enforcer = SignalEnforcer(ProcessTree(root_pid=child.pid))
+    enforcer.set(0.01, 0.99)  # stopped nearly all the time
+    enforcer.start()
+    try:
+        wait_for(lambda: stopped(child.pid), timeout=5, interval=0.002,
+                 what="the child stopped")
+    finally:
+        enforcer.close()
+    assert never_stopped_for(child.pid, 0.3)
+    enforcer.close()  # twice is fine
+    assert not enforcer.stopped
+
+
+def test_disarmed_it_never_stops_anything(spawn):
+    child = spawn(BUSY)
+    enforcer = SignalEnforcer(ProcessTree(root_pid=child.pid))
+    enforcer.set(0.2, 0.95)
+    enforcer.set(None, 0.95)  # disarmed before it ever ran
+    enforcer.start()
+    try:
+        assert never_stopped_for(child.pid, 0.5)
+        assert enforcer.paused_seconds == 0.0
+    finally:
+        enforcer.close()
+
+
+def test_a_child_no_scan_has_found_is_stopped_with_its_group(spawn):
+    # A busy root forks a busy child after the tree's only scan (rescans are an hour
+    # apart): only the signal to the whole process group can reach it.
+    root = spawn([sys.executable, "-c", textwrap.dedent("""
+        import subprocess, sys, time
+        time.sleep(0.3)
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        while True:
+            pass
+    """)])
+    tree = ProcessTree(root_pid=root.pid)
+    enforcer = SignalEnforcer(tree, refresh_every=3600.0, process_group=root.pid)
+    enforcer.set(0.05, 0.99)
+    enforcer.start()
+    try:
+        def late_child() -> int | None:
+            kids = psutil.Process(root.pid).children(recursive=True)
+            return kids[0].pid if kids else None
+
+        pid = wait_for(late_child, timeout=10, what="the late child to start")
+        assert pid not in tree.pids()
+        wait_for(lambda: stopped(pid), timeout=5, interval=0.002,
+                 what="the late child stopped through its group")
+    finally:
+        enforcer.close()
+    assert never_stopped_for(pid, 0.3)
+
+
+def test_closing_before_start_is_harmless(spawn):
+    child = spawn(["sleep", "30"])
+    enforcer = SignalEnforcer(ProcessTree(root_pid=child.pid))
+    enforcer.close()
+    assert not stopped(child.pid)

@@ -1,0 +1,151 @@
+"""ProcessTree and the /proc readers on real processes: children and grandchildren are
+found, CPU time neither drops nor double counts when a member is reaped, signals reach
+the members, and the cgroup helpers parse this machine's own /proc."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from conftest import wait_for
+from throttledjob.sidecar.processes import (
+    ProcessTree,
+    cgroup_of,
+    descendants,
+    in_cgroup,
+    pod_cgroup,
+    resume,
+)
+
+# A root with a child, which has a child of its own: three generations of sleepers.
+GENERATIONS = ["/bin/sh", "-c", 'sleep 60 & /bin/sh -c "sleep 60 & wait" & wait']
+
+
+@pytest.fixture
+def spawn() -> Iterator:
+    procs: list[subprocess.Popen] = []
+
+    def start(argv: list[str]) -> subprocess.Popen:
+        p = subprocess.Popen(argv, start_new_session=True)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        with contextlib.suppress(OSError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+
+
+def test_the_tree_finds_children_and_grandchildren(spawn):
+    root = spawn(GENERATIONS)
+    tree = ProcessTree(root_pid=root.pid)
+
+    def everyone() -> list[int]:
+        tree.refresh()
+        return tree.pids() if len(tree.pids()) == 4 else []
+
+    pids = wait_for(everyone, what="root, its 2 children and a grandchild")
+    expected = {root.pid, *(p.pid for p in psutil.Process(root.pid).children(recursive=True))}
+    assert set(pids) == expected
+    assert descendants(root.pid)[0] == root.pid and set(descendants(root.pid)) == expected
+    assert tree.scoped
+
+
+def test_its_own_process_is_never_a_member(spawn):
+    child = spawn(["sleep", "60"])
+    tree = ProcessTree(root_pid=os.getpid())
+    assert os.getpid() not in tree.pids() and child.pid in tree.pids()
+
+
+def test_cpu_time_does_not_drop_when_a_member_exits_and_is_reaped(spawn):
+    # The root burns CPU in a child, reaps it, then sleeps: the child's time moves into the
+    # root's children time, so the tree's total keeps rising through the exit.
+    script = textwrap.dedent("""
+        import os, time
+        pid = os.fork()
+        if pid == 0:
+            end = time.process_time() + 0.1
+            while time.process_time() < end:
+                pass
+            os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(120)
+    """)
+    root = spawn([sys.executable, "-c", script])
+    tree = ProcessTree(root_pid=root.pid)
+    totals = []
+
+    def reaped() -> bool:
+        tree.refresh()
+        totals.append(tree.cpu_seconds())
+        return len(tree.pids()) == 1 and totals[-1] >= 0.1
+
+    # Only 0.1 s of CPU: the machine may be shared and loaded.
+    wait_for(reaped, timeout=120, interval=0.01, what="the child to burn 0.1 s and be reaped")
+    tick = 1.0 / os.sysconf("SC_CLK_TCK")
+    assert all(b >= a - 2 * tick for a, b in itertools.pairwise(totals))
+    # Counted once: the root's own time plus the child's 0.1 s, not twice that.
+    own = psutil.Process(root.pid).cpu_times()
+    assert totals[-1] < own.user + own.system + 0.1 + 0.05
+
+
+def test_signal_reaches_the_members_and_skips_the_gone(spawn):
+    child = spawn(["sleep", "60"])
+    tree = ProcessTree(root_pid=child.pid)
+    gone = spawn(["true"])
+    gone.wait()
+    try:
+        assert tree.signal(signal.SIGSTOP, [child.pid, gone.pid]) == [child.pid]
+        wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_STOPPED,
+                 what="the child stopped")
+    finally:
+        resume([child.pid, gone.pid])  # never raises, the gone pid included
+    wait_for(lambda: psutil.Process(child.pid).status() != psutil.STATUS_STOPPED,
+             what="the child resumed")
+
+
+def test_cgroup_of_reads_this_machines_proc(spawn):
+    own = cgroup_of("self")
+    assert own is not None and own.strip()
+    for line in own.splitlines():
+        hierarchy, _controllers, path = line.split(":", 2)
+        assert hierarchy.isdigit() and path.startswith("/")
+    child = spawn(["sleep", "60"])
+    assert cgroup_of(child.pid) == own  # a child is born in its parent's cgroups
+    gone = spawn(["true"])
+    gone.wait()
+    assert cgroup_of(gone.pid) is None
+
+
+def test_in_cgroup_on_real_paths():
+    own = cgroup_of("self")
+    path = own.splitlines()[0].split(":", 2)[2].strip()
+    assert in_cgroup(own, path)
+    if path != "/":
+        parent = path.rsplit("/", 1)[0] or "/"
+        assert parent == "/" or in_cgroup(own, parent)
+        assert not in_cgroup(own, path + "x")  # a longer name is another cgroup
+    scope = pod_cgroup(own)
+    assert scope is None or in_cgroup(own, scope)
+
+
+def test_a_cgroup_scoped_tree_takes_grandchildren_but_not_its_own_helpers(spawn):
+    # Scoped by our own cgroup: a direct child of this process is a helper of ours, but
+    # what it starts is in the same cgroup and is the workload.
+    path = cgroup_of("self").splitlines()[0].split(":", 2)[2].strip()
+    root = spawn(["/bin/sh", "-c", "sleep 60 & wait"])
+    grandchild = wait_for(lambda: psutil.Process(root.pid).children(), what="a grandchild")[0]
+    tree = ProcessTree(pod_cgroup=path)
+    assert tree.scoped
+    assert grandchild.pid in tree.pids()
+    assert root.pid not in tree.pids() and os.getpid() not in tree.pids()

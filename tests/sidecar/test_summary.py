@@ -1,0 +1,130 @@
+"""One summary of a run for /status and --report: the same peaks, time held back,
+slowdown and levers, from the agent's CycleResult."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from throttledjob.contracts.policy import Policy
+from throttledjob.contracts.progress import Progress
+from throttledjob.runtime.progress import write_progress
+from throttledjob.sidecar.agent import Agent, CycleResult
+from throttledjob.sidecar.local import build_report
+from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
+from throttledjob.sidecar.stats import PeakTracker
+from throttledjob.sidecar.summary import summarize
+
+
+class Tree:
+    def __init__(self) -> None:
+        self.cpu = 0.0
+
+    def refresh(self) -> None:
+        pass
+
+    def cpu_seconds(self) -> float:
+        return self.cpu
+
+    def pids(self) -> list[int]:
+        return []
+
+
+class Enforcer:
+    """Stands in for an enforcer: the test says how long it held the workload back."""
+
+    def __init__(self) -> None:
+        self.paused_seconds = 0.0
+        self.pause_capped = False
+
+    def start(self) -> None:
+        pass
+
+    def set(self, quota, max_pause_fraction) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def run(tmp_path, policy: Policy, usage: list[float], paused: float = 0.0,
+        interval: float = 1.0) -> tuple[Agent, CycleResult]:
+    now, tree, enforcer = [0.0], Tree(), Enforcer()
+    agent = Agent(policy, tree, str(tmp_path), enforcer=enforcer, clock=lambda: now[0])
+    agent.start()
+    result = agent.result
+    for i, cores in enumerate(usage):
+        tree.cpu += cores * interval
+        now[0] += interval
+        enforcer.paused_seconds = paused * (i + 1) / len(usage)
+        result = agent.cycle()
+    return agent, result
+
+
+def both_ways(result: CycleResult) -> tuple[dict, dict]:
+    return build_report(result, result.wall_seconds, 0), \
+        status_document(snapshot_of(result, Health()))
+
+
+def test_peaks_are_over_one_second_samples_whatever_the_interval():
+    tracker = PeakTracker()
+    for rate in (1.0, 3.0, 2.0, 2.0):       # half-second intervals: two samples
+        tracker.add(rate * 0.5, 0.5)
+    tracker.add(5.0 * 0.5, 0.5)
+    tracker.add(0.0, 0.5, valid=False)  # unreadable at the window's close: no sample
+    summary = tracker.summary()
+    assert summary.count == 2 and summary.recent == (2.0, 2.0)
+    assert summary.max == 2.0 and summary.p99 == pytest.approx(2.0, abs=0.005)
+    assert PeakTracker().summary().p99 is None
+
+
+def test_report_and_status_agree(tmp_path):
+    usage = [0.5, 1.8, 0.9, 1.0, 1.1]
+    agent, result = run(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="signals",
+                                         rate_limit_per_second=5.0), usage, paused=1.0)
+    report, status = both_ways(result)
+    c = report["controller"]
+    assert c["levers_used"] == status["levers"] == ["signals", "rate_limit"]
+    assert c["estimated_slowdown"] == status["observed"]["slowdown"] == pytest.approx(1.25)
+    assert report["cpu_peak_cores"] == status["observed"]["cpuPeakCores"]
+    assert report["cpu_max_cores"] == status["observed"]["cpuMaxCores"] == 1.8
+    assert report["cpu_recent_samples"] == usage and report["samples"] == len(usage)
+    agent.close()
+
+
+def test_slowdown_counts_at_most_99_percent_of_wall_as_held_back(tmp_path):
+    # The enforcer's clock says it held the workload back longer than the run lasted.
+    _, result = run(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="signals"), [1.0, 1.0],
+                    paused=5.0)
+    report, status = both_ways(result)
+    assert summarize(result).slowdown == pytest.approx(100.0)
+    assert report["controller"]["estimated_slowdown"] == status["observed"]["slowdown"] == 100.0
+    assert report["controller"]["paused_seconds"] == 5.0  # the measure itself, unclamped
+
+
+def test_an_armed_enforcer_that_never_paused_is_no_lever_used(tmp_path):
+    _, result = run(tmp_path, Policy(cpu_peak_cores=1.5, enforcement="signals"), [0.5] * 3)
+    assert result.status.enforcer_armed
+    report, status = both_ways(result)
+    assert report["controller"]["levers_used"] == status["levers"] == []
+
+
+def test_threads_the_explorer_published_count_as_a_lever(tmp_path):
+    # A memory-bound workload: the explorer settles on one thread (tests/test_explorer.py).
+    now, tree = [0.0], Tree()
+    agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
+                  clock=lambda: now[0])
+    agent.start()
+    steps = 0
+    for _ in range(20):
+        threads = agent.result.levers.threads
+        tree.cpu += 1.2 if threads is None else 1.0
+        steps += 100 if threads is None else 95
+        write_progress(str(tmp_path), Progress(pid=os.getpid(), steps=steps))
+        now[0] += 1.0
+        result = agent.cycle()
+    assert result.levers.threads == 1
+    report, status = both_ways(result)
+    assert "threads" in report["controller"]["levers_used"] and "threads" in status["levers"]
+    agent.close()
