@@ -13,6 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+# Two busy processes (or one, with --workers 1): the standard CPU-hungry workload.
+HUNGRY = [sys.executable, str(ROOT / "examples" / "cpu_hungry.py")]
 
 
 def require_tool(name: str) -> str:

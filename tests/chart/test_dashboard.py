@@ -15,14 +15,14 @@ from typing import Any
 import promserver
 import pytest
 
-from conftest import ROOT, wait_for
+from conftest import HUNGRY, ROOT, wait_for
 
 sys.path.insert(0, str(ROOT / "tools"))
 import dashboard as generator
 
 CHART_COPY = ROOT / "charts" / "throttledjob" / "dashboards" / "throttledjob.json"
 STANDALONE = ROOT / "docs" / "grafana-dashboard.json"
-HUNGRY = [sys.executable, str(ROOT / "examples" / "cpu_hungry.py")]
+
 # What the chart's PodMonitor relabelings put on every series of a sidecar.
 POD_LABELS = {"namespace": "ml", "throttledjob": "train", "pod": "train-x7k2p"}
 SCRAPE_SECONDS = 1

@@ -35,14 +35,11 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
+from conftest import ROOT, VENV_BIN, wait_for  # noqa: F401  (re-exported)
 from throttledjob.operator import crd
 from throttledjob.operator.children import LABEL_NAME
 from throttledjob.operator.status import condition
 
-from ..conftest import wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
 K8S_VERSIONS = ("1.30", kubernetes_validate.latest_version())
 NAMESPACE = "ml"
 

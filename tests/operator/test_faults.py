@@ -11,9 +11,9 @@ import kopf
 import pytest
 import yaml
 
+from conftest import wait_for
 from throttledjob.operator import handlers, kube
 
-from ..conftest import wait_for
 from .conftest import (
     CM_PATH,
     JOBS_PATH,

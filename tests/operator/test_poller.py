@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from conftest import wait_for
 from throttledjob.operator.crd import SIDECAR_CONTAINER
 from throttledjob.operator.poller import OperatorState, due, poll, read_sidecars, resync_from_job
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.sidecar_status import HttpStatusReader
 
-from ..conftest import wait_for
 from .conftest import FakeSidecar
 
 STATUS_DOC = {"observed": {"cpuPeakCores": 1.0, "cpuMaxCores": 1.9,

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +14,7 @@ from pathlib import Path
 import pytest
 from promserver import free_port, get, stop
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-VENV_BIN = Path(sys.executable).parent
-HUNGRY = [sys.executable, str(ROOT / "examples" / "cpu_hungry.py")]
+from conftest import HUNGRY, ROOT, VENV_BIN  # noqa: F401  (re-exported to the sidecar tests)
 
 
 def get_json(url: str) -> dict | None:

@@ -111,7 +111,7 @@ def test_an_armed_enforcer_that_never_paused_is_no_lever_used(tmp_path):
 
 
 def test_threads_the_explorer_published_count_as_a_lever(tmp_path):
-    # A memory-bound workload: the explorer settles on one thread (tests/test_explorer.py).
+    # A memory-bound workload: the explorer settles on one thread (tests/sidecar/test_explorer.py).
     now, tree = [0.0], Tree()
     agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
                   clock=lambda: now[0])

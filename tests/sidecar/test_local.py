@@ -14,9 +14,7 @@ import time
 import psutil
 import pytest
 
-from conftest import ROOT, wait_for
-
-HUNGRY = [sys.executable, str(ROOT / "examples" / "cpu_hungry.py")]
+from conftest import HUNGRY, wait_for
 
 
 def run(throttledjob_cmd, args, tmp_path, **kwargs):
