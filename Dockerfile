@@ -2,11 +2,16 @@
 # One image for the operator and the sidecar: ENTRYPOINT throttledjob, so a pod runs
 # `throttledjob operator ...` (the chart) or `throttledjob sidecar ...` (the operator's
 # Job builder). Build: docker build -t ghcr.io/throttledjob/throttledjob:0.1.0 .
-# No image can be built on the CI machines: tests/chart/test_image.py lints this file with
-# hadolint and runs the build stage's steps, exactly, in a fresh venv.
+# tests/chart/test_image.py lints this file with hadolint and runs the build stage's steps,
+# exactly, in a fresh venv. Where no registry is reachable, BASE names a local image with
+# Debian's python3.11 instead (tools/k8s/node.py builds one with debootstrap):
+#   podman build --build-arg BASE=localhost/throttledjob-base:bookworm -t localhost/throttledjob:dev .
+
+# Both stages use the same base: the venv's interpreter path must exist in the final image.
+ARG BASE=python:3.11.11-slim-bookworm
 
 # --- build: a virtualenv with the package and its pinned dependencies --------------------
-FROM python:3.11.11-slim-bookworm AS build
+FROM ${BASE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 RUN python -m venv /opt/throttledjob
@@ -20,7 +25,7 @@ RUN /opt/throttledjob/bin/pip install --no-cache-dir --only-binary=:all: \
     && /opt/throttledjob/bin/pip check
 
 # --- final: the same base (the venv's interpreter path), the venv, a non-root user --------
-FROM python:3.11.11-slim-bookworm
+FROM ${BASE}
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="throttledjob" \
       org.opencontainers.image.description="ThrottledJob operator and sidecar: hold CPU and GPU peaks of batch and ML jobs to a target at the least slowdown" \

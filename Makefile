@@ -29,12 +29,20 @@ install: $(STAMP)
 install-run: $(RUN_STAMP)
 	$(EDITABLE)
 
-# System tools the suite drives for real (docs/testing.md): Prometheus/promtool, cpulimit.
+# System tools the suite drives for real (docs/testing.md): Prometheus/promtool, cpulimit,
+# and the real node's runtime and image tools (tools/k8s/node.py, "Real node").
+NODE_PACKAGES := containerd runc containernetworking-plugins podman debootstrap
 tools:
 	@command -v promtool >/dev/null && command -v cpulimit >/dev/null || { \
 		apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			prometheus cpulimit >/dev/null; }
+	@command -v containerd >/dev/null && command -v runc >/dev/null && \
+		test -x /usr/lib/cni/bridge && command -v podman >/dev/null && \
+		command -v debootstrap >/dev/null || { \
+		apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			$(NODE_PACKAGES) >/dev/null; }
 
 # checkov (tests/chart/test_checkov.py) in a venv of its own: its many dependencies clash
 # with the pins of requirements-dev.txt. Pinned; a new pin reinstalls it.
@@ -78,4 +86,4 @@ bench: install tools
 	$(PY) bench/run.py
 
 clean: cluster-down
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(CHECKOV_VENV) build src/*.egg-info

@@ -50,6 +50,22 @@ def stages() -> list[list[tuple[str, str]]]:
     return result
 
 
+def global_args() -> dict[str, str]:
+    """Defaults of the ARGs declared before the first FROM (the ones FROM may use)."""
+    out = {}
+    for kind, args in instructions(DOCKERFILE.read_text()):
+        if kind == "FROM":
+            break
+        if kind == "ARG":
+            name, _, default = args.partition("=")
+            out[name] = default
+    return out
+
+
+def expand(text: str, args: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], text)
+
+
 def test_hadolint_clean() -> None:
     hadolint = require_tool("hadolint")
     proc = subprocess.run([hadolint, "--failure-threshold", "info", str(DOCKERFILE)],
@@ -59,8 +75,10 @@ def test_hadolint_clean() -> None:
 
 def test_shape_multi_stage_pinned_non_root_one_entrypoint() -> None:
     build, final = stages()
+    # The base is a build argument (a local image where no registry is reachable,
+    # tools/k8s/node.py), whose default is the pinned official image.
     base = build[0][1].split()[0]
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base), base  # pinned patch version
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", expand(base, global_args())), base
     # The venv's interpreter path must exist in the final image: the same base.
     assert final[0] == ("FROM", base)
     final_kinds = [k for k, _ in final]
@@ -107,13 +125,16 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
 def build_context(dest: Path) -> Path:
     patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
-    for path in ROOT.rglob("*"):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith((".git/", ".venv/")) or path.is_dir():
-            continue
-        if not _ignored(rel, patterns):
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, dest / rel)
+    for top, dirs, names in os.walk(ROOT):
+        # Not into .git or any venv (.venv, .venv-*): large, and other tools may be
+        # rewriting them meanwhile (a directory vanishing mid-walk).
+        dirs[:] = [d for d in dirs if not (top == str(ROOT) and d.startswith((".git", ".venv")))]
+        for name in names:
+            path = Path(top) / name
+            rel = path.relative_to(ROOT).as_posix()
+            if not _ignored(rel, patterns):
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, dest / rel)
     return dest
 
 

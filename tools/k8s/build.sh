@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the pinned Kubernetes control plane, kubectl, etcd and KWOK from Go modules
+# Builds the pinned Kubernetes control plane, kubectl, the kubelet (the real node,
+# tools/k8s/node.py), etcd and KWOK from Go modules
 # (the module proxy is the only source reachable here) into a cache outside the repo.
 # Idempotent: a second run with the binaries present returns at once.
 #
@@ -10,7 +11,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/versions.env"
 
 bin="${THROTTLEDJOB_CACHE:-$HOME/.cache/throttledjob}/k8s/$K8S_VERSION/bin"
-k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 export GOFLAGS="-trimpath" CGO_ENABLED=0
 
 regenerate() {

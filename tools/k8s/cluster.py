@@ -11,6 +11,10 @@ containers exit 0 would. Every binary is built from source by tools/k8s/build.sh
 
 Stdlib only. Ports are picked free at start, so two clusters never clash; everything a
 cluster makes lives in its directory and goes with `down`.
+
+    python tools/k8s/cluster.py up --node real          also a real node beside KWOK: a
+                                                        kubelet on containerd running real
+                                                        pods (tools/k8s/node.py)
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import importlib.util
 import json
 import os
 import secrets
@@ -68,6 +73,17 @@ def build() -> Path:
     """Build (or find in the cache) every binary; returns their directory."""
     subprocess.run(["bash", str(HERE / "build.sh")], check=True, stdout=subprocess.DEVNULL)
     return bin_dir()
+
+
+def node_module() -> Any:
+    """tools/k8s/node.py (the real node), loaded by path as this file is by the tests."""
+    name = "throttledjob_k8s_node"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "node.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return sys.modules[name]
 
 
 def _free_port() -> int:
@@ -160,8 +176,12 @@ class Cluster:
         self.down()
         for name in ("etcd", "certs", "logs"):
             (self.dir / name).mkdir(parents=True, exist_ok=True)
-        token = secrets.token_hex(16)
-        (self.dir / "tokens.csv").write_text(f'{token},{ADMIN},{ADMIN},"system:masters"\n')
+        token, node_token = secrets.token_hex(16), secrets.token_hex(16)
+        # The second identity is a real node's kubelet (tools/k8s/node.py), if one is added.
+        node_user = f"system:node:{node_module().NODE_NAME}"
+        (self.dir / "tokens.csv").write_text(
+            f'{token},{ADMIN},{ADMIN},"system:masters"\n'
+            f'{node_token},{node_user},{node_user},"system:nodes"\n')
         (self.dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         subprocess.run(["openssl", "genrsa", "-out", str(self.dir / "sa.key"), "2048"],
                        check=True, capture_output=True)
@@ -169,7 +189,8 @@ class Cluster:
         server = f"https://127.0.0.1:{ports['apiserver']}"
         pod_ip = "127." + ".".join(str(secrets.randbelow(254) + 1) for _ in range(3))
         (self.dir / "state.json").write_text(json.dumps(
-            {"server": server, "token": token, "ports": ports, "pod_ip": pod_ip, "pids": {}}))
+            {"server": server, "token": token, "node_token": node_token, "ports": ports,
+             "pod_ip": pod_ip, "pids": {}}))
         (self.dir / "kwok-stages.yaml").write_text(
             (HERE / "kwok-stages.yaml").read_text().replace("POD_IP", pod_ip))
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
@@ -214,10 +235,25 @@ class Cluster:
         self._wait(self._node_ready, timeout, f"node {NODE_NAME} Ready")
         return self
 
+    def add_real_node(self, timeout: float = 180.0) -> Any:
+        """A real node beside KWOK (tools/k8s/node.py); returns once it is Ready. Raises
+        node.NodeUnavailable when this machine lacks what it needs."""
+        node = node_module().RealNode(self)
+        try:
+            node.up(timeout)
+        except BaseException:
+            # Half a node is worse than none: undo what was made, keep the control plane.
+            node.down()
+            raise
+        return node
+
     def down(self) -> None:
-        """Stop every process this directory started (SIGTERM, then SIGKILL) and remove it."""
+        """Stop every process this directory started (SIGTERM, then SIGKILL), undo what a
+        real node changed on the machine, and remove the directory."""
         state = self.dir / "state.json"
         if state.exists():
+            if self.state.get("node"):
+                node_module().teardown(self)
             pids = json.loads(state.read_text()).get("pids", {})
             for pid in reversed(list(pids.values())):
                 _terminate(pid)
@@ -236,19 +272,42 @@ class Cluster:
         upgrade); for the API server, returns once it answers again."""
         state = self.state
         _terminate(state["pids"][name])
-        self._start(name, state["args"][name])
+        self._start(name, state["args"][name], state.get("programs", {}).get(name))
         if name == "kube-apiserver":
             self._wait(self.running, 120, "kube-apiserver /readyz after a restart")
 
-    def _start(self, name: str, args: list[str]) -> None:
+    def update_state(self, **values: Any) -> None:
+        state = self.state
+        state.update(values)
+        (self.dir / "state.json").write_text(json.dumps(state))
+
+    def start_process(self, name: str, args: list[str], program: str | None = None) -> None:
+        """Start a component (a binary of the build, or `program`); `down` stops it."""
+        self._start(name, args, program)
+
+    def stop_process(self, name: str) -> None:
+        """Stop one component for good (SIGTERM, then SIGKILL); forgotten by `down`."""
+        state = self.state
+        pid = state["pids"].pop(name, None)
+        if pid is not None:
+            _terminate(pid)
+        (self.dir / "state.json").write_text(json.dumps(state))
+
+    def wait(self, ready: Any, timeout: float, what: str) -> None:
+        """Poll `ready()` until true; fails early with the log of a component that died."""
+        self._wait(ready, timeout, what)
+
+    def _start(self, name: str, args: list[str], program: str | None = None) -> None:
         log = open(self.dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen([str(self.bin / name), *args], stdout=log,
+        proc = subprocess.Popen([program or str(self.bin / name), *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=self.dir)
         log.close()
         state = json.loads((self.dir / "state.json").read_text())
         state["pids"][name] = proc.pid
         state.setdefault("args", {})[name] = args
+        if program:
+            state.setdefault("programs", {})[name] = program
         (self.dir / "state.json").write_text(json.dumps(state))
 
     def _wait(self, ready: Any, timeout: float, what: str) -> None:
@@ -321,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down", "build"])
     parser.add_argument("--dir", default=str(ROOT / ".cluster"),
                         help="where the cluster's state lives (default .cluster)")
+    parser.add_argument("--node", choices=["kwok", "real"], default="kwok",
+                        help="real: also a real node (kubelet, containerd) beside KWOK's")
     args = parser.parse_args(argv)
     if args.action == "build":
         print(build())
@@ -331,10 +392,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     build()
     started = time.monotonic()
+    was_running = cluster.running()
     try:
         cluster.up()
-    except (RuntimeError, TimeoutError) as e:
-        cluster.down()
+        if args.node == "real":
+            cluster.add_real_node()
+    except (RuntimeError, TimeoutError, OSError) as e:
+        # A cluster that was already running keeps running (a failed node undoes itself).
+        if not was_running:
+            cluster.down()
         print(f"cluster: {e}", file=sys.stderr)
         return 1
     print(f"cluster ready in {time.monotonic() - started:.1f}s: "

@@ -1,0 +1,120 @@
+"""A real node (tools/k8s/node.py): the kubelet on containerd and runc runs the product's
+image, built from the project's Dockerfile, as a real pod, under Pod Security
+"restricted", in a network namespace of its own.
+
+Needs root and Debian's containerd, runc, containernetworking-plugins, podman and
+debootstrap: without them the tests skip, or fail under CI=true (as require_tool does).
+The first run builds the images (about 5 minutes: debootstrap, then the Dockerfile with
+pip); later runs take them from ~/.cache/throttledjob/images.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import throttledjob
+
+from .conftest import Kubectl, k8s, wait_json
+
+node_mod = k8s.node_module()
+# A cold start (no cached images) runs debootstrap and the image build inside the first
+# test's setup.
+pytestmark = pytest.mark.timeout(1200)
+START_TIMEOUT = 600.0  # a cold start builds the images
+POD_TIMEOUT = 120.0
+# What the pod prints: who it runs as, its network interfaces, the product's version;
+# then it exits with the code the test asked for.
+SCRIPT = """
+import os, sys, throttledjob
+print("uid", os.getuid())
+print("interfaces", " ".join(sorted(os.listdir("/sys/class/net"))))
+print("version", throttledjob.__version__)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture(scope="module")
+def real_node(cluster: Any) -> Iterator[Any]:
+    missing = node_mod.missing_tools()
+    if missing:
+        message = (f"a real node needs {', '.join(missing)}: apt-get install "
+                   f"{' '.join(node_mod.APT_PACKAGES)} as root")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    node = cluster.add_real_node(START_TIMEOUT)
+    yield node
+    node.down()
+
+
+def pod_manifest(namespace: str, exit_code: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"real-{uuid.uuid4().hex[:6]}", "namespace": namespace},
+        "spec": {
+            "nodeSelector": node_mod.LABELS,
+            "tolerations": [{**node_mod.TAINT, "operator": "Equal"}],
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": True,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "main", "image": node_mod.PRODUCT_IMAGE,
+                # Loaded into containerd by hand: there is no registry to pull from.
+                "imagePullPolicy": "Never",
+                "command": ["python", "-c", SCRIPT, str(exit_code)],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "securityContext": {"allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    }
+
+
+def run_pod(kubectl: Kubectl, namespace: str, exit_code: int) -> dict[str, Any]:
+    pod = pod_manifest(namespace, exit_code)
+    kubectl.apply(pod)
+    name = pod["metadata"]["name"]
+    return wait_json(kubectl, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+                     "pod", "-n", namespace, name, what=f"pod {name} to finish",
+                     timeout=POD_TIMEOUT)
+
+
+def terminated(pod: dict[str, Any]) -> dict[str, Any]:
+    (status,) = pod["status"]["containerStatuses"]
+    return status["state"]["terminated"]
+
+
+def test_a_real_pod_runs_the_image_to_success(real_node: Any, kubectl: Kubectl,
+                                               namespace: str) -> None:
+    pod = run_pod(kubectl, namespace, 0)
+    assert pod["spec"]["nodeName"] == node_mod.NODE_NAME
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    state = terminated(pod)
+    assert state["exitCode"] == 0 and state["reason"] == "Completed", state
+    assert state["startedAt"] <= state["finishedAt"]
+    out = real_node.pod_log(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], "main")
+    lines = dict(line.split(" ", 1) for line in out.splitlines())
+    assert lines["uid"] == "65532", out  # the image's USER, as "restricted" requires
+    assert lines["version"] == throttledjob.__version__, out
+    # Its own network namespace (the veth end of the node's bridge and lo, not the
+    # machine's interfaces), with an IP from the bridge's subnet.
+    assert lines["interfaces"].split() == ["eth0", "lo"], out
+    assert sorted(os.listdir("/sys/class/net")) != ["eth0", "lo"]
+    subnet = ipaddress.ip_network(k8s.Cluster(real_node.cluster.dir).state["node"]["subnet"])
+    assert ipaddress.ip_address(pod["status"]["podIP"]) in subnet, pod["status"]
+
+
+def test_a_real_pod_failing_reports_its_exit_code_and_output(real_node: Any, kubectl: Kubectl,
+                                                             namespace: str) -> None:
+    pod = run_pod(kubectl, namespace, 3)
+    assert pod["status"]["phase"] == "Failed", pod["status"]
+    state = terminated(pod)
+    assert state["exitCode"] == 3 and state["reason"] == "Error", state
+    # The kubelet read the container's real output back as the termination message.
+    assert "uid 65532" in state.get("message", ""), state

@@ -1,0 +1,514 @@
+"""A real node for the test cluster: the kubelet (built with the control plane by
+tools/k8s/build.sh) on containerd, runc and the CNI plugins from Debian, running real pods
+on this machine. Called by `cluster.py up --node real`; `cluster.py down` calls teardown().
+
+No container registry is reachable, so every image is built here and cached in
+~/.cache/throttledjob/images (override with THROTTLEDJOB_CACHE):
+
+- the sandbox ("pause") image: tools/k8s/pause, a static Go binary, packed by hand as an
+  OCI archive (one layer, one file);
+- a Debian bookworm base with Debian's python3.11 (debootstrap), the local stand-in for
+  the Dockerfile's python:3.11-slim-bookworm;
+- the product image localhost/throttledjob:dev: the project's Dockerfile built by podman
+  from that base (`--build-arg BASE=...`).
+
+Everything the node makes lives in the cluster's directory (containerd root and state,
+network namespaces, kubelet root, pod logs, CNI IPAM) or is recorded there (the bridge,
+the cgroup root, kernel settings the kubelet and the bridge plugin change), so that
+teardown() can undo it. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+NODE_NAME = "real-node-0"
+PAUSE_IMAGE = "localhost/throttledjob-pause:1"
+BASE_IMAGE = "localhost/throttledjob-base:bookworm"
+PRODUCT_IMAGE = "localhost/throttledjob:dev"
+# Only pods that ask for the real node land on it: the suite's other pods are meant for
+# KWOK (their images exist nowhere here), and may be pending while this node comes up.
+TAINT = {"key": "throttledjob.io/real-node", "value": "true", "effect": "NoSchedule"}
+LABELS = {"throttledjob.io/node": "real"}
+# Debian packages the node needs; `make`/CI installs them with apt-get.
+APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "podman", "debootstrap")
+NEEDED = {"containerd": "/usr/bin/containerd", "ctr": "/usr/bin/ctr", "runc": "/usr/sbin/runc",
+          "bridge": "/usr/lib/cni/bridge", "host-local": "/usr/lib/cni/host-local",
+          "loopback": "/usr/lib/cni/loopback", "podman": "/usr/bin/podman",
+          "debootstrap": "/usr/sbin/debootstrap", "go": None, "ip": "/usr/sbin/ip"}
+CNI_BIN = "/usr/lib/cni"
+# The kubelet sets these when they differ from what it wants (it has no "leave them"
+# setting; protectKernelDefaults only turns the change into a refusal to start), and the
+# bridge plugin turns on forwarding for its gateway. Saved before, restored at teardown.
+SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+           "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/ipv4/ip_forward")
+CONTAINER_LOGS = Path("/var/log/containers")  # hard-coded in the kubelet: symlinks only
+# Hard-coded in containerd 1.6: each shim's socket is /run/containerd/s/<sha256 of
+# "<containerd socket>/<namespace>/<id>">, removed by the shim unless it is killed.
+SHIM_SOCKETS = Path("/run/containerd/s")
+
+
+class NodeUnavailable(RuntimeError):
+    """The machine lacks what a real node needs (a tool, root)."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("THROTTLEDJOB_CACHE", Path.home() / ".cache/throttledjob"))
+
+
+def missing_tools() -> list[str]:
+    missing = [name for name, path in NEEDED.items()
+               if not (shutil.which(name) if path is None else os.access(path, os.X_OK))]
+    if os.geteuid() != 0:
+        missing.append("root")
+    return missing
+
+
+def check() -> None:
+    missing = missing_tools()
+    if missing:
+        raise NodeUnavailable(f"a real node needs {', '.join(missing)}: apt-get install "
+                              f"{' '.join(APT_PACKAGES)} (as root)")
+
+
+def _run(*cmd: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}\n"
+                           f"{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    return proc
+
+
+# --- images ------------------------------------------------------------------------------
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def pause_archive() -> Path:
+    """The sandbox image as an OCI archive `ctr images import` reads (built once)."""
+    src = HERE / "pause" / "main.go"
+    key = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
+    out = cache_dir() / "images" / f"pause-{key}.oci.tar"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = Path(tmp) / "pause"
+        _run("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(binary), str(src),
+             cwd=src.parent, env={**os.environ, "CGO_ENABLED": "0"})
+        # One layer holding /pause; mtime 0 so the same source gives the same digest.
+        layer_tar = io.BytesIO()
+        with tarfile.open(fileobj=layer_tar, mode="w") as t:
+            info = t.gettarinfo(str(binary), arcname="pause")
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            t.addfile(info, binary.open("rb"))
+        layer = gzip.compress(layer_tar.getvalue(), mtime=0)
+        config = json.dumps({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
+            "rootfs": {"type": "layers", "diff_ids": [_digest(layer_tar.getvalue())]},
+        }).encode()
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": _digest(config), "size": len(config)},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                        "digest": _digest(layer), "size": len(layer)}],
+        }).encode()
+        index = json.dumps({"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": _digest(manifest), "size": len(manifest),
+            "annotations": {"io.containerd.image.name": PAUSE_IMAGE,
+                            "org.opencontainers.image.ref.name": PAUSE_IMAGE.split(":")[1]}}],
+        }).encode()
+        files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": index}
+        for blob in (layer, config, manifest):
+            files["blobs/sha256/" + _digest(blob).split(":")[1]] = blob
+        tmp_out = out.with_suffix(".tmp")
+        with tarfile.open(tmp_out, "w") as t:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        tmp_out.rename(out)
+    return out
+
+
+def _podman(*args: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """podman with its storage in the cache, not /var/lib/containers: nothing of the
+    machine's own, and the base image survives between runs."""
+    store = cache_dir() / "images" / "podman"
+    return _run("podman", "--root", str(store / "root"), "--runroot", str(store / "run"),
+                "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs",
+                "--events-backend", "none", *args, check=check, **kw)
+
+
+def base_image() -> None:
+    """localhost/throttledjob-base:bookworm in podman's store: Debian bookworm minbase with
+    Debian's python3.11 (what python:3.11-slim-bookworm is, minus its own build of Python),
+    from debootstrap (about 80 s, once)."""
+    tarball = cache_dir() / "images" / "base-bookworm-python3.tar"
+    if not tarball.exists():
+        tarball.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            # python-is-python3: the Dockerfile calls `python`; python3-venv: ensurepip.
+            _run("debootstrap", "--variant=minbase",
+                 "--include=python3,python3-venv,python-is-python3,ca-certificates",
+                 "bookworm", str(rootfs), "http://deb.debian.org/debian", timeout=900)
+            for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+                for p in (rootfs / junk).glob("*"):
+                    if p.is_file():
+                        p.unlink()
+            _run("tar", "-C", str(rootfs), "-cf", str(tarball.with_suffix(".tmp")), ".")
+            tarball.with_suffix(".tmp").rename(tarball)
+    if _podman("image", "exists", BASE_IMAGE, check=False).returncode == 0:
+        return
+    with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
+        # The image trusts what this machine trusts: where HTTPS goes through an
+        # intercepting proxy, its CA is in the host's bundle only, and pip (which brings
+        # its own bundle) must be told to use the system's, as the host's pip is.
+        image_tar = Path(tmp) / "base.tar"
+        extra = {"./etc/pip.conf": b"[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n"}
+        host_ca = Path("/etc/ssl/certs/ca-certificates.crt")
+        if host_ca.exists():
+            extra["./etc/ssl/certs/ca-certificates.crt"] = host_ca.read_bytes()
+        # A copy with those files replaced (podman refuses a layer naming a path twice).
+        with tarfile.open(tarball) as src, tarfile.open(image_tar, "w") as dst:
+            for member in src:
+                if member.name not in extra:
+                    dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+            for name, data in extra.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o644
+                dst.addfile(info, io.BytesIO(data))
+        _podman("import", "--change", "ENV=LANG=C.UTF-8", "--change", 'CMD=["python3"]',
+                str(image_tar), BASE_IMAGE)
+
+
+def _context_hash() -> str:
+    """What the image is built from: the Dockerfile and the files it may copy."""
+    h = hashlib.sha256()
+    paths = [ROOT / n for n in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md",
+                                "requirements-dev.txt", "requirements-run.txt")]
+    paths += sorted(p for p in (ROOT / "src").rglob("*")
+                    if p.is_file() and "__pycache__" not in p.parts)
+    for p in paths:
+        h.update(p.relative_to(ROOT).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def product_archive() -> Path:
+    """localhost/throttledjob:dev built from the project's Dockerfile, as an OCI archive;
+    rebuilt when the Dockerfile or what it copies changes."""
+    out = cache_dir() / "images" / f"throttledjob-dev-{_context_hash()}.oci.tar"
+    if out.exists():
+        return out
+    base_image()
+    # --network host: pip in the build stage reaches PyPI as this machine does. The
+    # ulimits: podman asks for more open files than root may have here (no
+    # CAP_SYS_RESOURCE, hard limit below podman's default).
+    _podman("build", "--network", "host", "--ulimit", "nofile=1024:1024",
+            "--ulimit", "nproc=4096:4096", "--build-arg", f"BASE={BASE_IMAGE}",
+            "-t", PRODUCT_IMAGE, "-f", str(ROOT / "Dockerfile"), str(ROOT), timeout=1800)
+    # The build stage's image and older builds' are of no further use.
+    _podman("image", "prune", "--force", check=False)
+    for old in out.parent.glob("throttledjob-dev-*.oci.tar"):
+        old.unlink()
+    _podman("save", "--format", "oci-archive", "-o", str(out.with_suffix(".tmp")),
+            PRODUCT_IMAGE)
+    out.with_suffix(".tmp").rename(out)
+    return out
+
+
+# --- the node ----------------------------------------------------------------------------
+
+CONTAINERD_CONFIG = """version = 2
+root = "{d}/containerd/root"
+state = "{d}/containerd/state"
+# Plugins this node does not use; they only log errors here.
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.tracing.processor.v1.otlp"]
+
+[grpc]
+  address = "{d}/containerd/containerd.sock"
+
+[ttrpc]
+  address = "{d}/containerd/containerd.sock.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/containerd/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  # Built locally (no registry is reachable): tools/k8s/pause.
+  sandbox_image = "{pause}"
+  # Pods' network namespaces under the state directory, not /var/run/netns.
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  # Root here lacks CAP_SYS_RESOURCE, so no process may lower its oom_score_adj; runc
+  # fails ("can't get final child's PID from pipe: EOF") applying the kubelet's -998 for
+  # sandboxes. This clamps every container's score at containerd's own (0) or above.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        # No systemd on this machine: cgroupfs, as the kubelet's cgroupDriver.
+        SystemdCgroup = false
+        # runc's state here, not in /run/containerd/runc.
+        Root = "{d}/containerd/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{d}/cni/net.d"
+    max_conf_num = 1
+"""
+
+
+def _cgroup_mounts() -> list[Path]:
+    """Every cgroup hierarchy (v1 controllers and the unified one beside them)."""
+    out = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, fstype, *_ = line.split()
+        if fstype in ("cgroup", "cgroup2"):
+            out.append(Path(point))
+    return out
+
+
+class RealNode:
+    """A kubelet and a containerd for `cluster` (a cluster.Cluster), in cluster.dir/node."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self.dir = cluster.dir / "node"
+        self.sock = self.dir / "containerd" / "containerd.sock"
+
+    def _ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return _run("ctr", "--address", str(self.sock), "--namespace", "k8s.io", *args,
+                    check=check, timeout=300)
+
+    def up(self, timeout: float = 180.0) -> None:
+        check()
+        state = self.cluster.state
+        if state.get("node") and "kubelet" in state["pids"] and self.ready():
+            return
+        token = state.get("node_token")
+        if not token:
+            raise NodeUnavailable("this cluster was started without a node token: "
+                                  "`cluster.py down` it and start it again")
+        pause, product = pause_archive(), product_archive()
+        d = self.dir
+        for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "certs"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        suffix = secrets.token_hex(3)
+        node = {"bridge": f"tj{suffix}", "cgroup_root": f"/tj-node-{suffix}",
+                "subnet": f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(256)}.0/24",
+                "sysctls": {k: Path("/proc/sys", k).read_text().strip() for k in SYSCTLS},
+                "logs_dir_existed": CONTAINER_LOGS.exists(),
+                "shim_dir_existed": SHIM_SOCKETS.parent.exists()}
+        # Recorded before anything is changed, so a failed start still cleans up.
+        self.cluster.update_state(node=node)
+
+        (d / "containerd" / "config.toml").write_text(CONTAINERD_CONFIG.format(
+            d=d, pause=PAUSE_IMAGE, cni_bin=CNI_BIN))
+        (d / "cni/net.d/10-throttledjob.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "throttledjob", "plugins": [{
+                "type": "bridge", "bridge": node["bridge"], "isGateway": True,
+                "ipMasq": False, "hairpinMode": True,
+                "ipam": {"type": "host-local", "dataDir": str(d / "cni/ipam"),
+                         "ranges": [[{"subnet": node["subnet"]}]],
+                         "routes": [{"dst": "0.0.0.0/0"}]}}]}, indent=1))
+        self.cluster.start_process("containerd", ["--config", str(d / "containerd/config.toml"),
+                                                  "--log-level", "warn"],
+                                   program="/usr/bin/containerd")
+        self.cluster.wait(lambda: self.sock.exists() and self._ctr(
+            "version", check=False).returncode == 0, 60, "containerd")
+        for archive in (pause, product):
+            self._ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
+
+        # The kubelet's cgroups go under a root of this node's own, in every hierarchy, so
+        # two nodes never share /kubepods and teardown knows what to remove.
+        for mount in _cgroup_mounts():
+            (mount / node["cgroup_root"].lstrip("/")).mkdir(exist_ok=True)
+        # RBAC only (no Node authorizer): the node's user gets the system:node role.
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.cluster.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": f"throttledjob:node:{NODE_NAME}"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "system:node"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                              "name": f"system:node:{NODE_NAME}"}]})
+        kubeconfig = self.cluster.kubeconfig_for(token, d / "kubelet.kubeconfig",
+                                                 f"system:node:{NODE_NAME}")
+        (d / "kubelet-config.json").write_text(json.dumps({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            # This machine mounts cgroup v1 controllers (the unified hierarchy beside them
+            # has none): kubelet 1.35+ refuses v1 unless told otherwise.
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs", "cgroupRoot": node["cgroup_root"],
+            "containerRuntimeEndpoint": f"unix://{self.sock}",
+            "podLogsDir": str(d / "pod-logs"),
+            # Else the kubelet creates /usr/libexec/kubernetes/kubelet-plugins/volume/exec.
+            "volumePluginDir": str(d / "volume-plugins"),
+            # Loopback only, and nobody may call it: the API server cannot reach it anyway
+            # (a node's IP must not be loopback), so no `kubectl logs`/`exec` here.
+            "address": "127.0.0.1", "port": _free_port(), "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": 0,
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                               "x509": {}},
+            "authorization": {"mode": "AlwaysAllow"},
+            # No iptables rules on the machine (kube-proxy is not run either).
+            "makeIPTablesUtilChains": False,
+            # The images were loaded by hand and cannot be pulled again: never collect them.
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+            "failSwapOn": False, "maxPods": 20, "clusterDomain": "cluster.local",
+            "resolvConf": "/etc/resolv.conf", "staticPodPath": "",
+            "serializeImagePulls": False, "registerNode": True, "registerWithTaints": [TAINT],
+        }, indent=1))
+        self.cluster.start_process("kubelet", [
+            "--config", str(d / "kubelet-config.json"), "--kubeconfig", str(kubeconfig),
+            "--root-dir", str(d / "kubelet"), "--cert-dir", str(d / "certs"),
+            "--hostname-override", NODE_NAME, "--v", "1",
+            "--node-labels", ",".join(f"{k}={v}" for k, v in LABELS.items())])
+        self.cluster.wait(self.ready, timeout, f"node {NODE_NAME} Ready")
+
+    def down(self) -> None:
+        """Tear this node down and forget it; the control plane (and KWOK) keep running."""
+        teardown(self.cluster)
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.cluster.request("DELETE", f"/api/v1/nodes/{NODE_NAME}")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def pod_log(self, namespace: str, name: str, uid: str, container: str) -> str:
+        """What a container wrote, from the kubelet's log file (CRI format: time, stream,
+        tag, text); `kubectl logs` cannot reach this kubelet (see up())."""
+        lines = []
+        for f in sorted((self.dir / "pod-logs" / f"{namespace}_{name}_{uid}" / container)
+                        .glob("*.log")):
+            lines += [line.split(" ", 3)[3] for line in f.read_text().splitlines()
+                      if line.count(" ") >= 3]
+        return "\n".join(lines)
+
+    def ready(self) -> bool:
+        try:
+            node = self.cluster.request("GET", f"/api/v1/nodes/{NODE_NAME}")
+        except urllib.error.HTTPError:
+            return False
+        return any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in (node.get("status") or {}).get("conditions") or [])
+
+
+def teardown(cluster: Any) -> None:
+    """Undo everything up() made, also after a failed or half-done start: pods'
+    processes, mounts, network namespaces, the bridge, cgroups, kernel settings. The
+    cluster's processes other than these two, and its directory, go with cluster.down."""
+    state = cluster.state
+    node, pids, d = state.get("node") or {}, state.get("pids", {}), cluster.dir / "node"
+    cluster.stop_process("kubelet")
+    sock = d / "containerd" / "containerd.sock"
+    # Every task's id (its bundle; runc's state), for the shim sockets below.
+    task_ids = {p.name for top in (d / "containerd/state/io.containerd.runtime.v2.task/k8s.io",
+                                   d / "containerd/runc/k8s.io") if top.is_dir()
+                for p in top.iterdir()}
+    if "containerd" in pids and sock.exists():
+        ctr = ("ctr", "--address", str(sock), "--namespace", "k8s.io")
+        listed = _run(*ctr, "containers", "ls", "-q", check=False, timeout=60)
+        for cid in listed.stdout.split():
+            # Kills the task, the shim unmounts its rootfs and exits; then the record.
+            _run(*ctr, "tasks", "delete", "--force", cid, check=False, timeout=60)
+            _run(*ctr, "containers", "delete", cid, check=False, timeout=60)
+    cluster.stop_process("containerd")
+    # Anything still running from this node: shims (they outlive containerd; their command
+    # line names our socket) and processes left in the node's cgroups.
+    leftovers = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                if os.path.basename(argv[0]).startswith(b"containerd-shim") and \
+                        str(sock).encode() in argv:
+                    leftovers.add(int(proc.name))
+    cgroup_root = node.get("cgroup_root")
+    cgroup_dirs = [m / cgroup_root.lstrip("/") for m in _cgroup_mounts()] if cgroup_root else []
+    for top in cgroup_dirs:
+        for procs in top.rglob("cgroup.procs") if top.exists() else ():
+            with contextlib.suppress(OSError):
+                leftovers.update(int(p) for p in procs.read_text().split())
+    # SIGKILL: a container's PID 1 ignores SIGTERM from outside unless it handles it.
+    for pid in leftovers - {os.getpid()}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in leftovers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for tid in task_ids:
+        name = hashlib.sha256(f"{sock}/k8s.io/{tid}".encode()).hexdigest()
+        with contextlib.suppress(OSError):
+            (SHIM_SOCKETS / name).unlink()
+    if not node.get("shim_dir_existed", True):
+        for empty in (SHIM_SOCKETS, SHIM_SOCKETS.parent):
+            with contextlib.suppress(OSError):
+                empty.rmdir()
+    # Mounts under the node's directory (network namespaces, overlay rootfs, pod volumes),
+    # deepest first.
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == str(d) or point.startswith(f"{d}/"):
+            mounts.append(point)
+    for point in sorted(mounts, key=len, reverse=True):
+        if _run("umount", point, check=False).returncode != 0:
+            _run("umount", "-l", point, check=False)
+    for top in cgroup_dirs:
+        if top.exists():
+            for sub, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+                with contextlib.suppress(OSError):
+                    os.rmdir(sub)
+    if node.get("bridge"):
+        _run("ip", "link", "delete", node["bridge"], check=False)
+    for key, value in (node.get("sysctls") or {}).items():
+        path = Path("/proc/sys", key)
+        with contextlib.suppress(OSError):
+            if path.read_text().strip() != value:
+                path.write_text(value)
+    if CONTAINER_LOGS.is_dir():
+        for link in CONTAINER_LOGS.iterdir():
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and str(d) in os.readlink(link):
+                    link.unlink()
+        if not node.get("logs_dir_existed", True):
+            with contextlib.suppress(OSError):
+                CONTAINER_LOGS.rmdir()
+    cluster.update_state(node=None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
