@@ -41,9 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=MODES,
                      help="adaptive trims the quota by feedback; fixed holds it (default adaptive)")
     run.add_argument("--enforcement", choices=ENFORCEMENTS,
-                     help="cooperative: the runtime library paces step() calls; signals: "
-                          "SIGSTOP/SIGCONT duty cycling of any program; both: cooperative "
-                          "while the program calls step(), signals otherwise (default both)")
+                     help="quota: the kernel's CPU quota on the command's own cgroup, "
+                          "falling back to both where the machine allows none (the report "
+                          "says which ran and why); cooperative: the runtime library paces "
+                          "step() calls; signals: SIGSTOP/SIGCONT duty cycling of any "
+                          "program; both: cooperative while the program calls step(), "
+                          "signals otherwise (default quota)")
     run.add_argument("--policy", metavar="FILE",
                      help="a YAML policy (the spec.throttle of a ThrottledJob); flags override it")
     run.add_argument("--gpu-peak-util", type=float, metavar="PERCENT",

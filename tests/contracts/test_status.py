@@ -39,7 +39,7 @@ def test_the_sidecars_status_document_reads_back_unchanged():
         doc = json.loads(json.dumps(status_document(take_snapshot(agent, Health()))))
     assert doc["version"] == STATUS_VERSION
     assert parse_status(doc) == doc
-    assert doc["targets"]["enforcement"] == "both" and doc["targets"]["mode"] == "adaptive"
+    assert doc["targets"]["enforcement"] == "quota" and doc["targets"]["mode"] == "adaptive"
 
 
 def test_status_numbers_that_are_not_finite_become_none_and_flags_must_be_true():

@@ -136,6 +136,7 @@ def test_local_inject_keeps_the_users_pythonpath(throttledjob_cmd, tmp_path):
 def test_unmodified_torch_training_is_held_to_the_target(throttledjob_cmd, tmp_path):
     report = tmp_path / "report.json"
     out = subprocess.run([*throttledjob_cmd, "run", "--quiet", "--inject", "--cpu-peak", "1",
+                          "--enforcement", "both",
                           "--max-slowdown", "4", "--report", str(report), "--",
                           sys.executable, str(ROOT / "examples" / "torch_train.py"),
                           "--steps", "400"], capture_output=True, text=True, timeout=300)

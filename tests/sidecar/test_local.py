@@ -40,6 +40,57 @@ def test_killed_command_exits_128_plus_signal(throttledjob_cmd, tmp_path):
     assert proc.returncode == 128 + signal.SIGKILL
 
 
+def _kernel_quota_or_fail():
+    """The kernel quota must be usable where the suite runs as root (CI): else skip."""
+    from throttledjob.sidecar.quota import detect
+
+    found = detect()
+    if not found:
+        if os.environ.get("CI"):
+            pytest.fail(f"no kernel CPU quota on this machine: {found.reason}")
+        pytest.skip(f"no kernel CPU quota here: {found.reason}")
+    return found
+
+
+def _our_cgroups() -> set[str]:
+    from throttledjob.sidecar.quota import PREFIX
+
+    found = _kernel_quota_or_fail()
+    return {n for n in os.listdir(found.backend.parent) if n.startswith(PREFIX)}
+
+
+def test_the_kernel_quota_is_the_default_and_holds_the_target(throttledjob_cmd, tmp_path):
+    before = _our_cgroups()
+    proc, report = run(throttledjob_cmd, ["--cpu-peak", "0.5", "--max-slowdown", "10", "--",
+                                          *HUNGRY, "--units", "40"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert report["enforcement"] == "quota"
+    assert report["controller"]["enforcer"].startswith("kernel quota (cgroup v")
+    samples = report["cpu_recent_samples"]
+    assert samples and max(samples) <= 0.5 * 1.05  # the kernel holds every second
+    assert report["controller"]["levers_used"] == ["quota"]
+    # Held back, as the kernel's throttling counters say (2 busy workers at 0.5 cores).
+    assert report["controller"]["signal_paused_seconds"] > 0
+    assert report["controller"]["estimated_slowdown"] > 1.2
+    assert _our_cgroups() <= before  # its cgroup is gone
+
+
+def test_without_a_kernel_quota_it_falls_back_to_signals_and_says_why(monkeypatch):
+    from throttledjob.contracts.policy import Enforcement, Policy
+    from throttledjob.sidecar import local
+    from throttledjob.sidecar.enforcer import SignalEnforcer
+    from throttledjob.sidecar.processes import ProcessTree
+    from throttledjob.sidecar.quota import Detection, detect
+
+    # What detect() says on a machine whose cgroups we may not write (a read-only mount).
+    monkeypatch.setattr(local, "detect", lambda: detect(root="/nonexistent-cgroupfs"))
+    enforcer, policy, note = local.choose_enforcer(Policy(cpu_peak_cores=1.0),
+                                                   ProcessTree(root_pid=os.getpid()), 1)
+    assert isinstance(enforcer, SignalEnforcer) and policy.enforcement is Enforcement.BOTH
+    assert note.startswith("signals and pacing (no kernel quota: ") and len(note) < 200
+    assert isinstance(detect(root="/nonexistent-cgroupfs"), Detection)
+
+
 def test_signals_hold_an_uncooperative_program_to_the_target(throttledjob_cmd, tmp_path):
     # A target far under what two busy workers take, even on a loaded machine.
     # (maxSlowdown 20: holding two busy workers to 0.3 cores pauses them 85% of the time.)
@@ -62,7 +113,7 @@ def test_cooperative_pacing_holds_the_target(throttledjob_cmd, tmp_path):
                        tmp_path)
     assert proc.returncode == 0, proc.stderr
     # Pacing starts at the first step(): the first sample holds interpreter start-up and
-    # forks, unpaced in this mode (Both, the default, covers it with signals).
+    # forks, unpaced in this mode (Both and Quota cover it).
     _, *rest = report["cpu_recent_samples"]
     assert rest and max(rest) <= 0.3 * 1.1
     assert report["steps"] == 100

@@ -28,6 +28,10 @@ class Mode(_Choice):
 
 
 class Enforcement(_Choice):
+    # The kernel's CPU quota (CFS bandwidth) on the workload's own cgroup holds the peak:
+    # exact, no CPU of ours, nothing ever stopped; cooperative levers (threads, batch) are
+    # still explored under it. Where no quota can be set, it falls back to BOTH.
+    QUOTA = "quota"
     COOPERATIVE = "cooperative"  # pacing by the runtime library at the workload's steps
     SIGNALS = "signals"  # SIGSTOP/SIGCONT duty cycling by the sidecar, for any program
     BOTH = "both"  # pacing while the workload calls step(), signals otherwise
@@ -49,7 +53,7 @@ class Policy:
     gpu_memory_fraction: float | None = None
     max_slowdown: float = 1.25
     mode: Mode = Mode.ADAPTIVE
-    enforcement: Enforcement = Enforcement.BOTH
+    enforcement: Enforcement = Enforcement.QUOTA
     interval_seconds: float = 1.0
     # Static cooperative levers (applied as they are, in both modes).
     threads: int | None = None
@@ -69,11 +73,21 @@ class Policy:
 
     @property
     def uses_signals(self) -> bool:
-        return self.enforcement in (Enforcement.SIGNALS, Enforcement.BOTH)
+        """May stop processes: with signals, or with a quota that falls back to them."""
+        return self.enforcement in (Enforcement.SIGNALS, Enforcement.BOTH, Enforcement.QUOTA)
 
     @property
     def uses_pacing(self) -> bool:
         return self.enforcement in (Enforcement.COOPERATIVE, Enforcement.BOTH)
+
+    @property
+    def enforced_by_the_kernel(self) -> bool:
+        return self.enforcement is Enforcement.QUOTA
+
+    def without_kernel_quota(self) -> Policy:
+        """The policy where no kernel quota can be set: QUOTA falls back to BOTH."""
+        return replace(self, enforcement=Enforcement.BOTH) if self.enforced_by_the_kernel \
+            else self
 
     @property
     def adaptive(self) -> bool:
@@ -135,7 +149,7 @@ def parse_policy(doc: Any) -> Policy:
         gpu_memory_fraction=_num(gpu, "memoryFraction"),
         max_slowdown=_num(doc, "maxSlowdown", 1.25),
         mode=Mode(_enum(doc, "mode", MODES, Mode.ADAPTIVE)),
-        enforcement=Enforcement(_enum(doc, "enforcement", ENFORCEMENTS, Enforcement.BOTH)),
+        enforcement=Enforcement(_enum(doc, "enforcement", ENFORCEMENTS, Enforcement.QUOTA)),
         interval_seconds=_num(doc, "intervalSeconds", 1.0),
         threads=_num(levers, "threads"),
         batch_scale=_num(levers, "batchScale", 1.0),

@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 STATUS_VERSION = 1
 # The levers a run may report as used, in this order (also the `lever` label of
 # throttledjob_lever_active).
-LEVERS = ("signals", "pacing", "threads", "batch", "rate_limit", "nice", "cpu_affinity",
+LEVERS = ("quota", "signals", "pacing", "threads", "batch", "rate_limit", "nice", "cpu_affinity",
           "gpu_memory_fraction", "gpu_power_limit")
 OBSERVED_NUMBERS = ("cpuPeakCores", "cpuMaxCores", "gpuPeakUtilizationPercent",
                     "gpuMaxUtilizationPercent", "gpuPeakPowerWatts", "gpuMaxPowerWatts",

@@ -114,12 +114,14 @@ def throttle_schema() -> dict[str, Any]:
             "mode": {"type": "string", "enum": ["Adaptive", "Fixed"], "default": "Adaptive",
                      "description": "Adaptive trims by feedback; Fixed holds static settings."},
             "enforcement": {
-                "type": "string", "enum": ["Cooperative", "Signals", "Both"],
+                "type": "string", "enum": ["Quota", "Cooperative", "Signals", "Both"],
                 "default": "Both",
                 "description": "Cooperative: the runtime library paces the workload. Signals: "
                                "the sidecar SIGSTOP/SIGCONT-cycles the workload's processes "
                                "(shares the pod's process namespace). Both: pacing while the "
-                               "workload calls step(), signals otherwise."},
+                               "workload calls step(), signals otherwise. Quota: the kernel's "
+                               "CPU quota (the default of `throttledjob run`); in a pod it "
+                               "falls back to Both until the operator sets CPU limits."},
             "intervalSeconds": _num("Control interval, seconds.", 0.05, 3600, default=1),
             "inject": {
                 "type": "string", "enum": INJECT_MODES, "default": DEFAULT_INJECT,

@@ -286,7 +286,9 @@ class Agent:
             quota = self.controller.restart()
         handing_over, self._stop_pacing = self._stop_pacing, stop_pacing
         use_coop = p.uses_pacing and not stop_pacing
-        use_signals = p.enforcement is Enforcement.SIGNALS or (
+        # The kernel's quota and signals-only hold the tree always; in BOTH, the enforcer
+        # holds it while the workload does not pace itself.
+        use_signals = p.enforcement in (Enforcement.SIGNALS, Enforcement.QUOTA) or (
             p.enforcement is Enforcement.BOTH
             and (stop_pacing or handing_over
                  or now - self._last_step_time > COOPERATION_TIMEOUT_INTERVALS
@@ -324,8 +326,8 @@ class Agent:
     @staticmethod
     def _explorable(p: Policy) -> bool:
         """Levers are explored only where the runtime applies them and the user left
-        them free: adaptive mode, a CPU target, cooperative enforcement, no static levers."""
-        return bool(p.cpu_peak_cores and p.adaptive and p.uses_pacing
+        them free: adaptive mode, a CPU target, not signals alone, no static levers."""
+        return bool(p.cpu_peak_cores and p.adaptive and p.enforcement is not Enforcement.SIGNALS
                     and p.threads is None and p.batch_scale == 1.0)
 
     def _explore(self, obs: CpuObservation, steps: int, elapsed: float, records) -> None:

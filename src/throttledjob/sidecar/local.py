@@ -21,9 +21,10 @@ from throttledjob.contracts.policy import Policy
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent, CycleResult
-from .enforcer import SignalEnforcer
+from .enforcer import Enforcer, SignalEnforcer
 from .gpu.simulate import follow
 from .processes import ProcessTree, resume
+from .quota import CgroupQuota, detect
 from .summary import summarize
 
 if TYPE_CHECKING:
@@ -61,16 +62,21 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         # this process cannot leave it stopped.
         proc = subprocess.Popen(cmd, env=env, start_new_session=True,
                                 preexec_fn=_continue_on_parent_death())
-        guardian = _start_guardian(proc.pid)
         tree = ProcessTree(root_pid=proc.pid)
-        enforcer = (SignalEnforcer(tree, process_group=proc.pid)
-                    if policy.uses_signals else None)
+        enforcer, policy, enforcer_note = choose_enforcer(policy, tree, proc.pid)
+        guardian = _start_guardian(proc.pid, enforcer)
         agent = Agent(policy, tree, settings_dir, enforcer, gpu=gpu)
         if gpu:
             follow(gpu)  # simulated GPUs see what the agent does to the workload
         if exporter:
             exporter.attach(agent, f"psutil: process tree of pid {proc.pid}").start()
         agent.start()
+        if isinstance(enforcer, CgroupQuota) and not enforcer.active:
+            # Detected usable, then refused (a race, a limit): signals take over.
+            enforcer_note = f"signals and pacing (the kernel quota failed: {enforcer.error})"
+            policy = policy.without_kernel_quota()
+            agent.set_policy(policy)
+            agent.use_enforcer(SignalEnforcer(tree, process_group=proc.pid))
         previous_handlers = _forward_signals(proc, tree)
         loop_started, loop_cpu_started = time.monotonic(), _own_cpu_seconds()
         exit_code = _loop(proc, agent, policy, status_stream)
@@ -92,6 +98,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
     wall = time.monotonic() - started
     report = build_report(agent.result, wall, exit_code, agent.explorer_report(),
                           gpu.report() if gpu else None)
+    report["controller"]["enforcer"] = enforcer_note
     # The control loop's own cost in steady state, apart from start-up (imports, spawn).
     report["controller"]["loop_cpu_percent"] = round(100 * loop_cpu / max(1e-9, loop_wall), 3)
     if status_stream is not None:
@@ -101,6 +108,25 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
             json.dump(report, f, indent=2)
             f.write("\n")
     return exit_code
+
+
+def choose_enforcer(policy: Policy, tree: ProcessTree,
+                    pgid: int) -> tuple[Enforcer | None, Policy, str]:
+    """The enforcement ladder: the kernel's quota where this machine lets us set one on
+    the command's own cgroup, else signals (and pacing). Returns the enforcer, the
+    policy it enforces and, for the report, which enforcer runs and why."""
+    if policy.enforced_by_the_kernel:
+        found = detect()
+        if found.backend is not None:
+            return (CgroupQuota(root_pid=pgid, backend=found.backend), policy,
+                    f"kernel quota ({found.backend.describe()})")
+        policy = policy.without_kernel_quota()
+        note = f"signals and pacing (no kernel quota: {found.reason})"
+    else:
+        note = {"signals": "signals", "both": "signals and pacing",
+                "cooperative": "pacing"}[policy.enforcement.value]
+    enforcer = SignalEnforcer(tree, process_group=pgid) if policy.uses_signals else None
+    return enforcer, policy, note
 
 
 def _loop(proc: subprocess.Popen, agent: Agent, policy: Policy,
@@ -237,17 +263,19 @@ def _leave_nothing_stopped(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _start_guardian(pgid: int) -> subprocess.Popen | None:
+def _start_guardian(pgid: int, enforcer: Enforcer | None) -> subprocess.Popen | None:
     """A tiny shell that resumes the command's whole process group when we are gone.
 
     It blocks reading a pipe only we hold; when we exit, even by SIGKILL, the read ends
     and it sends SIGCONT to the group: the command's descendants, not only the command
-    (which its parent-death signal covers), are never left stopped.
+    (which its parent-death signal covers), are never left stopped. Under a kernel quota
+    it also lifts the quota and removes the cgroup, so nothing stays throttled.
     """
+    release = enforcer.release_script() if isinstance(enforcer, CgroupQuota) else ""
     try:
         return subprocess.Popen(
-            ["/bin/sh", "-c", 'read _ignored; kill -s CONT -- "-$1" 2>/dev/null', "guardian",
-             str(pgid)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            ["/bin/sh", "-c", 'read _ignored; kill -s CONT -- "-$1" 2>/dev/null; eval "$2"',
+             "guardian", str(pgid), release], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
         return None

@@ -33,7 +33,9 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     log_to_stderr()
     stop = stop or threading.Event()
     watcher = PolicyWatcher(policy_path)
-    policy = watcher.poll() or Policy()
+    # In a pod the kernel's quota is the container's CPU limit, the operator's to set (not
+    # yet done): Quota falls back to signals and pacing, as Both.
+    policy = (watcher.poll() or Policy()).without_kernel_quota()
     if watcher.error:  # no valid policy yet: measure and export, throttle nothing
         log.warning("throttledjob: policy: %s", watcher.error)
     scope = None if root_pid is not None else pod_cgroup(cgroup_of("self"))
@@ -75,6 +77,7 @@ def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exp
             return
         new = watcher.poll()
         if new is not None:
+            new = new.without_kernel_quota()
             _apply_policy(agent, tree, new)
             exporter.set_interval(new.interval_seconds)
             log.info("throttledjob: policy reloaded from %s", watcher.path)

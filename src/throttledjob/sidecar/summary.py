@@ -7,7 +7,8 @@ Rules (each in one place, so the two outputs cannot disagree):
   the two (they hold the same workload back at the same time, so they do not add up);
 - slowdown: wall / (wall - held back), the time held back counted at most 99% of wall
   (so at most 100, maxSlowdown's own limit), wall counted from the agent's start;
-- levers used: a duty-cycle lever (signals, pacing) once it has held the workload back,
+- levers used: a duty-cycle lever (the kernel's quota or signals, pacing) once it has
+  held the workload back,
   a setting while it is in force (threads and batch scale as published, the explorer's
   or the policy's; rate limit; nice; CPU affinity; GPU memory fraction; a GPU power cap
   under the board's limit); named and ordered as contracts.status.LEVERS;
@@ -36,8 +37,9 @@ class RunSummary:
     cpu: PeakSummary
     gpu_util: PeakSummary
     gpu_power: PeakSummary
-    signal_paused_seconds: float
+    signal_paused_seconds: float    # held back by the enforcer (see enforcer_lever)
     cooperative_paused_seconds: float
+    enforcer_lever: str             # "quota" (the kernel's) or "signals"
     paused_seconds: float
     slowdown: float
     throttle_level: float  # the last interval's held-back fraction, 0..1
@@ -54,8 +56,10 @@ def summarize(result: CycleResult) -> RunSummary:
     wall = max(1e-9, result.wall_seconds)
     util = gpu.utilization if gpu else PeakSummary()
     power = gpu.power if gpu else PeakSummary()
+    enforcer_lever = "quota" if p.enforced_by_the_kernel else "signals"
     used = {
-        "signals": signal_paused > 0,
+        "quota": enforcer_lever == "quota" and signal_paused > 0,
+        "signals": enforcer_lever == "signals" and signal_paused > 0,
         "pacing": coop_paused > 0,
         "threads": result.levers.threads is not None,
         "batch": result.levers.batch_scale < 1,
@@ -70,6 +74,7 @@ def summarize(result: CycleResult) -> RunSummary:
     return RunSummary(
         cpu=result.cpu, gpu_util=util, gpu_power=power,
         signal_paused_seconds=signal_paused, cooperative_paused_seconds=coop_paused,
+        enforcer_lever=enforcer_lever,
         paused_seconds=paused,
         slowdown=wall / (wall - min(paused, MAX_PAUSED_SHARE * wall)),
         throttle_level=min(1.0, max(0.0, result.status.pause_fraction)),
