@@ -173,6 +173,9 @@ def main() -> None:
                          "--max-slowdown", "10"], c),
                 f"CgroupQuota at {SETPOINT} x target":
                     lambda t=target, c=cmd: quota_case("enforcer", round(SETPOINT * t, 3), c),
+                "throttledjob run (default: quota + explorer)":
+                    lambda t=target, c=cmd: throttledjob_run(
+                        ["--cpu-peak", str(t), "--max-slowdown", "10"], c),
             }
             if have_cpulimit and name == "torch_train.py":
                 cases["cpulimit"] = lambda t=target, c=cmd: cpulimit_case(t, c)
