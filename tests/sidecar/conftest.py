@@ -37,22 +37,27 @@ class Sidecar:
 
 
 @pytest.fixture
-def workload() -> Iterator[Callable[..., subprocess.Popen]]:
-    """Start examples/cpu_hungry.py (in its own process group); always cleaned up."""
+def spawn() -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start a command in a process group of its own; the whole group is killed after
+    (multiprocessing workers outlive a terminated parent)."""
     procs: list[subprocess.Popen] = []
 
-    def start(*args: str, env: dict | None = None) -> subprocess.Popen:
-        p = subprocess.Popen([*HUNGRY, *args], start_new_session=True,
-                             env={**os.environ, **(env or {})})
+    def start(argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        p = subprocess.Popen(argv, start_new_session=True, env={**os.environ, **(env or {})})
         procs.append(p)
         return p
 
     yield start
     for p in procs:
-        # The whole group: multiprocessing workers outlive a terminated parent.
         with contextlib.suppress(OSError):
             os.killpg(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
+
+
+@pytest.fixture
+def workload(spawn) -> Callable[..., subprocess.Popen]:
+    """Start examples/cpu_hungry.py with these arguments, cleaned up as by `spawn`."""
+    return lambda *args, env=None: spawn([*HUNGRY, *args], env=env)
 
 
 @pytest.fixture

@@ -4,40 +4,17 @@ leaves anything stopped once closed, whatever it was doing."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 
 import psutil
-import pytest
 
 from conftest import wait_for
 from throttledjob.sidecar.enforcer import Enforcer, SignalEnforcer
 from throttledjob.sidecar.processes import ProcessTree
 
 BUSY = [sys.executable, "-c", "while True: pass"]
-
-
-@pytest.fixture
-def spawn() -> Iterator:
-    """Start a command in a process group of its own; the group is killed afterwards."""
-    procs: list[subprocess.Popen] = []
-
-    def start(argv: list[str]) -> subprocess.Popen:
-        p = subprocess.Popen(argv, start_new_session=True)
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:
-        with contextlib.suppress(OSError):
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=10)
 
 
 def stopped(pid: int) -> bool:

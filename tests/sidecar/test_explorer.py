@@ -412,6 +412,9 @@ class RecordingEnforcer:
     def close(self) -> None:
         pass
 
+    def kernel_throttling(self) -> None:
+        return None
+
 
 def agent_with_scripted_levers(tmp_path, levers: Levers):
     """An Agent (Both, 1-core target) whose explorer is replaced by levers the test sets

@@ -72,6 +72,8 @@ def test_the_kernel_quota_is_the_default_and_holds_the_target(throttledjob_cmd, 
     # Held back, as the kernel's throttling counters say (2 busy workers at 0.5 cores).
     assert report["controller"]["signal_paused_seconds"] > 0
     assert report["controller"]["estimated_slowdown"] > 1.2
+    k = report["controller"]["kernel_throttling"]  # the kernel's own counters, cpu.stat
+    assert 0 < k["throttled_periods"] <= k["periods"] and k["throttled_seconds"] > 0
     assert _our_cgroups() <= before  # its cgroup is gone
 
 

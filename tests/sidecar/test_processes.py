@@ -4,17 +4,13 @@ the members, and the cgroup helpers parse this machine's own /proc."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import signal
-import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 
 import psutil
-import pytest
 
 from conftest import wait_for
 from throttledjob.sidecar.processes import (
@@ -28,22 +24,6 @@ from throttledjob.sidecar.processes import (
 
 # A root with a child, which has a child of its own: three generations of sleepers.
 GENERATIONS = ["/bin/sh", "-c", 'sleep 60 & /bin/sh -c "sleep 60 & wait" & wait']
-
-
-@pytest.fixture
-def spawn() -> Iterator:
-    procs: list[subprocess.Popen] = []
-
-    def start(argv: list[str]) -> subprocess.Popen:
-        p = subprocess.Popen(argv, start_new_session=True)
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:
-        with contextlib.suppress(OSError):
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=10)
 
 
 def test_the_tree_finds_children_and_grandchildren(spawn):

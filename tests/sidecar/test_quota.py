@@ -8,14 +8,12 @@ the fail-open paths are also checked against directory trees mimicking cgroupfs.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -46,21 +44,9 @@ BUSY = textwrap.dedent("""
 
 
 @pytest.fixture
-def busy() -> Iterator[Callable[..., subprocess.Popen]]:
-    """Start a parent of busy children in its own session; the whole group is killed after."""
-    procs: list[subprocess.Popen] = []
-
-    def start(n: int = 2, delay: float = 0.0) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-c", BUSY, str(n), str(delay)],
-                             start_new_session=True)
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:
-        with contextlib.suppress(OSError):
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=10)
+def busy(spawn) -> Callable[..., subprocess.Popen]:
+    """Start a parent of `n` busy children, after `delay` seconds (see BUSY)."""
+    return lambda n=2, delay=0.0: spawn([sys.executable, "-c", BUSY, str(n), str(delay)])
 
 
 def wait_for_children(root: int, n: int, timeout: float = 10.0) -> list[int]:

@@ -47,6 +47,9 @@ class Enforcer:
     def close(self) -> None:
         pass
 
+    def kernel_throttling(self) -> None:
+        return None
+
 
 def run(tmp_path, policy: Policy, usage: list[float], paused: float = 0.0,
         interval: float = 1.0) -> tuple[Agent, CycleResult]:

@@ -26,6 +26,7 @@ from .enforcer import Enforcer
 from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, Pacing, probe_order
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume
+from .quota import ThrottleStats
 from .stats import PeakSummary, PeakTracker
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class CycleResult:
     budget_exhausted_seconds: float
     levers: Levers                  # the cooperative levers in force (settings.json)
     controller_quota: float | None  # the CPU controller's quota (None: no CPU target)
+    kernel_throttling: ThrottleStats | None  # cpu.stat of the kernel quota, where one holds
     gpu: GpuState | None
 
 
@@ -238,6 +240,7 @@ class Agent:
             cooperative_paused_seconds=self._cooperative_paused_seconds,
             budget_exhausted_seconds=self._budget_exhausted_seconds, levers=self.levers,
             controller_quota=self.controller.quota if self.controller else None,
+            kernel_throttling=self._enforcer.kernel_throttling() if self._enforcer else None,
             gpu=self.gpu.state() if self.gpu else None,
         )
 

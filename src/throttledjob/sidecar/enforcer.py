@@ -22,6 +22,7 @@ from typing import Protocol
 from throttledjob.runtime.budget import CpuBudget
 
 from .processes import ProcessTree, resume
+from .quota import ThrottleStats
 
 
 class Enforcer(Protocol):
@@ -44,6 +45,9 @@ class Enforcer(Protocol):
     @property
     def pause_capped(self) -> bool:
         """The slowdown budget refused a pause that the quota wanted."""
+
+    def kernel_throttling(self) -> ThrottleStats | None:
+        """The kernel's CFS throttling counters, where the kernel does the holding."""
 
 
 class SignalEnforcer:
@@ -75,6 +79,9 @@ class SignalEnforcer:
     @property
     def pause_capped(self) -> bool:
         return self.budget.pause_capped
+
+    def kernel_throttling(self) -> ThrottleStats | None:
+        return None  # signals hold the tree; the kernel throttles nothing
 
     @property
     def stopped(self) -> bool:

@@ -99,6 +99,10 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
     report = build_report(agent.result, wall, exit_code, agent.explorer_report(),
                           gpu.report() if gpu else None)
     report["controller"]["enforcer"] = enforcer_note
+    k = agent.result.kernel_throttling
+    report["controller"]["kernel_throttling"] = None if k is None else {
+        "periods": k.nr_periods, "throttled_periods": k.nr_throttled,
+        "throttled_seconds": round(k.throttled_seconds, 3)}
     # The control loop's own cost in steady state, apart from start-up (imports, spawn).
     report["controller"]["loop_cpu_percent"] = round(100 * loop_cpu / max(1e-9, loop_wall), 3)
     if status_stream is not None:

@@ -137,6 +137,18 @@ def _control(s: Snapshot) -> Iterator[Metric]:
     for lever, seconds in sorted(s.paused_seconds.items()):
         paused.add_metric([lever], seconds)
     yield paused
+    k = s.kernel_throttling
+    if k is not None:  # the kernel's quota holds the workload (cpu.stat of its cgroup)
+        for name, help_, value in (
+                ("cpu_periods_total", "CFS bandwidth periods elapsed under the kernel "
+                 "quota.", k.nr_periods),
+                ("cpu_throttled_periods_total", "CFS bandwidth periods in which the kernel "
+                 "quota throttled the workload.", k.nr_throttled),
+                ("cpu_throttled_seconds_total", "Time the workload's threads waited for the "
+                 "kernel quota, summed over CPUs, in seconds.", k.throttled_seconds)):
+            c = CounterMetricFamily(P + name.removesuffix("_total"), help_)
+            c.add_metric([], value)
+            yield c
     active = GaugeMetricFamily(P + "lever_active", "1 for each lever in use.",
                                labels=["lever"])
     for lever in LEVERS:

@@ -274,6 +274,12 @@ class CgroupQuota:
     def stopped(self) -> bool:
         return False  # throttling is not a stop: nothing is left to resume
 
+    def kernel_throttling(self) -> ThrottleStats | None:
+        """The counters since start (kept after close(): the run's totals)."""
+        if self._active:
+            self._account()
+        return self._last if self.path else None
+
     def close(self) -> None:
         """Lift the quota, move every process back and remove the cgroup. Idempotent."""
         if self._closed:

@@ -20,6 +20,7 @@ from throttledjob.runtime.progress import read_progress
 
 from .agent import CycleResult, CycleStatus
 from .gpu.backend import GpuReading
+from .quota import ThrottleStats
 from .stats import PeakSummary
 from .summary import summarize
 
@@ -71,6 +72,7 @@ class Snapshot:
     target_met: bool
     steps_per_second: float
     health: Health
+    kernel_throttling: ThrottleStats | None = None
 
 
 class SnapshotHolder:
@@ -123,6 +125,7 @@ def snapshot_of(result: CycleResult, health: Health,
                         "pacing": run.cooperative_paused_seconds},
         budget_exhausted_seconds=result.budget_exhausted_seconds, levers=run.levers,
         target_met=run.target_met, steps_per_second=steps_per_second,
+        kernel_throttling=result.kernel_throttling,
         health=Health(health.started, health.cycles, health.last_cycle_duration,
                       dict(health.errors_total), dict(health.policy_reloads),
                       dict(health.problems), health.cpu_telemetry),
