@@ -89,3 +89,19 @@ def sidecar(tmp_path) -> Iterator[Callable[..., Sidecar]]:
     yield start
     for p in started:
         stop(p)
+
+
+class FakeTree:
+    """A process tree whose CPU time the test sets (`cpu`): the agent's view, no processes."""
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+
+    def refresh(self) -> None:
+        pass
+
+    def cpu_seconds(self) -> float:
+        return self.cpu
+
+    def pids(self) -> list[int]:
+        return []

@@ -26,6 +26,8 @@ from throttledjob.sidecar.explorer import (
     thread_candidates,
 )
 
+from .conftest import FakeTree
+
 ONE = Levers(threads=1)
 
 
@@ -290,22 +292,6 @@ def test_bad_configuration_is_refused(kwargs):
 
 
 # ---- plugged into the agent: settings.json carries the explorer's levers ----------------
-
-class FakeTree:
-    """The CPU time of a model workload that reads the agent's settings file."""
-
-    def __init__(self) -> None:
-        self.cpu = 0.0
-
-    def refresh(self) -> None:
-        pass
-
-    def cpu_seconds(self) -> float:
-        return self.cpu
-
-    def pids(self) -> list[int]:
-        return []
-
 
 def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20):
     """Drive an Agent for `intervals` seconds of fake time; the workload runs `model`

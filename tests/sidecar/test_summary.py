@@ -16,19 +16,7 @@ from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.stats import PeakTracker
 from throttledjob.sidecar.summary import summarize
 
-
-class Tree:
-    def __init__(self) -> None:
-        self.cpu = 0.0
-
-    def refresh(self) -> None:
-        pass
-
-    def cpu_seconds(self) -> float:
-        return self.cpu
-
-    def pids(self) -> list[int]:
-        return []
+from .conftest import FakeTree
 
 
 class Enforcer:
@@ -53,7 +41,7 @@ class Enforcer:
 
 def run(tmp_path, policy: Policy, usage: list[float], paused: float = 0.0,
         interval: float = 1.0) -> tuple[Agent, CycleResult]:
-    now, tree, enforcer = [0.0], Tree(), Enforcer()
+    now, tree, enforcer = [0.0], FakeTree(), Enforcer()
     agent = Agent(policy, tree, str(tmp_path), enforcer=enforcer, clock=lambda: now[0])
     agent.start()
     result = agent.result
@@ -115,7 +103,7 @@ def test_an_armed_enforcer_that_never_paused_is_no_lever_used(tmp_path):
 
 def test_threads_the_explorer_published_count_as_a_lever(tmp_path):
     # A memory-bound workload: the explorer settles on one thread (tests/sidecar/test_explorer.py).
-    now, tree = [0.0], Tree()
+    now, tree = [0.0], FakeTree()
     agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
                   clock=lambda: now[0])
     agent.start()
