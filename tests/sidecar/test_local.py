@@ -136,7 +136,7 @@ def test_workload_under_target_is_left_alone(throttledjob_cmd, tmp_path):
 def test_slowdown_budget_is_never_exceeded(throttledjob_cmd, tmp_path):
     proc, report = run(throttledjob_cmd, ["--cpu-peak", "0.5", "--max-slowdown", "1.25",
                                           "--enforcement", "signals", "--",
-                                          *HUNGRY, "--units", "100"], tmp_path)
+                                          *HUNGRY, "--units", "200"], tmp_path)
     assert proc.returncode == 0
     assert report["controller"]["estimated_slowdown"] <= 1.25 * 1.02
     assert report["controller"]["budget_exhausted_seconds"] > 0

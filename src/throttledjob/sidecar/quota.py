@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 
 from .processes import descendants
 
-# Shorter than the kernel's 100 ms default (what `limits.cpu` gets): a 1-second window
-# holds up to one period's quota more than its share, depending on where it starts, so
-# 100 ms periods let 1-second samples read up to 10% over the quota and 20 ms ones 2%
-# (measured: 0.54 cores in a 1-second sample under a 0.5-core quota at 100 ms).
-PERIOD_US = 20_000
+# Shorter than the kernel's 100 ms default (what `limits.cpu` gets), not shorter still: a
+# 1-second window can hold one period's quota more than its share, depending on where it
+# starts (0.54 cores in one second were measured under a 0.5-core quota at 100 ms; at
+# most 5% over at 50 ms), while 20 ms periods cost the workload 8-13% more CPU time for
+# the same work (two busy processes held to 1.2 cores, docs/architecture.md).
+PERIOD_US = 50_000
 # The kernel refuses quotas under 1 ms (EINVAL): the lowest quota we can set.
 MIN_QUOTA_US = 1_000
 PREFIX = "throttledjob-"
