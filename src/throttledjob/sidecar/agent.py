@@ -25,7 +25,7 @@ from .controller import CpuController, CpuObservation
 from .enforcer import Enforcer
 from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, Pacing, probe_order
 from .os_levers import OsLevers
-from .processes import ProcessTree, resume
+from .processes import ProcessTree, alive, resume
 from .quota import ThrottleStats
 from .stats import PeakSummary, PeakTracker
 
@@ -177,7 +177,7 @@ class Agent:
         for r in everyone:  # the count survives the process that made it
             if r.pid in self._steps_by_pid or len(self._steps_by_pid) < MAX_STEP_PIDS:
                 self._steps_by_pid[r.pid] = max(r.steps, self._steps_by_pid.get(r.pid, 0))
-        records = [r for r in everyone if _alive(r.pid)]
+        records = [r for r in everyone if alive(r.pid)]
         cooperating = [r.pid for r in records]
         coop_pause, coop_capped = self._cooperative_pause(records, elapsed)
         signal_paused = self._signal_paused_seconds
@@ -341,7 +341,7 @@ class Agent:
         if self.explorer is None:
             if not done:
                 return  # no step reported (yet): the policy's levers, as without explorer
-            stop = self._enforcer is not None and self.policy.enforcement == "both"
+            stop = self._enforcer is not None and self.policy.enforcement is Enforcement.BOTH
             candidates = probe_order(_usable_cores(), self.policy.cpu_peak_cores, stop)
             if any(r.batch_size is not None for r in records):  # it uses tj.batch_size()
                 candidates += [Levers(batch_scale=0.5)]
@@ -389,13 +389,3 @@ def _gpu_quota(obs: CpuObservation, duty: float | None) -> float | None:
         return None
     demand = obs.usage_cores / max(0.05, 1.0 - obs.pause_fraction)
     return max(0.01, demand * (1.0 - duty))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 from throttledjob.contracts.names import ENV_DIR
-from throttledjob.contracts.policy import Policy
+from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent, CycleResult
@@ -73,10 +73,10 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         agent.start()
         if isinstance(enforcer, CgroupQuota) and not enforcer.active:
             # Detected usable, then refused (a race, a limit): signals take over.
-            enforcer_note = f"signals and pacing (the kernel quota failed: {enforcer.error})"
-            policy = policy.without_kernel_quota()
+            enforcer, policy, enforcer_note = _without_kernel_quota(
+                policy, tree, proc.pid, f"the kernel quota failed: {enforcer.error}")
             agent.set_policy(policy)
-            agent.use_enforcer(SignalEnforcer(tree, process_group=proc.pid))
+            agent.use_enforcer(enforcer)
         previous_handlers = _forward_signals(proc, tree)
         loop_started, loop_cpu_started = time.monotonic(), _own_cpu_seconds()
         exit_code = _loop(proc, agent, policy, status_stream)
@@ -97,12 +97,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         shutil.rmtree(settings_dir, ignore_errors=True)
     wall = time.monotonic() - started
     report = build_report(agent.result, wall, exit_code, agent.explorer_report(),
-                          gpu.report() if gpu else None)
-    report["controller"]["enforcer"] = enforcer_note
-    k = agent.result.kernel_throttling
-    report["controller"]["kernel_throttling"] = None if k is None else {
-        "periods": k.nr_periods, "throttled_periods": k.nr_throttled,
-        "throttled_seconds": round(k.throttled_seconds, 3)}
+                          gpu.report() if gpu else None, enforcer_note)
     # The control loop's own cost in steady state, apart from start-up (imports, spawn).
     report["controller"]["loop_cpu_percent"] = round(100 * loop_cpu / max(1e-9, loop_wall), 3)
     if status_stream is not None:
@@ -119,18 +114,25 @@ def choose_enforcer(policy: Policy, tree: ProcessTree,
     """The enforcement ladder: the kernel's quota where this machine lets us set one on
     the command's own cgroup, else signals (and pacing). Returns the enforcer, the
     policy it enforces and, for the report, which enforcer runs and why."""
-    if policy.enforced_by_the_kernel:
-        found = detect()
-        if found.backend is not None:
-            return (CgroupQuota(root_pid=pgid, backend=found.backend), policy,
-                    f"kernel quota ({found.backend.describe()})")
-        policy = policy.without_kernel_quota()
-        note = f"signals and pacing (no kernel quota: {found.reason})"
-    else:
-        note = {"signals": "signals", "both": "signals and pacing",
-                "cooperative": "pacing"}[policy.enforcement.value]
-    enforcer = SignalEnforcer(tree, process_group=pgid) if policy.uses_signals else None
-    return enforcer, policy, note
+    if not policy.enforced_by_the_kernel:
+        enforcer = SignalEnforcer(tree, process_group=pgid) if policy.uses_signals else None
+        return enforcer, policy, _ENFORCERS[policy.enforcement]
+    found = detect()
+    if found.backend is None:
+        return _without_kernel_quota(policy, tree, pgid, f"no kernel quota: {found.reason}")
+    return (CgroupQuota(root_pid=pgid, backend=found.backend), policy,
+            f"kernel quota ({found.backend.describe()})")
+
+
+_ENFORCERS = {Enforcement.SIGNALS: "signals", Enforcement.BOTH: "signals and pacing",
+              Enforcement.COOPERATIVE: "pacing"}
+
+
+def _without_kernel_quota(policy: Policy, tree: ProcessTree, pgid: int,
+                          why: str) -> tuple[Enforcer, Policy, str]:
+    """Where the kernel holds nothing: signals and pacing (Both), saying why."""
+    return (SignalEnforcer(tree, process_group=pgid), policy.without_kernel_quota(),
+            f"signals and pacing ({why})")
 
 
 def _loop(proc: subprocess.Popen, agent: Agent, policy: Policy,
@@ -197,12 +199,14 @@ def status_line(result: CycleResult) -> str:
 
 
 def build_report(result: CycleResult, wall: float, exit_code: int,
-                 explorer: dict | None = None, gpu: dict | None = None) -> dict:
+                 explorer: dict | None = None, gpu: dict | None = None,
+                 enforcer: str | None = None) -> dict:
     """The --report JSON. The run's figures (peaks, time held back, slowdown, levers)
     come from sidecar/summary.py, as /status's do; `wall` is the command's own."""
     run = summarize(result)
     policy = result.policy
     total_cpu = _children_cpu_seconds()
+    k = result.kernel_throttling
     return {
         "exit_code": exit_code,
         "wall_seconds": round(wall, 3),
@@ -228,6 +232,12 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
             "final_quota_cores": None if result.controller_quota is None
             else round(result.controller_quota, 3),
+            # Which enforcer held the workload, and why that one (choose_enforcer).
+            "enforcer": enforcer,
+            # The kernel quota's own counters (cpu.stat), where it held the workload.
+            "kernel_throttling": None if k is None else {
+                "periods": k.nr_periods, "throttled_periods": k.nr_throttled,
+                "throttled_seconds": round(k.throttled_seconds, 3)},
             # What the lever explorer measured and chose (None when it did not run).
             "explorer": explorer,
             # This tool's own CPU (start-up, sampling, control, signals), not the command's.

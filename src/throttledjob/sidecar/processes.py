@@ -195,6 +195,17 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _HAVE_CHILDREN_FILES = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
+def alive(pid: int) -> bool:
+    """The process exists (one we may not signal counts: it is alive, just not ours)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def resume(pids: list[int]) -> None:
     """SIGCONT each pid that still exists; never raises."""
     for pid in pids:

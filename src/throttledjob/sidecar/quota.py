@@ -26,7 +26,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 
-from .processes import descendants
+from .processes import alive, descendants
 
 # Shorter than the kernel's 100 ms default (what `limits.cpu` gets), not shorter still: a
 # 1-second window can hold one period's quota more than its share, depending on where it
@@ -398,7 +398,7 @@ def sweep_orphans(backend: QuotaBackend) -> list[str]:
         return removed
     for name in names:
         owner = _owner(name)
-        if owner is None or _alive(owner):
+        if owner is None or alive(owner):
             continue
         path = os.path.join(backend.parent, name)
         if not _read_words(os.path.join(path, "cgroup.procs")):
@@ -418,16 +418,6 @@ def sweep_orphans(backend: QuotaBackend) -> list[str]:
 def _owner(name: str) -> int | None:
     parts = name[len(PREFIX):].split("-") if name.startswith(PREFIX) else []
     return int(parts[0]) if len(parts) == 2 and all(p.isdigit() for p in parts) else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write_quota(version: int, path: str, quota_us: int | None,
