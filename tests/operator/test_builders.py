@@ -12,8 +12,8 @@ import kopf
 import pytest
 import yaml
 
-from throttledjob.contracts.names import ENV_DIR
-from throttledjob.contracts.policy import parse_policy
+from throttledjob.contracts.names import ENV_CPU_LIMIT, ENV_DIR
+from throttledjob.contracts.policy import Enforcement, Policy, parse_policy
 from throttledjob.operator import crd
 from throttledjob.operator.children import (
     DEFAULT_SIDECAR_UID,
@@ -33,7 +33,12 @@ from throttledjob.operator.status import (
     status_job_created,
     status_with_observed,
 )
-from throttledjob.operator.validation import SpecError, signals_uid_warning, validate
+from throttledjob.operator.validation import (
+    SpecError,
+    quota_warning,
+    signals_uid_warning,
+    validate,
+)
 
 from .conftest import NAMESPACE, k8s_validate, make_tj
 
@@ -383,3 +388,69 @@ def test_sidecar_endpoint_from_the_pod() -> None:
     assert sidecar_endpoint(pod) == ("10.0.0.7", 9400)
     assert sidecar_endpoint({**pod, "status": {"phase": "Pending"}}) is None
     assert job_owner_name(job) == "train"
+
+
+# --- enforcement Quota: the workload's CPU limits from the target ---------------------------
+
+def quota_tj(peak: Any = "1500m", **containers: dict[str, Any]) -> dict[str, Any]:
+    """A ThrottledJob under enforcement Quota; keyword arguments are containers by name
+    (their `resources`), in order."""
+    tj = make_tj(throttle={"targets": {"cpu": {"peak": peak}}, "enforcement": "Quota"})
+    pod = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    template = pod["containers"][0]
+    pod["containers"] = [{**copy.deepcopy(template), "name": name, "resources": resources}
+                         for name, resources in containers.items()]
+    return tj
+
+
+def sidecar_env(job: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in pod_of(job)["initContainers"][0].get("env", [])}
+
+
+def test_quota_sets_each_containers_limit_from_its_share_of_the_target() -> None:
+    job, _ = built(quota_tj("1500m", a={"requests": {"cpu": "1"}},
+                            b={"requests": {"cpu": "500m"}, "limits": {"memory": "1Gi"}}))
+    k8s_validate(job)
+    a, b = pod_of(job)["containers"]
+    # In proportion to the requests, which stay as written (a Burstable pod).
+    assert a["resources"] == {"requests": {"cpu": "1"}, "limits": {"cpu": "1000m"}}
+    assert b["resources"] == {"requests": {"cpu": "500m"},
+                              "limits": {"memory": "1Gi", "cpu": "500m"}}
+    for c in (a, b):
+        assert c["resizePolicy"] == [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
+    assert sidecar_env(job)[ENV_CPU_LIMIT] == "1.5"
+    assert Policy(cpu_peak_cores=1.5).under_cpu_limit(1.5).enforcement \
+        is Enforcement.COOPERATIVE
+
+
+def test_quota_splits_evenly_without_requests_and_keeps_a_lower_own_limit() -> None:
+    job, _ = built(quota_tj(1, a={}, b={"limits": {"cpu": "200m"}}, c={}))
+    limits = [c["resources"]["limits"]["cpu"] for c in pod_of(job)["containers"]]
+    # 333m each, rounded down so the sum never passes the target; b's own 200m stays.
+    assert limits == ["333m", "200m", "333m"]
+    assert sidecar_env(job)[ENV_CPU_LIMIT] == "0.866"
+
+
+def test_a_request_over_its_share_falls_back_to_signals_and_says_why() -> None:
+    tj = quota_tj(1, a={"requests": {"cpu": "2"}}, b={})
+    doc = validate(owned(tj))
+    job, _ = built(tj)
+    assert all("cpu" not in (c["resources"].get("limits") or {})
+               for c in pod_of(job)["containers"])
+    assert ENV_CPU_LIMIT not in sidecar_env(job)
+    warning = quota_warning(tj, doc) or ""
+    assert "container a requests 2 CPU, more than its 500m share" in warning
+    assert quota_warning(quota_tj(1, a={"requests": {"cpu": "500m"}}, b={}), doc) is None
+
+
+def test_other_enforcements_leave_the_limits_alone() -> None:
+    for enforcement in ("Both", "Signals", "Cooperative"):
+        tj = quota_tj(1, a={})
+        tj["spec"]["throttle"]["enforcement"] = enforcement
+        job, _ = built(tj)
+        assert pod_of(job)["containers"][0]["resources"] == {}, enforcement
+        assert ENV_CPU_LIMIT not in sidecar_env(job)
+    no_target = quota_tj(1, a={})
+    no_target["spec"]["throttle"]["targets"] = {}
+    job, _ = built(no_target)
+    assert pod_of(job)["containers"][0]["resources"] == {}

@@ -304,3 +304,14 @@ def test_sidecar_requires_its_flags():
                           text=True, timeout=30)
     assert proc.returncode == 2 and "--policy" in proc.stderr
     assert shutil.which("sh") and sys.executable
+
+
+@pytest.mark.parametrize("value, limit", [("1.5", 1.5), ("0.866", 0.866), ("", None),
+                                          ("0", None), ("-1", None), ("nan", None),
+                                          ("inf", None), ("2 cores", None)])
+def test_the_workloads_cpu_limit_comes_from_the_operators_variable(value, limit) -> None:
+    from throttledjob.contracts.names import ENV_CPU_LIMIT
+    from throttledjob.sidecar.pod import cpu_limit_from_env
+
+    assert cpu_limit_from_env({ENV_CPU_LIMIT: value}) == limit
+    assert cpu_limit_from_env({}) is None

@@ -9,6 +9,9 @@ ENV_DISABLE = "THROTTLEDJOB_DISABLE"
 ENV_ON_STALE = "THROTTLEDJOB_ON_STALE"
 # "0"/"false"/"off": the injected start-up hook leaves the process alone.
 ENV_AUTOHOOK = "THROTTLEDJOB_AUTOHOOK"
+# Set on the sidecar by the operator: the CPU limits (cores, summed) it gave the workload
+# containers from the target, when the kernel's quota enforces it (Policy.under_cpu_limit).
+ENV_CPU_LIMIT = "THROTTLEDJOB_WORKLOAD_CPU_LIMIT_CORES"
 # The user's own PYTHONPATH, kept by the operator when it prepends the injected library.
 ENV_USER_PYTHONPATH = "THROTTLEDJOB_USER_PYTHONPATH"
 

@@ -89,6 +89,19 @@ class Policy:
         return replace(self, enforcement=Enforcement.BOTH) if self.enforced_by_the_kernel \
             else self
 
+    def under_cpu_limit(self, limit_cores: float | None) -> Policy:
+        """The policy in a pod, where the kernel's quota is the workload containers' CPU
+        limit, set by the operator from the target when it built the Job. QUOTA is then
+        held by the kernel, and the sidecar only paces the steps the workload reports
+        (COOPERATIVE); with no such limit, or one above the target (a live edit lowered
+        it: the limit of a running pod stays), QUOTA falls back to BOTH."""
+        if not self.enforced_by_the_kernel:
+            return self
+        held = (limit_cores is not None and self.cpu_peak_cores is not None
+                and limit_cores <= self.cpu_peak_cores * (1 + 1e-6))
+        return replace(self, enforcement=Enforcement.COOPERATIVE if held
+                       else Enforcement.BOTH)
+
     @property
     def adaptive(self) -> bool:
         return self.mode is Mode.ADAPTIVE

@@ -11,8 +11,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
+from throttledjob.contracts.names import ENV_CPU_LIMIT, ENV_DIR, ENV_USER_PYTHONPATH
 
+from . import cpu_limits
 from .crd import (
     API_VERSION,
     DEFAULT_INJECT,
@@ -211,8 +212,14 @@ def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
                                                  "mountPath": SHARED_DIR})
     # First init container: a native sidecar starts before the later init containers
     # and the workload, so the settings file exists when the workload starts.
-    uid = workload_uid(pod)
-    ours = [build_sidecar(settings, uid)]
+    sidecar = build_sidecar(settings, workload_uid(pod))
+    # Enforcement Quota: the kernel holds the target with the workload's CPU limits, unless
+    # a request is over its share (validation.quota_warning says so; signals hold it).
+    target = cpu_limits.quota_target(policy_doc)
+    if target is not None and not cpu_limits.request_over_limit(pod["containers"], target):
+        limit = cpu_limits.apply(pod["containers"], target)
+        sidecar["env"] = [{"name": ENV_CPU_LIMIT, "value": f"{limit:g}"}]
+    ours = [sidecar]
     volumes = [
         {"name": SHARED_VOLUME, "emptyDir": {"sizeLimit": settings.shared_dir_size_limit}},
         {"name": POLICY_VOLUME, "configMap": {"name": configmap_name(name),

@@ -115,13 +115,15 @@ def throttle_schema() -> dict[str, Any]:
                      "description": "Adaptive trims by feedback; Fixed holds static settings."},
             "enforcement": {
                 "type": "string", "enum": ["Quota", "Cooperative", "Signals", "Both"],
-                "default": "Both",
-                "description": "Cooperative: the runtime library paces the workload. Signals: "
-                               "the sidecar SIGSTOP/SIGCONT-cycles the workload's processes "
-                               "(shares the pod's process namespace). Both: pacing while the "
-                               "workload calls step(), signals otherwise. Quota: the kernel's "
-                               "CPU quota (the default of `throttledjob run`); in a pod it "
-                               "falls back to Both until the operator sets CPU limits."},
+                "default": "Quota",
+                "description": "Quota: the kernel's CPU quota holds the CPU target: the "
+                               "operator sets the workload containers' CPU limits from it "
+                               "(requests stay; a request over its share falls back to "
+                               "Both, with a QuotaUnavailable event). Cooperative: the "
+                               "runtime library paces the workload. Signals: the sidecar "
+                               "SIGSTOP/SIGCONT-cycles the workload's processes (shares the "
+                               "pod's process namespace). Both: pacing while the workload "
+                               "calls step(), signals otherwise."},
             "intervalSeconds": _num("Control interval, seconds.", 0.05, 3600, default=1),
             "inject": {
                 "type": "string", "enum": INJECT_MODES, "default": DEFAULT_INJECT,

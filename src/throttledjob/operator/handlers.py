@@ -32,7 +32,7 @@ from .status import (
     status_invalid,
     status_job_created,
 )
-from .validation import Refusal, SpecError, signals_uid_warning, validate
+from .validation import Refusal, SpecError, quota_warning, signals_uid_warning, validate
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 
@@ -148,9 +148,10 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
         kopf.info(body, reason=Reason.JOB_CREATED,
                   message=f"Created Job {job['metadata']['name']} and ConfigMap "
                           f"{cm['metadata']['name']}")
-        warning = signals_uid_warning(body, doc)
-        if warning:
-            kopf.warn(body, reason=Reason.SIGNALS_MAY_FAIL, message=warning)
+        for reason, warning in ((Reason.QUOTA_UNAVAILABLE, quota_warning(body, doc)),
+                                (Reason.SIGNALS_MAY_FAIL, signals_uid_warning(body, doc))):
+            if warning:
+                kopf.warn(body, reason=reason, message=warning)
 
 
 @kopf.on.resume(*RESOURCE)

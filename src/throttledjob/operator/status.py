@@ -57,6 +57,7 @@ class Reason(Choice):
     # Events only.
     POLICY_UPDATED = "PolicyUpdated"
     SIGNALS_MAY_FAIL = "SignalsMayFail"
+    QUOTA_UNAVAILABLE = "QuotaUnavailable"
     TARGET_UNREACHABLE = "TargetUnreachable"
 
 

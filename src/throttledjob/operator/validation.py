@@ -16,6 +16,7 @@ from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
 from throttledjob.contracts.policy import PolicyError, parse_cpu_quantity, parse_policy
 from throttledjob.contracts.policy import _Choice as Choice  # a str-enum printing its value
 
+from . import cpu_limits
 from .children import (
     DEFAULT_SIDECAR_UID,
     INJECT_DIR,
@@ -207,6 +208,16 @@ def _check_reachable(doc: Mapping[str, Any], containers: list[Mapping[str, Any]]
         raise SpecError(Refusal.UNREACHABLE_TARGET, "targets.gpu is set but no container has "
                                                     f"a GPU limit ({', '.join(GPU_RESOURCES)})")
 
+
+
+def quota_warning(body: Mapping[str, Any], policy_doc: Mapping[str, Any]) -> str | None:
+    """Why enforcement Quota falls back to signals for this template, or None."""
+    target = cpu_limits.quota_target(policy_doc)
+    containers = pod_spec(body.get("spec") or {}).get("containers") or []
+    why = cpu_limits.request_over_limit(containers, target) if target is not None else None
+    return (f"enforcement Quota: no CPU limit set, {why}; the sidecar holds the target "
+            "with signals instead. Lower the request to use the kernel's quota.") if why \
+        else None
 
 
 def signals_uid_warning(body: Mapping[str, Any], policy_doc: Mapping[str, Any]) -> str | None:

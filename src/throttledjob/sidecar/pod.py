@@ -10,10 +10,14 @@ start it resumes a workload a dead predecessor left stopped, on exit it resumes 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 
+from throttledjob.contracts.names import ENV_CPU_LIMIT
 from throttledjob.contracts.policy import Policy
 
 from .agent import Agent
@@ -33,9 +37,13 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     log_to_stderr()
     stop = stop or threading.Event()
     watcher = PolicyWatcher(policy_path)
-    # In a pod the kernel's quota is the container's CPU limit, the operator's to set (not
-    # yet done): Quota falls back to signals and pacing, as Both.
-    policy = (watcher.poll() or Policy()).without_kernel_quota()
+    # In a pod the kernel's quota is the workload's CPU limit, which the operator set from
+    # the target (or not): Quota holds by it, or falls back to signals and pacing.
+    limit = cpu_limit_from_env(os.environ)
+    policy = (watcher.poll() or Policy()).under_cpu_limit(limit)
+    if limit is not None:
+        log.info("throttledjob: the workload's CPU limit of %g cores is the kernel's quota",
+                 limit)
     if watcher.error:  # no valid policy yet: measure and export, throttle nothing
         log.warning("throttledjob: policy: %s", watcher.error)
     scope = None if root_pid is not None else pod_cgroup(cgroup_of("self"))
@@ -57,7 +65,7 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
         exporter.start()
         log.info("throttledjob: sidecar serving http://%s:%d/metrics", host, exporter.port)
         agent.start()
-        _loop(agent, tree, watcher, exporter, stop, root_pid)
+        _loop(agent, tree, watcher, exporter, stop, root_pid, limit)
     finally:
         agent.close()  # resumes what the enforcer stopped, restores GPU power limits
         resume(tree.pids())
@@ -67,8 +75,18 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     return 0
 
 
+def cpu_limit_from_env(env: Mapping[str, str]) -> float | None:
+    """The workload containers' CPU limit the operator set from the target (cores), or
+    None: not set, or not a positive number (then signals hold the target)."""
+    try:
+        limit = float(env.get(ENV_CPU_LIMIT, ""))
+    except ValueError:
+        return None
+    return limit if math.isfinite(limit) and limit > 0 else None
+
+
 def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exporter,
-          stop: threading.Event, root_pid: int | None) -> None:
+          stop: threading.Event, root_pid: int | None, limit: float | None) -> None:
     next_cycle = time.monotonic()
     failures = 0
     while True:
@@ -77,7 +95,7 @@ def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exp
             return
         new = watcher.poll()
         if new is not None:
-            new = new.without_kernel_quota()
+            new = new.under_cpu_limit(limit)
             _apply_policy(agent, tree, new)
             exporter.set_interval(new.interval_seconds)
             log.info("throttledjob: policy reloaded from %s", watcher.path)

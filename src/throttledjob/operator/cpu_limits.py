@@ -1,0 +1,81 @@
+"""The workload's CPU limits from the CPU target: with enforcement Quota the kernel's CFS
+quota of each workload container holds the target, as `resources.limits.cpu` does for
+any pod, at no CPU cost and with no signal sent.
+
+Pure functions over the pod template's containers. Requests stay as the user wrote them
+(a Burstable pod); a limit the user wrote below the container's share is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from throttledjob.contracts.policy import PolicyError, parse_cpu_quantity, parse_policy
+
+# The smallest limit worth setting: the kernel's quota has a 1 ms floor per 100 ms period.
+MIN_MILLICORES = 10
+# In-place resize (Kubernetes 1.35+) may change the limit without a restart.
+RESIZE_POLICY = [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
+
+
+def quota_target(policy_doc: Mapping[str, Any]) -> float | None:
+    """The CPU target (cores) the kernel's quota is to hold: enforcement Quota with a CPU
+    target; else None."""
+    policy = parse_policy(dict(policy_doc))
+    return policy.cpu_peak_cores if policy.enforced_by_the_kernel else None
+
+
+def _cpu(container: Mapping[str, Any], kind: str) -> float | None:
+    value = ((container.get("resources") or {}).get(kind) or {}).get("cpu")
+    if value is None:
+        return None
+    try:
+        return parse_cpu_quantity(value, kind)
+    except PolicyError:
+        return None
+
+
+def shares(containers: Sequence[Mapping[str, Any]], target_cores: float) -> list[float]:
+    """Each container's part of the target: in proportion to its CPU request when every
+    container has one, else even."""
+    requests = [_cpu(c, "requests") for c in containers]
+    if all(r for r in requests):
+        total = sum(requests)  # type: ignore[arg-type]
+        return [target_cores * r / total for r in requests]  # type: ignore[operator]
+    return [target_cores / len(containers)] * len(containers)
+
+
+def limits(containers: Sequence[Mapping[str, Any]], target_cores: float) -> list[int]:
+    """The CPU limit of each container, millicores: its share, rounded down (the sum
+    never passes the target), or the user's own limit where that is lower."""
+    out = []
+    for container, share in zip(containers, shares(containers, target_cores), strict=True):
+        milli = max(MIN_MILLICORES, int(share * 1000 + 1e-6))
+        own = _cpu(container, "limits")
+        out.append(min(milli, int(own * 1000)) if own is not None else milli)
+    return out
+
+
+def request_over_limit(containers: Sequence[Mapping[str, Any]],
+                       target_cores: float) -> str | None:
+    """Why the limits cannot be set (a limit may not be under the container's request),
+    or None."""
+    for container, milli in zip(containers, limits(containers, target_cores), strict=True):
+        request = _cpu(container, "requests")
+        if request is not None and request * 1000 > milli + 1e-6:
+            return (f"container {container.get('name')} requests {request:g} CPU, more than "
+                    f"its {milli}m share of the {target_cores:g}-core target")
+    return None
+
+
+def apply(containers: Sequence[dict[str, Any]], target_cores: float) -> float:
+    """Set each container's CPU limit and its resize policy; returns the limits' sum,
+    cores. Call only where request_over_limit() is None."""
+    milli = limits(containers, target_cores)
+    for container, value in zip(containers, milli, strict=True):
+        resources = container.setdefault("resources", {})
+        resources.setdefault("limits", {})["cpu"] = f"{value}m"
+        if not any(p.get("resourceName") == "cpu" for p in container.get("resizePolicy") or []):
+            container.setdefault("resizePolicy", []).extend(RESIZE_POLICY)
+    return sum(milli) / 1000
