@@ -60,12 +60,13 @@ $(CHECKOV_STAMP):
 checkov: $(CHECKOV_STAMP)
 
 # A real control plane (etcd, kube-apiserver, controller-manager, scheduler, a KWOK
-# node) built from source once into ~/.cache/throttledjob and started on loopback;
-# admin kubeconfig in .cluster/kubeconfig. The suite reuses it when it runs.
+# node) and a real node (kubelet, containerd, the product image as
+# localhost/throttledjob:dev), built from source once into ~/.cache/throttledjob and
+# started on this machine; admin kubeconfig in .cluster/kubeconfig. The suite reuses it.
 K8S := $(PYTHON) tools/k8s/cluster.py
 
-cluster:
-	$(K8S) up --dir .cluster
+cluster: tools
+	$(K8S) up --dir .cluster --node real
 
 cluster-down:
 	$(K8S) down --dir .cluster

@@ -75,16 +75,21 @@ def throttled_run(args: Sequence[str], command: Sequence[str],
 @contextlib.contextmanager
 def prometheus(workdir: Path, targets: Sequence[str], job: str = "throttledjob",
                labels: Mapping[str, str] | None = None,
-               scrape_interval: str = "1s") -> Iterator[str]:
-    """A real Prometheus on 127.0.0.1 scraping `targets` ("host:port") as `job`, with
-    `labels` on every series (what a PodMonitor's relabelings add); yields its URL."""
-    binary = require_tool("prometheus")
+               scrape_interval: str = "1s",
+               scrape_configs: Sequence[Mapping] | None = None,
+               binary: str | None = None) -> Iterator[str]:
+    """A real Prometheus (Debian's, or `binary`) on 127.0.0.1 scraping `targets`
+    ("host:port") as `job`, with `labels` on every series (what a PodMonitor's
+    relabelings add), or `scrape_configs` as given; yields its URL."""
+    binary = binary or require_tool("prometheus")
     port = free_port()
     config = workdir / "prometheus.yml"
+    if scrape_configs is None:
+        scrape_configs = [{"job_name": job, "static_configs": [
+            {"targets": list(targets), "labels": dict(labels or {})}]}]
     config.write_text(json.dumps({  # JSON is YAML
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-        "scrape_configs": [{"job_name": job, "static_configs": [
-            {"targets": list(targets), "labels": dict(labels or {})}]}],
+        "scrape_configs": list(scrape_configs),
     }))
     proc = subprocess.Popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'prom-data'}",
@@ -98,8 +103,10 @@ def prometheus(workdir: Path, targets: Sequence[str], job: str = "throttledjob",
         stop(proc, timeout=20)
 
 
-def promql(url: str, query: str) -> list[dict]:
-    """The result of an instant query; fails the test on a PromQL error."""
-    code, body = get(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": query}))
+def promql(url: str, query: str, at: float | None = None) -> list[dict]:
+    """The result of an instant query (now, or at the Unix time `at`); fails the test on
+    a PromQL error."""
+    params = {"query": query, **({"time": f"{at:.3f}"} if at is not None else {})}
+    code, body = get(f"{url}/api/v1/query?" + urllib.parse.urlencode(params))
     assert code == 200, f"{query}: {body}"
     return json.loads(body)["data"]["result"]

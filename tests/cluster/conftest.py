@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import tempfile
 import uuid
@@ -28,8 +29,11 @@ _spec = importlib.util.spec_from_file_location("k8s_cluster", ROOT / "tools/k8s/
 k8s = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(k8s)  # type: ignore[union-attr]
 
+node_mod = k8s.node_module()
+
 OPERATOR_NAMESPACE = "throttledjob-system"
 TIMEOUT = 60.0
+REAL_NODE_START_TIMEOUT = 600.0  # a cold start builds the images (about 5 minutes)
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +51,35 @@ def cluster() -> Iterator[Any]:
         yield own
     finally:
         own.down()
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Any) -> Iterator[Any]:
+    """A real node (tools/k8s/node.py) beside KWOK, for the session's tests that run real
+    pods on it; torn down at the end. Needs root and Debian's packages: without them the
+    tests skip, or fail under CI=true (as require_tool does)."""
+    missing = node_mod.missing_tools()
+    if missing:
+        message = (f"a real node needs {', '.join(missing)}: apt-get install "
+                   f"{' '.join(node_mod.APT_PACKAGES)} as root")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    if cluster.state.get("node"):  # `make cluster` started one: use it, leave it
+        node = node_mod.RealNode(cluster)
+        if node.ready():
+            yield node
+            return
+    node = cluster.add_real_node(REAL_NODE_START_TIMEOUT)
+    yield node
+    node.down()
+
+
+def helm(cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([require_tool("helm"), "--kubeconfig", str(cluster.kubeconfig),
+                           *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"helm {' '.join(args)}: {proc.stdout}{proc.stderr}"
+    return proc
 
 
 class Kubectl:

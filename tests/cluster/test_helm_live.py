@@ -6,25 +6,15 @@ reported Running by the KWOK node; nothing executes it (see tools/k8s/cluster.py
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from typing import Any
 
-from conftest import require_tool
-
 from ..chart.conftest import CHART
-from .conftest import Kubectl
+from .conftest import Kubectl, helm
 
 # Every kind the chart renders with the default values, besides the CRD.
 RELEASED_KINDS = "deployments,serviceaccounts,configmaps,roles,rolebindings"
 CLUSTER_KINDS = "clusterroles,clusterrolebindings"
-
-
-def helm(cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([require_tool("helm"), "--kubeconfig", str(cluster.kubeconfig),
-                           *args], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"helm {' '.join(args)}: {proc.stdout}{proc.stderr}"
-    return proc
 
 
 def released(kubectl: Kubectl, release: str, namespace: str) -> list[str]:

@@ -13,20 +13,17 @@ from __future__ import annotations
 import ipaddress
 import os
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import throttledjob
 
-from .conftest import Kubectl, k8s, wait_json
+from .conftest import Kubectl, k8s, node_mod, wait_json
 
-node_mod = k8s.node_module()
 # A cold start (no cached images) runs debootstrap and the image build inside the first
-# test's setup.
+# test's setup (the real_node fixture).
 pytestmark = pytest.mark.timeout(1200)
-START_TIMEOUT = 600.0  # a cold start builds the images
 POD_TIMEOUT = 120.0
 # What the pod prints: who it runs as, its network interfaces, the product's version;
 # then it exits with the code the test asked for.
@@ -37,20 +34,6 @@ print("interfaces", " ".join(sorted(os.listdir("/sys/class/net"))))
 print("version", throttledjob.__version__)
 sys.exit(int(sys.argv[1]))
 """
-
-
-@pytest.fixture(scope="module")
-def real_node(cluster: Any) -> Iterator[Any]:
-    missing = node_mod.missing_tools()
-    if missing:
-        message = (f"a real node needs {', '.join(missing)}: apt-get install "
-                   f"{' '.join(node_mod.APT_PACKAGES)} as root")
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    node = cluster.add_real_node(START_TIMEOUT)
-    yield node
-    node.down()
 
 
 def pod_manifest(namespace: str, exit_code: int) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned Kubernetes control plane, kubectl, the kubelet (the real node,
-# tools/k8s/node.py), etcd and KWOK from Go modules
+# tools/k8s/node.py), etcd, KWOK and Prometheus (with Kubernetes discovery) from Go modules
 # (the module proxy is the only source reachable here) into a cache outside the repo.
 # Idempotent: a second run with the binaries present returns at once.
 #
@@ -68,5 +68,10 @@ fi
 if [[ ! -x "$bin/kwok" ]]; then
     echo "building kwok $KWOK_VERSION" >&2
     GOBIN="$bin" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+fi
+if [[ ! -x "$bin/prometheus" ]]; then
+    echo "building prometheus $PROMETHEUS_VERSION (Kubernetes discovery only)" >&2
+    GOBIN="$bin" go install -tags remove_all_sd,enable_kubernetes_sd -ldflags "-s -w" \
+        "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION"
 fi
 echo "$bin"

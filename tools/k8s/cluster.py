@@ -23,6 +23,7 @@ import argparse
 import base64
 import contextlib
 import importlib.util
+import ipaddress
 import json
 import os
 import secrets
@@ -113,6 +114,11 @@ class Cluster:
     @property
     def admin_token(self) -> str:
         return self.state["token"]
+
+    @property
+    def service_ip(self) -> str:
+        """The `kubernetes` Service's ClusterIP: the first of the service range."""
+        return str(ipaddress.ip_network(SERVICE_CIDR)[1])
 
     @property
     def pod_ip(self) -> str:
@@ -396,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.up()
         if args.node == "real":
-            cluster.add_real_node()
+            cluster.add_real_node(timeout=900)  # a cold start builds the images
     except (RuntimeError, TimeoutError, OSError) as e:
         # A cluster that was already running keeps running (a failed node undoes itself).
         if not was_running:

@@ -31,6 +31,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -331,6 +332,7 @@ class RealNode:
                 "shim_dir_existed": SHIM_SOCKETS.parent.exists()}
         # Recorded before anything is changed, so a failed start still cleans up.
         self.cluster.update_state(node=node)
+        self._serve_kubernetes_service()
 
         (d / "containerd" / "config.toml").write_text(CONTAINERD_CONFIG.format(
             d=d, pause=PAUSE_IMAGE, cni_bin=CNI_BIN))
@@ -398,6 +400,18 @@ class RealNode:
             "--node-labels", ",".join(f"{k}={v}" for k, v in LABELS.items())])
         self.cluster.wait(self.ready, timeout, f"node {NODE_NAME} Ready")
 
+    def _serve_kubernetes_service(self) -> None:
+        """Pods reach the API server as in any cluster, at the `kubernetes` Service's
+        ClusterIP: an address of this machine (on lo: this kernel has no dummy
+        interfaces) where tools/k8s/service_proxy.py forwards to the API server."""
+        ip = self.cluster.service_ip
+        _run("ip", "address", "add", f"{ip}/32", "dev", "lo")
+        self.cluster.update_state(node={**self.cluster.state["node"], "service_ip": ip})
+        self.cluster.start_process("service-proxy", [
+            str(HERE / "service_proxy.py"), ip, "443", "127.0.0.1",
+            str(self.cluster.state["ports"]["apiserver"])], program=sys.executable)
+        self.cluster.wait(lambda: _listening(ip, 443), 30, "the kubernetes Service proxy")
+
     def down(self) -> None:
         """Tear this node down and forget it; the control plane (and KWOK) keep running."""
         teardown(self.cluster)
@@ -415,6 +429,17 @@ class RealNode:
                       if line.count(" ") >= 3]
         return "\n".join(lines)
 
+    def container_cgroup(self, container_id: str, controller: str) -> Path | None:
+        """The cgroup directory of one of this node's containers ("containerd://ID" as in
+        a pod's status, or ID) in the v1 hierarchy of `controller` (cpuacct, memory);
+        None when there is none (not started yet, or gone)."""
+        cid = container_id.rpartition("://")[2]
+        root = self.cluster.state["node"]["cgroup_root"].lstrip("/")
+        for mount in _cgroup_mounts():
+            if controller in mount.name.split(","):
+                return next((mount / root).rglob(cid), None)
+        return None
+
     def ready(self) -> bool:
         try:
             node = self.cluster.request("GET", f"/api/v1/nodes/{NODE_NAME}")
@@ -431,6 +456,9 @@ def teardown(cluster: Any) -> None:
     state = cluster.state
     node, pids, d = state.get("node") or {}, state.get("pids", {}), cluster.dir / "node"
     cluster.stop_process("kubelet")
+    cluster.stop_process("service-proxy")
+    if node.get("service_ip"):
+        _run("ip", "address", "del", f"{node['service_ip']}/32", "dev", "lo", check=False)
     sock = d / "containerd" / "containerd.sock"
     # Every task's id (its bundle; runc's state), for the shim sockets below.
     task_ids = {p.name for top in (d / "containerd/state/io.containerd.runtime.v2.task/k8s.io",
@@ -506,6 +534,11 @@ def teardown(cluster: Any) -> None:
             with contextlib.suppress(OSError):
                 CONTAINER_LOGS.rmdir()
     cluster.update_state(node=None)
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
 
 
 def _free_port() -> int:

@@ -4,6 +4,8 @@ with our handlers."""
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 
 
@@ -24,7 +26,10 @@ def run_operator(args: argparse.Namespace) -> int:
     flags = {"sidecar_image": args.sidecar_image or None,
              "status_interval_seconds": args.status_interval}
     kopf.configure(debug=args.debug, verbose=args.verbose)
-    kopf.run(standalone=True if args.standalone else None,
+    # kopf's default identity is the login name, which a UID without a passwd entry (the
+    # image's 65532, or any runAsUser) does not have: it would not start.
+    identity = f"throttledjob@{socket.gethostname()}/{os.getpid()}"
+    kopf.run(standalone=True if args.standalone else None, identity=identity,
              clusterwide=args.all_namespaces, namespaces=args.namespace,
              liveness_endpoint=args.liveness, peering_name=args.peering,
              priority=args.priority,
