@@ -325,10 +325,13 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
     assert [where for where, data in answered.items() if not data] == [], answered
     assert len(answered) >= 15, answered
 
-    # The sidecar's own cost, from its container's cgroup.
+    # The sidecar's own cost, from its container's cgroup, against its goals: 40 MiB, and
+    # 1% of a core where the kernel holds the target. Signals scan and stop the workload
+    # 50 times a second: about 2% of a core here (docs/benchmarks.md).
     assert sidecar.cores, "no sample of the sidecar's cgroup"
-    assert statistics.mean(sidecar.cores) < 0.05, sidecar.cores
-    assert max(sidecar.memory_bytes) < 80 * 2**20, sidecar.memory_bytes
+    cpu_goal = 0.01 if enforcement is None else 0.03
+    assert statistics.mean(sidecar.cores) < cpu_goal, sidecar.cores
+    assert max(sidecar.memory_bytes) < 40 * 2**20, sidecar.memory_bytes
 
 
 def test_the_api_server_answers_pods_at_the_kubernetes_service(real_node: Any) -> None:
