@@ -405,7 +405,10 @@ class RealNode:
         ClusterIP: an address of this machine (on lo: this kernel has no dummy
         interfaces) where tools/k8s/service_proxy.py forwards to the API server."""
         ip = self.cluster.service_ip
-        _run("ip", "address", "add", f"{ip}/32", "dev", "lo")
+        if _run("ip", "address", "add", f"{ip}/32", "dev", "lo", check=False).returncode:
+            raise NodeUnavailable(
+                f"{ip} is on lo already: another real node runs on this machine (`cluster.py "
+                f"down` it), or a killed one left it (`ip address del {ip}/32 dev lo`)")
         self.cluster.update_state(node={**self.cluster.state["node"], "service_ip": ip})
         self.cluster.start_process("service-proxy", [
             str(HERE / "service_proxy.py"), ip, "443", "127.0.0.1",
