@@ -414,7 +414,8 @@ def agent_with_scripted_levers(tmp_path, levers: Levers):
     agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
                   enforcer=enforcer, clock=lambda: now[0])
     agent.start()
-    agent.explorer = types.SimpleNamespace(levers=levers, update=lambda sample: None)
+    agent.explorer = types.SimpleNamespace(levers=levers, update=lambda sample: None,
+                                           lever_slowdown=lambda: None)
     agent._explorer_steps = 0
     return agent, tree, enforcer, now
 
@@ -540,3 +541,74 @@ def test_a_bursty_workload_held_back_by_the_quota_wants_the_target():
     assert isinstance(ex.state, Settled) and ex.levers == ONE
     assert set(ex.estimates) == {ONE}            # nothing else measured
     assert seen.count(DEFAULT_LEVERS) == 1       # the start-up interval only
+
+
+# --- the slowdown budget: a lever's own cost counts ------------------------------------------
+
+def test_under_a_budget_a_lever_that_costs_speed_by_itself_loses_to_a_lifted_quota():
+    # One thread of a compute-bound loop halves its speed: no pause shows that cost. At a
+    # 0.9-core target, holding the defaults would take 2.2x as long; the 1.25 budget lifts
+    # their quota to 1.6 cores (1.25x), which one thread can never match.
+    ex = Explorer(0.9, probe_order(2, 0.9, stop_pacing=True), max_slowdown=1.25)
+    drive(ex, compute_bound(), 30, quota=1.6)
+    assert DEFAULT_LEVERS in ex.estimates  # R0 is the defaults': always measured
+    assert isinstance(ex.state, Settled) and ex.levers == DEFAULT_LEVERS
+    assert ex.quota_for(ex.estimates[DEFAULT_LEVERS]) == pytest.approx(1.6, rel=0.03)
+    assert ex.decision().predicted_slowdown == pytest.approx(1.25, rel=0.03)
+    assert ex.lever_slowdown() == pytest.approx(1.0)
+    # Without the budget the same measurements rank one thread first (as fast as the
+    # defaults held to 0.9 cores, and the reference): the 2x it costs is invisible.
+    blind = Explorer(0.9, probe_order(2, 0.9, stop_pacing=True))
+    drive(blind, compute_bound(), 30)
+    assert blind.levers == ONE
+
+
+def test_under_a_budget_a_cheap_lever_still_wins_and_its_cost_is_known():
+    # Memory-bound: one thread keeps 90% of the speed on half the cores.
+    ex = Explorer(1.0, probe_order(2, 1.0, stop_pacing=True), max_slowdown=1.25)
+    drive(ex, memory_bound(), 30)
+    assert ex.levers == ONE
+    assert ex.lever_slowdown() == pytest.approx(100 / 90, rel=0.02)
+    assert ex.decision().predicted_slowdown == pytest.approx(100 / 90, rel=0.02)
+
+
+def test_a_budget_that_does_not_bind_changes_nothing():
+    for model, target in ((memory_bound(), 1.2), (compute_bound(), 1.5)):
+        with_budget = Explorer(target, [ONE], max_slowdown=4.0)
+        without = Explorer(target, [ONE])
+        drive(with_budget, model, 30)
+        drive(without, model, 30)
+        assert with_budget.levers == without.levers
+        assert with_budget.quota_for(with_budget.estimates[with_budget.levers]) == target
+
+
+def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_path):
+    """One thread keeps 90% of the speed: no pause shows the 10% it costs. The report's
+    slowdown counts it, and the duty cycle gets only what the budget leaves after it."""
+    from throttledjob.contracts.policy import Policy
+    from throttledjob.sidecar.summary import summarize
+
+    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.25)
+    agent, published = run_agent(tmp_path, policy, memory_bound(), intervals=40)
+    assert published[-1] == 1 and agent.explorer.lever_slowdown() == pytest.approx(
+        100 / 90, rel=0.02)
+    summary = summarize(agent.result)
+    assert summary.paused_seconds == 0  # nothing paused: the model ran free
+    # Most of the run was under one thread: its cost shows in the slowdown.
+    assert summary.lever_cost_seconds > 0
+    assert 1.05 < summary.slowdown < 100 / 90 + 0.01, summary
+    # 1.25 / 1.111 leaves a 1.125x budget for pausing: at most 11% of the time.
+    assert agent._max_pause_fraction() == pytest.approx(1 - (100 / 90) / 1.25, rel=0.02)
+    assert policy.max_pause_fraction == pytest.approx(0.2)
+
+
+def test_the_agent_explores_with_the_policys_budget(tmp_path):
+    """A compute-bound workload at a 1-core target: one thread would take 2x, which the
+    1.25 budget forbids; the defaults stay, and the budget holds by pausing alone."""
+    from throttledjob.contracts.policy import Policy
+
+    agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
+                                 compute_bound(), intervals=40)
+    assert agent.explorer.max_slowdown == 1.25
+    assert DEFAULT_LEVERS in agent.explorer.estimates
+    assert published[-1] is None and agent.explorer.levers == DEFAULT_LEVERS

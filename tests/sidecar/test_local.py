@@ -134,9 +134,11 @@ def test_workload_under_target_is_left_alone(throttledjob_cmd, tmp_path):
 
 
 def test_slowdown_budget_is_never_exceeded(throttledjob_cmd, tmp_path):
+    # Several control intervals (about 7 s): in a 3-second run the budget was exhausted
+    # in 2 of 3 runs only, the first intervals earning the pause budget it then spends.
     proc, report = run(throttledjob_cmd, ["--cpu-peak", "0.5", "--max-slowdown", "1.25",
                                           "--enforcement", "signals", "--",
-                                          *HUNGRY, "--units", "200"], tmp_path)
+                                          *HUNGRY, "--units", "600"], tmp_path)
     assert proc.returncode == 0
     assert report["controller"]["estimated_slowdown"] <= 1.25 * 1.02
     assert report["controller"]["budget_exhausted_seconds"] > 0

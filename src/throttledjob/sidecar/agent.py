@@ -82,6 +82,9 @@ class CycleResult:
     controller_quota: float | None  # the CPU controller's quota (None: no CPU target)
     kernel_throttling: ThrottleStats | None  # cpu.stat of the kernel quota, where one holds
     gpu: GpuState | None
+    # Time the levers in force cost by themselves (fewer threads, smaller batches: slower
+    # steps no pause shows), from the explorer's measured unthrottled rate.
+    lever_cost_seconds: float = 0.0
 
 
 class Agent:
@@ -111,6 +114,7 @@ class Agent:
         self.started = clock()
         self._cooperative_paused_seconds = 0.0
         self._budget_exhausted_seconds = 0.0
+        self._lever_cost_seconds = 0.0
         self._last_cpu = tree.cpu_seconds()
         self._last_time = self.started
         self._last_coop_paused: dict[int, float] = {}
@@ -212,6 +216,9 @@ class Agent:
         gpu_exhausted = bool(self.gpu and self.gpu.decision and self.gpu.decision.budget_exhausted)
         if (decision and decision.budget_exhausted) or gpu_exhausted:
             self._budget_exhausted_seconds += elapsed
+        # The interval ran under the levers chosen before it: charge what they cost.
+        cost = self._lever_slowdown()
+        self._lever_cost_seconds += (1 - obs.pause_fraction) * elapsed * (1 - 1 / cost)
         self._explore(obs, steps, elapsed, records)
         quota = self._actuate(quota, now)
         self.status = CycleStatus(
@@ -242,6 +249,7 @@ class Agent:
             controller_quota=self.controller.quota if self.controller else None,
             kernel_throttling=self._enforcer.kernel_throttling() if self._enforcer else None,
             gpu=self.gpu.state() if self.gpu else None,
+            lever_cost_seconds=self._lever_cost_seconds,
         )
 
     @property
@@ -256,6 +264,8 @@ class Agent:
             self.explorer, self._explorer_steps = None, None
         elif self.explorer and policy.cpu_peak_cores != old.cpu_peak_cores:
             self.explorer.set_target(policy.cpu_peak_cores)
+        if self.explorer:
+            self.explorer.max_slowdown = policy.max_slowdown
         if (policy.cpu_peak_cores, policy.mode) != (old.cpu_peak_cores, old.mode):
             self.controller = (CpuController(policy.cpu_peak_cores, policy.adaptive)
                                if policy.cpu_peak_cores else None)
@@ -298,12 +308,13 @@ class Agent:
                  * p.interval_seconds))
         self._coop_pacing = use_coop
         self.seq += 1
+        max_pause = self._max_pause_fraction()
         settings = Settings(
             seq=self.seq, time=time.time(),
             # Published even while signals hold the tree: a process that starts calling
             # step() paces from its first call, with no unthrottled hand-over gap.
             cpu_quota_cores=quota if use_coop else None,
-            max_pause_fraction=p.max_pause_fraction,
+            max_pause_fraction=max_pause,
             threads=self.levers.threads, batch_scale=self.levers.batch_scale,
             rate_limit_per_second=p.rate_limit_per_second,
             gpu_memory_fraction=p.gpu_memory_fraction, params=p.params,
@@ -315,9 +326,22 @@ class Agent:
         except OSError as e:
             self._settings_error = f"cannot write settings: {e.strerror or e}"
         if self._enforcer:
-            self._enforcer.set(quota if use_signals else None, p.max_pause_fraction)
+            self._enforcer.set(quota if use_signals else None, max_pause)
             self._enforcer_armed = bool(quota and use_signals)
         return quota
+
+    def _lever_slowdown(self) -> float:
+        """What the levers in force cost by themselves (1: nothing, or not known)."""
+        return (self.explorer.lever_slowdown() if self.explorer else None) or 1.0
+
+    def _max_pause_fraction(self) -> float:
+        """The pause the slowdown budget leaves once the levers in force are charged: a
+        lever that costs c by itself leaves maxSlowdown / c for the duty cycle."""
+        cost = self._lever_slowdown()
+        if cost <= 1.0:
+            return self.policy.max_pause_fraction
+        return min(self.policy.max_pause_fraction,
+                   max(0.0, 1.0 - cost / self.policy.max_slowdown))
 
     @property
     def levers(self) -> Levers:
@@ -347,7 +371,8 @@ class Agent:
                 candidates += [Levers(batch_scale=0.5)]
             if not candidates:
                 return
-            self.explorer = Explorer(self.policy.cpu_peak_cores, candidates)
+            self.explorer = Explorer(self.policy.cpu_peak_cores, candidates,
+                                     max_slowdown=self.policy.max_slowdown)
         self.explorer.update(LeverSample(obs.usage_cores, obs.pause_fraction, done, elapsed))
 
     def explorer_report(self) -> dict | None:

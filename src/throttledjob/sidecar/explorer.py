@@ -22,6 +22,16 @@ so steps per CPU-second does not depend on it, and the unpaused demand is the me
 usage divided by the fraction of the interval not paused. Probing therefore never lifts
 the quota: the peak target holds during exploration too.
 
+The slowdown budget. With `max_slowdown` B, the quota is lifted wherever holding the
+target would slow the workload by more than B, so a setting is ranked by its throughput
+under the quota it would really get: `max(T, R0 / (B * efficiency(s)))`, where R0 is the
+unthrottled rate (the defaults' efficiency times their demand). A setting that costs
+speed by itself (one thread of two on a compute-bound loop) then loses to the defaults
+wherever the budget binds: it would be duty-cycled to the same lifted quota at fewer
+steps per CPU-second. To know R0 the defaults are always measured when there is a budget.
+`lever_slowdown()` is what the levers in force cost by themselves, R0 over their own
+unthrottled rate: the agent charges it against the budget before any pause.
+
 The state machine (one `update()` per control interval, observations in, levers out;
 pure and deterministic, so it is tested on synthetic workloads):
 
@@ -264,7 +274,7 @@ class Explorer:
     def __init__(self, target_cores: float, candidates: list[Levers], *,
                  baseline_intervals: int = 2, probe_intervals: int = 2, settle_intervals: int = 1,
                  abort_below: float = 0.8, phase_tolerance: float = 0.3,
-                 phase_intervals: int = 3) -> None:
+                 phase_intervals: int = 3, max_slowdown: float | None = None) -> None:
         if target_cores <= 0:
             raise ValueError(f"target must be positive, got {target_cores}")
         if baseline_intervals < 1 or probe_intervals < 1 or settle_intervals < 0:
@@ -273,7 +283,10 @@ class Explorer:
             raise ValueError("abort_below in (0, 1], phase_tolerance > 0, phase_intervals >= 1")
         if DEFAULT_LEVERS in candidates or len(set(candidates)) != len(candidates):
             raise ValueError("candidates must be distinct and exclude the defaults")
+        if max_slowdown is not None and max_slowdown < 1:
+            raise ValueError(f"max_slowdown must be at least 1, got {max_slowdown}")
         self.target = target_cores
+        self.max_slowdown = max_slowdown
         self.candidates = list(candidates)
         self.baseline_intervals = baseline_intervals
         self.probe_intervals = probe_intervals
@@ -327,12 +340,38 @@ class Explorer:
 
     def decision(self) -> Decision:
         predicted = None   # known only when the defaults were measured
-        base = self.estimates.get(DEFAULT_LEVERS)
+        unthrottled = self.unthrottled_rate()
         chosen = self.estimates.get(self.levers)
-        if isinstance(self.state, Settled) and base and chosen:
-            unthrottled = base.efficiency * base.peak_cores
-            predicted = round(unthrottled / max(1e-12, chosen.throughput(self.target)), 3)
+        if isinstance(self.state, Settled) and unthrottled and chosen:
+            predicted = round(unthrottled / max(1e-12, self._throughput(chosen)), 3)
         return Decision(self.levers, type(self.state).__name__, predicted)
+
+    def unthrottled_rate(self) -> float | None:
+        """R0: busy-time steps per second of the defaults with no quota; None until the
+        defaults were measured."""
+        base = self.estimates.get(DEFAULT_LEVERS)
+        return base.efficiency * base.peak_cores if base else None
+
+    def lever_slowdown(self) -> float | None:
+        """What the levers in force cost by themselves (1 or more): R0 over their own
+        unthrottled rate; None where either was not measured."""
+        unthrottled = self.unthrottled_rate()
+        current = self.estimates.get(self.levers)
+        if not unthrottled or current is None:
+            return None
+        return max(1.0, unthrottled / max(1e-12, current.efficiency * current.peak_cores))
+
+    def quota_for(self, estimate: Estimate) -> float:
+        """The quota `estimate`'s setting would get: the target, lifted where holding it
+        would pass the slowdown budget (module doc)."""
+        unthrottled = self.unthrottled_rate()
+        if self.max_slowdown is None or not unthrottled:
+            return self.target
+        return max(self.target,
+                   unthrottled / (self.max_slowdown * max(1e-12, estimate.efficiency)))
+
+    def _throughput(self, estimate: Estimate) -> float:
+        return estimate.throughput(self.quota_for(estimate))
 
     # ---- transitions ----------------------------------------------------------------
 
@@ -344,7 +383,7 @@ class Explorer:
         s.samples.append(sample)
         if s.levers != self.reference and len(s.samples) == 1 and len(s.samples) < s.needed:
             trial = Estimate.of(s.levers, s.samples)
-            if trial.throughput(self.target) < self.abort_below * self._best_throughput():
+            if self._throughput(trial) < self.abort_below * self._best_throughput():
                 self._finish(Estimate.of(s.levers, s.samples, aborted=True))
                 return
         if len(s.samples) >= s.needed:
@@ -359,7 +398,7 @@ class Explorer:
                        and estimate.peak_cores <= self.target)
             self._queue = [] if nothing else [c for c in [DEFAULT_LEVERS, *self.candidates]
                                               if c != self.reference]
-        elif estimate.throughput(self.target) < best_before:
+        elif self._throughput(estimate) < best_before:
             # Fewer threads than a losing count will not win either: skip them.
             self._queue = [c for c in self._queue if not _fewer_threads(c, estimate.levers)]
         self._queue = [c for c in self._queue if not self._dominated(c)]
@@ -371,14 +410,17 @@ class Explorer:
     def _dominated(self, candidate: Levers) -> bool:
         """More threads than a setting measured at the target: they would be duty-cycled
         to the same cores at fewer steps per CPU-second (the prior in the module doc).
-        Wanting the target (`_wants`) counts as at it: no more than that is left to win."""
+        Wanting the target (`_wants`) counts as at it: no more than that is left to win.
+        Under a slowdown budget the defaults are never dominated: R0 is theirs."""
+        if self.max_slowdown is not None and candidate == DEFAULT_LEVERS:
+            return False
         return any(_more_threads(candidate, e.levers) and e.wants(self.target)
                    for e in self.estimates.values())
 
     def _settle(self) -> None:
         base = self.estimates[self.reference]
-        best = max(self.estimates.values(), key=lambda e: e.throughput(self.target))
-        if best.throughput(self.target) < (1 + MIN_GAIN) * base.throughput(self.target):
+        best = max(self.estimates.values(), key=self._throughput)
+        if self._throughput(best) < (1 + MIN_GAIN) * self._throughput(base):
             best = base
         settle = self.settle_intervals if best.levers != self.levers else 0
         self.state = Settled(best.levers, best, settle=settle)
@@ -424,7 +466,7 @@ class Explorer:
         return DEFAULT_LEVERS
 
     def _best_throughput(self) -> float:
-        return max((e.throughput(self.target) for e in self.estimates.values()), default=0.0)
+        return max((self._throughput(e) for e in self.estimates.values()), default=0.0)
 
 
 def _more_threads(candidate: Levers, measured: Levers) -> bool:

@@ -228,6 +228,8 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             "paused_seconds": round(run.paused_seconds, 3),
             "signal_paused_seconds": round(run.signal_paused_seconds, 3),
             "cooperative_paused_seconds": round(run.cooperative_paused_seconds, 3),
+            # What the levers in force cost by themselves (slower steps, no pause).
+            "lever_cost_seconds": round(run.lever_cost_seconds, 3),
             "estimated_slowdown": round(run.slowdown, 3),
             "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
             "final_quota_cores": None if result.controller_quota is None

@@ -5,8 +5,10 @@ Rules (each in one place, so the two outputs cannot disagree):
   (stats.PeakTracker);
 - time held back: by lever, as each lever counted it; the run's total is the larger of
   the two (they hold the same workload back at the same time, so they do not add up);
-- slowdown: wall / (wall - held back), the time held back counted at most 99% of wall
-  (so at most 100, maxSlowdown's own limit), wall counted from the agent's start;
+- slowdown: wall / (wall - held back - lever cost), counted at most 99% of wall (so at
+  most 100, maxSlowdown's own limit), wall from the agent's start; the lever cost is
+  the time the levers in force lost by themselves (one thread instead of two: slower
+  steps no pause shows), from the explorer's measured unthrottled rate;
 - levers used: a duty-cycle lever (the kernel's quota or signals, pacing) once it has
   held the workload back,
   a setting while it is in force (threads and batch scale as published, the explorer's
@@ -41,6 +43,7 @@ class RunSummary:
     cooperative_paused_seconds: float
     enforcer_lever: str             # "quota" (the kernel's) or "signals"
     paused_seconds: float
+    lever_cost_seconds: float
     slowdown: float
     throttle_level: float  # the last interval's held-back fraction, 0..1
     levers: tuple[str, ...]
@@ -76,7 +79,9 @@ def summarize(result: CycleResult) -> RunSummary:
         signal_paused_seconds=signal_paused, cooperative_paused_seconds=coop_paused,
         enforcer_lever=enforcer_lever,
         paused_seconds=paused,
-        slowdown=wall / (wall - min(paused, MAX_PAUSED_SHARE * wall)),
+        lever_cost_seconds=result.lever_cost_seconds,
+        slowdown=wall / (wall - min(paused + result.lever_cost_seconds,
+                                    MAX_PAUSED_SHARE * wall)),
         throttle_level=min(1.0, max(0.0, result.status.pause_fraction)),
         levers=tuple(name for name in LEVERS if used[name]),
         target_met=(_met(result.cpu.recent_p99, p.cpu_peak_cores)
