@@ -7,6 +7,7 @@ The calls (docs/operator.md, "API calls"), from operator/handlers.py and operato
 - kopf watches Jobs for the Job watcher (list, watch); _ensure gets and creates Jobs;
 - _ensure / policy_changed get, create and merge-patch the policy ConfigMap;
 - the sidecar timer lists Pods (kube.list_pods); kopf.info/warn create Events;
+- policy_changed, under enforcement Quota, lists the Pods and patches their pods/resize;
 - kopf's own scanning lists and watches CRDs, and, when it watches listed namespaces
   rather than all, lists and watches Namespaces (kopf/_core/reactor/observation.py).
 """
@@ -29,6 +30,7 @@ NAMESPACED: Rules = {
     ("batch", "jobs"): frozenset({"get", "list", "watch", "create"}),
     ("", "configmaps"): frozenset({"get", "create", "patch"}),
     ("", "pods"): frozenset({"list"}),
+    ("", "pods/resize"): frozenset({"patch"}),
     ("", "events"): frozenset({"create"}),
 }
 CRDS: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"):

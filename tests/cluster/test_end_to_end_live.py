@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 import ssl
 import statistics
 import subprocess
@@ -29,7 +30,7 @@ import promserver
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, wait_for
 from throttledjob.operator.status import condition
 from throttledjob.sidecar.summary import TARGET_TOLERANCE
 
@@ -43,8 +44,16 @@ TARGET_CORES = 1.0
 # so the run held to one core of two lasts about twice that.
 EXAMPLE = ROOT / "examples/one-machine/throttledjob.yaml"
 VALUES = ROOT / "examples/one-machine/values.yaml"
-WORKLOAD = ["sh", "-c",
-            "for i in 1 2; do python -c 'for _ in range(400_000_000): pass' & done; wait"]
+
+
+def two_processes(script: str) -> list[str]:
+    """A container command: two Pythons running `script` at once; it fails if either
+    does (a bare `wait` would exit 0 whatever they did)."""
+    q = shlex.quote(script)
+    return ["sh", "-c", f"python -c {q} & a=$!; python -c {q} & b=$!; wait $a && wait $b"]
+
+
+WORKLOAD = two_processes("for _ in range(400_000_000): pass")
 RUN_TIMEOUT = 240.0
 SCRAPE_SECONDS = 1
 # Dashboard queries that cannot have data here: no GPU, and a workload that reports no steps.
@@ -343,3 +352,108 @@ def test_the_api_server_answers_pods_at_the_kubernetes_service(real_node: Any) -
                                      headers={"Authorization": f"Bearer {cluster.admin_token}"})
     with urllib.request.urlopen(request, context=context, timeout=10) as answer:
         assert answer.status == 200 and answer.read() == b"ok"
+
+
+# The workload of the cooperative run: the same work in steps, with the runtime library
+# from wherever Python finds it; it says which copy that was.
+STEPPING = ("from throttledjob import runtime as tj\n"
+            "print('runtime', tj.__file__, flush=True)\n"
+            "for _ in range(2000):\n"
+            "    for _ in range(200_000): pass\n"
+            "    tj.step()\n")
+
+
+def test_inject_auto_paces_a_workload_at_its_steps_with_the_injected_library(
+        operator: str, real_node: Any, kubectl: Kubectl) -> None:
+    """`inject: Auto` on a real node: the init container copies the runtime library into
+    the pod, the workload's Python finds it first on PYTHONPATH (as the image's user, from
+    a read-only volume), and `Cooperative` paces the two processes at their `step()`
+    calls, nothing stopped, held at the target by the kernel's own accounting."""
+    from throttledjob.operator.children import INJECT_DIR
+
+    namespace, name = operator, "e2e-inject"
+    tj = throttled_job(name, namespace, "Cooperative")
+    tj["spec"]["throttle"]["inject"] = "Auto"
+    (container,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    container["command"] = two_processes(STEPPING)
+    selector = f"throttledjob.io/name={name}"
+    workload = CgroupSampler(real_node, kubectl, namespace, selector, "work")
+    kubectl.apply(tj)
+    try:
+        wait = kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n", namespace,
+                       f"--timeout={int(RUN_TIMEOUT)}s", check=False)
+    finally:
+        workload.stop()
+    (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    assert wait.returncode == 0, (wait.stderr, pod["status"])
+    (work,) = pod["status"]["containerStatuses"]
+    assert work["state"]["terminated"]["exitCode"] == 0, work
+    out = real_node.pod_log(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], "work")
+    paths = [line.split()[1] for line in out.splitlines() if line.startswith("runtime ")]
+    assert len(paths) == 2 and all(p.startswith(f"{INJECT_DIR}/") for p in paths), out
+    print(f"inject Auto, Cooperative: {workload.seconds:.1f} s p99 {workload.p99():.2f} "
+          f"cores")
+    assert workload.p99() <= TARGET_CORES * 1.05, workload.cores
+    assert workload.quota_cores is None  # paced by the runtime, not by the kernel
+    status = tj_status(kubectl, namespace, name)
+    assert 0 < (status.get("observed") or {}).get("cpuPeakCores", 0) <= TARGET_CORES * 1.1
+
+
+def test_a_live_edit_of_the_target_resizes_the_pods_cpu_limit_in_place(
+        operator: str, real_node: Any, kubectl: Kubectl) -> None:
+    """Enforcement Quota, target edited while the pod runs: the operator patches the pod's
+    `resize` subresource (its RBAC grants exactly that), the kubelet changes the
+    container's CFS quota in place, no restart, and the workload is held at the new
+    target from then on."""
+    namespace, name = operator, "e2e-resize"
+    tj = throttled_job(name, namespace, None)
+    (container,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    container["command"] = two_processes(
+        "import time\nend = time.time() + 25\nwhile time.time() < end: pass\n")
+    selector = f"throttledjob.io/name={name}"
+    workload = CgroupSampler(real_node, kubectl, namespace, selector, "work")
+    kubectl.apply(tj)
+
+    def quota_cores() -> float | None:
+        pods = (kubectl.json("get", "pods", "-n", namespace, "-l", selector) or {}).get(
+            "items") or []
+        statuses = [s for p in pods for s in (p["status"].get("containerStatuses") or [])]
+        cid = next((s.get("containerID") for s in statuses if s["name"] == "work"), None)
+        cgroup = real_node.container_cgroup(cid, "cpu") if cid else None
+        if cgroup is None:
+            return None
+        quota = int((cgroup / "cpu.cfs_quota_us").read_text())
+        return quota / int((cgroup / "cpu.cfs_period_us").read_text()) if quota > 0 else None
+
+    try:
+        # A few seconds at the first target, to compare with.
+        wait_for(lambda: quota_cores() == TARGET_CORES and len(workload.cores) >= 4,
+                 timeout=120, interval=0.5,
+                 what="the workload running under the operator's 1-core limit")
+        kubectl("patch", "tj", "-n", namespace, name, "--type", "merge", "-p",
+                '{"spec": {"throttle": {"targets": {"cpu": {"peak": "500m"}}}}}')
+        wait_for(lambda: quota_cores() == 0.5, timeout=60, interval=0.5,
+                 what="the container's CFS quota resized to 0.5 core")
+        resized_at = time.time()
+        wait = kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n", namespace,
+                       f"--timeout={int(RUN_TIMEOUT)}s", check=False)
+    finally:
+        workload.stop()
+    (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    assert wait.returncode == 0, (wait.stderr, pod["status"])
+    (work,) = pod["status"]["containerStatuses"]
+    assert work["restartCount"] == 0 and work["state"]["terminated"]["exitCode"] == 0, work
+    (spec,) = pod["spec"]["containers"]
+    assert spec["resources"]["limits"]["cpu"] == "500m", spec["resources"]
+    # Samples wholly after the resize (the next second on): at the new target.
+    after = [c for t, c in zip(workload.times, workload.cores, strict=True)
+             if t > resized_at + 1.0 and c > 0.05]
+    before = [c for t, c in zip(workload.times, workload.cores, strict=True)
+              if t < resized_at - 1.0 and c > 0.05]
+    print(f"resize: before {[round(c, 2) for c in before]} after {[round(c, 2) for c in after]}")
+    assert len(after) >= 5 and max(after) <= 0.5 * 1.05, after
+    assert before and max(before) > 0.8, before
+    events = kubectl.json("get", "events", "-n", namespace) or {"items": []}
+    reasons = {e["reason"] for e in events["items"]
+               if e.get("involvedObject", {}).get("name") == name}
+    assert "QuotaResized" in reasons and "QuotaResizeRefused" not in reasons, reasons

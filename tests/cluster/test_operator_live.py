@@ -174,15 +174,22 @@ def audited_calls(cluster: Any, user: str, namespace: str,
 
 
 def exercise(kubectl: Kubectl, op: OperatorProcess, namespace: str) -> None:
-    """A ThrottledJob's whole life: create, run, edit, restart the operator, complete."""
+    """A ThrottledJob's whole life: create, run, edit (under Quota: the running pod's
+    limits are resized), restart the operator, complete."""
     op.start()
-    kubectl.apply(tj_manifest("rbac", namespace, run_for="5s"))
+    kubectl.apply(tj_manifest("rbac", namespace, run_for="10s", throttle={
+        "targets": {"cpu": {"peak": "1500m"}}, "enforcement": "Quota"}))
     wait_json(kubectl, lambda o: (o.get("status") or {}).get("observed"),
               "tj", "-n", namespace, "rbac", what="status.observed")
     kubectl("patch", "tj", "-n", namespace, "rbac", "--type=merge",
             "-p", '{"spec":{"throttle":{"targets":{"cpu":{"peak":"900m"}}}}}')
     wait_json(kubectl, lambda o: "900m" in o["data"]["policy.yaml"],
               "configmap", "-n", namespace, "rbac-throttle", what="the edit")
+    # The operator asks for the running pod's resize (RBAC allows it); the API server
+    # refuses it, as KWOK's node does not declare in-place resize support: the refused
+    # path, for real (the resize itself: tests/cluster/test_end_to_end_live.py).
+    wait_for(lambda: ("Warning", "QuotaResizeRefused") in tj_events(kubectl, namespace, "rbac"),
+             timeout=60, what="the resize asked for, and refused")
     assert op.stop() == 0
     op.start()
     wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Succeeded",

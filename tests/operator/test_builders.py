@@ -454,3 +454,35 @@ def test_other_enforcements_leave_the_limits_alone() -> None:
     no_target["spec"]["throttle"]["targets"] = {}
     job, _ = built(no_target)
     assert pod_of(job)["containers"][0]["resources"] == {}
+
+
+def test_a_new_target_resizes_a_running_pods_limits_in_place() -> None:
+    from throttledjob.operator.cpu_limits import resize
+
+    tj = quota_tj("1500m", a={"requests": {"cpu": "200m"}}, b={"requests": {"cpu": "100m"}})
+    job, _ = built(tj)
+    pod = copy.deepcopy(pod_of(job))
+    template = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    # The same target: nothing to do.
+    assert resize(pod, 1.5, template) is None
+    # A lower and a higher one: every workload container to its share, by name, CPU only.
+    assert resize(pod, 0.75, template) == {"spec": {"containers": [
+        {"name": "a", "resources": {"limits": {"cpu": "500m"}}},
+        {"name": "b", "resources": {"limits": {"cpu": "250m"}}}]}}
+    assert resize(pod, 3, template)["spec"]["containers"][0]["resources"]["limits"][
+        "cpu"] == "2000m"
+    # A target whose share is under a request the user wrote cannot be a limit.
+    assert resize(pod, 0.2, template) is None
+
+
+def test_a_request_the_api_server_defaulted_from_our_limit_follows_it() -> None:
+    from throttledjob.operator.cpu_limits import resize
+
+    tj = quota_tj("1500m", a={"limits": {"cpu": "2"}})
+    job, _ = built(tj)
+    pod = copy.deepcopy(pod_of(job))
+    # What the API server stores: no request written, so it is defaulted to the limit.
+    pod["containers"][0]["resources"]["requests"] = {"cpu": "1500m"}
+    template = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert resize(pod, 0.9, template) == {"spec": {"containers": [
+        {"name": "a", "resources": {"limits": {"cpu": "900m"}, "requests": {"cpu": "900m"}}}]}}

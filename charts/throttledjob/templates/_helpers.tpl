@@ -108,6 +108,9 @@ posts Events; operator/kube.py gets, creates and patches the rest.
   resources: [pods]
   verbs: [list]
 - apiGroups: [""]
+  resources: [pods/resize]
+  verbs: [patch]
+- apiGroups: [""]
   resources: [events]
   verbs: [create]
 {{- end -}}

@@ -69,6 +69,38 @@ def request_over_limit(containers: Sequence[Mapping[str, Any]],
     return None
 
 
+def resize(pod_spec: Mapping[str, Any], target_cores: float,
+           template: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The `pods/resize` patch (strategic merge, by container name) that moves a running
+    pod's workload containers to their shares of a new target; None when they are there
+    already, or a request the user wrote is over its share. `template` is the user's
+    containers (the ThrottledJob's jobTemplate): where one wrote no CPU request, the API
+    server defaulted it to our limit, so the request is ours and follows the limit. The
+    shares alone count: the limits in the pod are the ones set from the last target (a
+    lower limit the user first wrote is not known any more)."""
+    written = {c.get("name"): _cpu(c, "requests") is not None for c in template}
+    containers = []
+    for c in pod_spec.get("containers") or []:
+        resources = {k: dict(v) for k, v in (c.get("resources") or {}).items()
+                     if k in ("requests",)}
+        if not written.get(c.get("name"), True):
+            resources.get("requests", {}).pop("cpu", None)
+        containers.append({**c, "resources": resources})
+    if not containers or request_over_limit(containers, target_cores):
+        return None
+    wanted = limits(containers, target_cores)
+    current = [_cpu(c, "limits") for c in pod_spec["containers"]]
+    if all(c is not None and round(c * 1000) == w for c, w in zip(current, wanted, strict=True)):
+        return None
+    patch = []
+    for c, w in zip(containers, wanted, strict=True):
+        resources: dict[str, Any] = {"limits": {"cpu": f"{w}m"}}
+        if not written.get(c["name"], True):
+            resources["requests"] = {"cpu": f"{w}m"}
+        patch.append({"name": c["name"], "resources": resources})
+    return {"spec": {"containers": patch}}
+
+
 def apply(containers: Sequence[dict[str, Any]], target_cores: float) -> float:
     """Set each container's CPU limit and its resize policy; returns the limits' sum,
     cores. Call only where request_over_limit() is None."""

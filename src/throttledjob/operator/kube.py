@@ -20,6 +20,7 @@ from urllib.parse import quote, urlencode
 from .crd import GROUP, PLURAL, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 # A read-modify-write of the status retries this often when someone else wrote first.
 STATUS_WRITE_ATTEMPTS = 8
 # Answers worth another try: throttled, or the server (or a proxy) failed. Status 0 is
@@ -152,6 +153,13 @@ class Kube:
 
     def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return self.request("PATCH", path, patch, content_type=MERGE_PATCH)
+
+    def resize_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Patch a running pod's resources (the `pods/resize` subresource, Kubernetes 1.33+;
+        containers merged by name)."""
+        return self.request("PATCH", f"/api/v1/namespaces/{quote(namespace)}/pods/"
+                                     f"{quote(name)}/resize", patch,
+                            content_type=STRATEGIC_PATCH)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         doc = self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods",

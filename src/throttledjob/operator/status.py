@@ -58,6 +58,8 @@ class Reason(Choice):
     POLICY_UPDATED = "PolicyUpdated"
     SIGNALS_MAY_FAIL = "SignalsMayFail"
     QUOTA_UNAVAILABLE = "QuotaUnavailable"
+    QUOTA_RESIZED = "QuotaResized"
+    QUOTA_RESIZE_REFUSED = "QuotaResizeRefused"
     TARGET_UNREACHABLE = "TargetUnreachable"
 
 
