@@ -36,7 +36,7 @@ from throttledjob.sidecar.summary import TARGET_TOLERANCE
 
 from ..chart import test_dashboard as dashboard
 from ..chart.conftest import CHART
-from .conftest import Kubectl, helm, k8s, node_mod, tj_status, wait_json
+from .conftest import Kubectl, helm, k8s, node_mod, tj_events, tj_status, wait_json
 
 pytestmark = pytest.mark.timeout(1200)
 TARGET_CORES = 1.0
@@ -408,10 +408,13 @@ def test_a_live_edit_of_the_target_resizes_the_pods_cpu_limit_in_place(
     """Enforcement Quota, target edited while the pod runs: the operator patches the pod's
     `resize` subresource (its RBAC grants exactly that), the kubelet changes the
     container's CFS quota in place, no restart, and the workload is held at the new
-    target from then on."""
+    target from then on. Then a target no node can give (its request follows the limit,
+    as the user wrote none): the API server refuses the resize (Kubernetes 1.37 checks
+    the node's allocatable), the old quota holds, and a Warning says so."""
     namespace, name = operator, "e2e-resize"
     tj = throttled_job(name, namespace, None)
     (container,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    container["resources"] = {"requests": {"memory": "64Mi"}}
     container["command"] = two_processes(
         "import time\nend = time.time() + 25\nwhile time.time() < end: pass\n")
     selector = f"throttledjob.io/name={name}"
@@ -439,6 +442,12 @@ def test_a_live_edit_of_the_target_resizes_the_pods_cpu_limit_in_place(
         wait_for(lambda: quota_cores() == 0.5, timeout=60, interval=0.5,
                  what="the container's CFS quota resized to 0.5 core")
         resized_at = time.time()
+        kubectl("patch", "tj", "-n", namespace, name, "--type", "merge", "-p",
+                '{"spec": {"throttle": {"targets": {"cpu": {"peak": "64"}}}}}')
+        wait_for(lambda: ("Warning", "QuotaResizeRefused") in tj_events(kubectl, namespace,
+                                                                        name),
+                 timeout=60, what="the resize to 64 cores refused")
+        assert quota_cores() == 0.5  # the kernel keeps the last limit it was given
         wait = kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n", namespace,
                        f"--timeout={int(RUN_TIMEOUT)}s", check=False)
     finally:
@@ -460,4 +469,4 @@ def test_a_live_edit_of_the_target_resizes_the_pods_cpu_limit_in_place(
     events = kubectl.json("get", "events", "-n", namespace) or {"items": []}
     reasons = {e["reason"] for e in events["items"]
                if e.get("involvedObject", {}).get("name") == name}
-    assert "QuotaResized" in reasons and "QuotaResizeRefused" not in reasons, reasons
+    assert {"QuotaResized", "QuotaResizeRefused"} <= reasons, reasons

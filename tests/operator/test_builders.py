@@ -486,3 +486,23 @@ def test_a_request_the_api_server_defaulted_from_our_limit_follows_it() -> None:
     template = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     assert resize(pod, 0.9, template) == {"spec": {"containers": [
         {"name": "a", "resources": {"limits": {"cpu": "900m"}, "requests": {"cpu": "900m"}}}]}}
+
+
+def test_a_pending_resize_turns_quota_resized_false_until_it_is_applied() -> None:
+    from throttledjob.operator.status import pending_resizes, status_with_resizes
+
+    pod = {"metadata": {"name": "p-1"}, "status": {"conditions": [
+        {"type": "PodResizePending", "status": "True", "reason": "Infeasible",
+         "message": "Node didn't have enough capacity: cpu, requested: 64000, capacity: 2000"},
+        {"type": "Ready", "status": "True"}]}}
+    pending = pending_resizes([pod, {"metadata": {"name": "p-2"}, "status": {}}])
+    assert pending == ["p-1: Infeasible: Node didn't have enough capacity: cpu, requested: "
+                       "64000, capacity: 2000"]
+    # No resize ever pending: no condition at all.
+    assert "conditions" not in status_with_resizes({}, [], NOW)
+    held = status_with_resizes({}, pending, NOW)
+    (c,) = held["conditions"]
+    assert (c["type"], c["status"], c["reason"]) == ("QuotaResized", "False", "ResizePending")
+    assert "Infeasible" in c["message"]
+    (c,) = status_with_resizes(held, [], NOW)["conditions"]
+    assert (c["status"], c["reason"]) == ("True", "QuotaResized")

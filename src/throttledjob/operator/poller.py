@@ -32,8 +32,10 @@ from .status import (
     Reason,
     condition,
     now_iso,
+    pending_resizes,
     status_from_job,
     status_with_observed,
+    status_with_resizes,
 )
 
 # Threads reading sidecars and Jobs. A read holds one for at most the read deadline per
@@ -91,11 +93,12 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         return
     reports: list[dict[str, Any]] = []
     failures: list[str] = []
-    for pod in kube.list_pods(namespace, f"{LABEL_NAME}={name}"):
-        # Only the Job's own pods: anyone may put the label on a pod of theirs, whose
-        # "sidecar" would then write our status (or stall our reads).
-        if not owned_by(pod, job_uid):
-            continue
+    # Only the Job's own pods: anyone may put the label on a pod of theirs, whose
+    # "sidecar" would then write our status (or stall our reads).
+    pods = [p for p in kube.list_pods(namespace, f"{LABEL_NAME}={name}")
+            if owned_by(p, job_uid)]
+    pending = pending_resizes(pods)
+    for pod in pods:
         endpoint = sidecar_endpoint(pod)
         if endpoint is None:
             continue
@@ -104,8 +107,8 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         except StatusReadError as e:
             failures.append(f"pod {pod['metadata'].get('name')}: {e}")
     now = now_iso()
-    result = kube.update_status(namespace, name, lambda st, _tj: status_with_observed(
-        st, reports, failures, now))
+    result = kube.update_status(namespace, name, lambda st, _tj: status_with_resizes(
+        status_with_observed(st, reports, failures, now), pending, now))
     if result:
         tj, old, new = result
         was = condition(old, Condition.TARGET_MET) or {}

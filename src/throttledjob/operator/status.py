@@ -34,6 +34,7 @@ class Condition(Choice):
     TARGET_MET = "TargetMet"
     POLICY_APPLIED = "PolicyApplied"
     TEMPLATE_APPLIED = "TemplateApplied"
+    QUOTA_RESIZED = "QuotaResized"
 
 
 class Reason(Choice):
@@ -60,6 +61,7 @@ class Reason(Choice):
     QUOTA_UNAVAILABLE = "QuotaUnavailable"
     QUOTA_RESIZED = "QuotaResized"
     QUOTA_RESIZE_REFUSED = "QuotaResizeRefused"
+    RESIZE_PENDING = "ResizePending"
     TARGET_UNREACHABLE = "TargetUnreachable"
 
 
@@ -186,6 +188,34 @@ def aggregate_observed(reports: list[Mapping[str, Any]], failures: list[str],
         "lastReadTime": now,
         "errors": [str(e)[:500] for e in errors][:16],
     }
+
+
+def pending_resizes(pods: list[Mapping[str, Any]]) -> list[str]:
+    """"pod: Reason: message" of each pod whose CPU-limit resize the kubelet has not
+    applied (its PodResizePending condition: Deferred, or Infeasible)."""
+    out = []
+    for pod in pods:
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodResizePending" and c.get("status") == "True":
+                out.append(f"{(pod.get('metadata') or {}).get('name')}: "
+                           f"{c.get('reason') or 'Pending'}: {c.get('message') or ''}".strip())
+    return out
+
+
+def status_with_resizes(status: Mapping[str, Any], pending: list[str],
+                        now: str) -> dict[str, Any]:
+    """The QuotaResized condition: False while a pod's resize is pending (the kernel
+    still holds its old limits: the sidecar's signals hold a lower target, a higher one
+    stays held at the old limit), True again once none is; absent until one was."""
+    had = condition(status, Condition.QUOTA_RESIZED)
+    if not pending and had is None:
+        return dict(status)
+    out = dict(status)
+    out["conditions"] = set_condition(
+        status.get("conditions"), Condition.QUOTA_RESIZED, not pending,
+        Reason.RESIZE_PENDING if pending else Reason.QUOTA_RESIZED,
+        "; ".join(pending) if pending else "every pod's CPU limits are the target's", now)
+    return out
 
 
 def status_with_observed(status: Mapping[str, Any], reports: list[Mapping[str, Any]],
