@@ -224,6 +224,23 @@ def pod_monitor_job(cluster: Any, kubectl: Kubectl, namespace: str,
     }
 
 
+def wait_complete(kubectl: Kubectl, namespace: str, name: str) -> Any:
+    """`kubectl wait --for=condition=Complete` on the ThrottledJob's Job."""
+    return kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n", namespace,
+                   f"--timeout={int(RUN_TIMEOUT)}s", check=False)
+
+
+def finished_work(kubectl: Kubectl, namespace: str, selector: str,
+                  wait: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Job's one pod and its workload container's status, after `wait_complete`:
+    the Job completed and the workload exited 0."""
+    (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    assert wait.returncode == 0, (wait.stderr, pod["status"])
+    (work,) = pod["status"]["containerStatuses"]
+    assert work["state"]["terminated"]["exitCode"] == 0, work
+    return pod, work
+
+
 def throttled_job(name: str, namespace: str, enforcement: str | None) -> dict[str, Any]:
     """The docs' example, named and placed, with `enforcement` if given."""
     tj = yaml.safe_load(EXAMPLE.read_text())
@@ -277,8 +294,7 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
                                binary=str(k8s.bin_dir() / "prometheus")) as prom:
         kubectl.apply(throttled_job(name, namespace, enforcement))
         try:
-            wait = kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n",
-                           namespace, f"--timeout={int(RUN_TIMEOUT)}s", check=False)
+            wait = wait_complete(kubectl, namespace, name)
         finally:
             workload.stop()
             sidecar.stop()
@@ -290,13 +306,8 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
         answered = {where: bool(promserver.promql(prom, dashboard.fill(expr, values), at))
                     for where, expr in dashboard.queries(dashboard.load(dashboard.CHART_COPY))
                     if not NO_DATA_HERE.search(expr)}
-    pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
-    assert wait.returncode == 0, (wait.stderr, [p["status"] for p in pods])
-
     # The workload ran to its end, untouched but for its pace: exit 0, nothing stopped.
-    (pod,) = pods
-    (work,) = pod["status"]["containerStatuses"]
-    assert work["state"]["terminated"]["exitCode"] == 0, work
+    finished_work(kubectl, namespace, selector, wait)
 
     # The kernel's word: the workload's p99 of 1-second samples is at the target (5%).
     slowdown = workload.seconds / unthrottled.seconds
@@ -360,8 +371,10 @@ def test_the_api_server_answers_pods_at_the_kubernetes_service(real_node: Any) -
 
 # The workload of the cooperative run: the same work in steps, with the runtime library
 # from wherever Python finds it; it says which copy that was.
-STEPPING = ("from throttledjob import runtime as tj\n"
-            "print('runtime', tj.__file__, flush=True)\n"
+STEPPING = ("import os\n"
+            "from throttledjob import runtime as tj\n"
+            # One write: the two processes share the pipe, and print() may write in parts.
+            "os.write(1, f'runtime {tj.__file__}\\n'.encode())\n"
             "for _ in range(2000):\n"
             "    for _ in range(200_000): pass\n"
             "    tj.step()\n")
@@ -384,14 +397,10 @@ def test_inject_auto_paces_a_workload_at_its_steps_with_the_injected_library(
     workload = CgroupSampler(real_node, kubectl, namespace, selector, "work")
     kubectl.apply(tj)
     try:
-        wait = kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n", namespace,
-                       f"--timeout={int(RUN_TIMEOUT)}s", check=False)
+        wait = wait_complete(kubectl, namespace, name)
     finally:
         workload.stop()
-    (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
-    assert wait.returncode == 0, (wait.stderr, pod["status"])
-    (work,) = pod["status"]["containerStatuses"]
-    assert work["state"]["terminated"]["exitCode"] == 0, work
+    pod, _ = finished_work(kubectl, namespace, selector, wait)
     out = real_node.pod_log(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], "work")
     paths = [line.split()[1] for line in out.splitlines() if line.startswith("runtime ")]
     assert len(paths) == 2 and all(p.startswith(f"{INJECT_DIR}/") for p in paths), out
@@ -448,23 +457,23 @@ def test_a_live_edit_of_the_target_resizes_the_pods_cpu_limit_in_place(
                                                                         name),
                  timeout=60, what="the resize to 64 cores refused")
         assert quota_cores() == 0.5  # the kernel keeps the last limit it was given
-        wait = kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n", namespace,
-                       f"--timeout={int(RUN_TIMEOUT)}s", check=False)
+        wait = wait_complete(kubectl, namespace, name)
     finally:
         workload.stop()
-    (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
-    assert wait.returncode == 0, (wait.stderr, pod["status"])
-    (work,) = pod["status"]["containerStatuses"]
-    assert work["restartCount"] == 0 and work["state"]["terminated"]["exitCode"] == 0, work
+    pod, work = finished_work(kubectl, namespace, selector, wait)
+    assert work["restartCount"] == 0, work
     (spec,) = pod["spec"]["containers"]
     assert spec["resources"]["limits"]["cpu"] == "500m", spec["resources"]
-    # Samples wholly after the resize (the next second on): at the new target.
+    # Samples wholly after the resize (the next second on): at the new target, within the
+    # kernel's own granularity (a 1-second window can hold one 100 ms period's quota more
+    # than its share; the sidecar's signals, still on as its limit is the first one, shift
+    # runs across windows too: 0.54 was seen).
     after = [c for t, c in zip(workload.times, workload.cores, strict=True)
              if t > resized_at + 1.0 and c > 0.05]
     before = [c for t, c in zip(workload.times, workload.cores, strict=True)
               if t < resized_at - 1.0 and c > 0.05]
     print(f"resize: before {[round(c, 2) for c in before]} after {[round(c, 2) for c in after]}")
-    assert len(after) >= 5 and max(after) <= 0.5 * 1.05, after
+    assert len(after) >= 5 and max(after) <= 0.5 * 1.1, after
     assert before and max(before) > 0.8, before
     events = kubectl.json("get", "events", "-n", namespace) or {"items": []}
     reasons = {e["reason"] for e in events["items"]
