@@ -82,6 +82,12 @@ def workload_container() -> dict[str, Any]:
                                 "capabilities": {"drop": ["ALL"]}}}
 
 
+def cfs_quota_cores(cgroup: Path) -> float | None:
+    """The CFS quota of a container's cpu cgroup, in cores; None when it has none."""
+    quota_us = int((cgroup / "cpu.cfs_quota_us").read_text())
+    return quota_us / int((cgroup / "cpu.cfs_period_us").read_text()) if quota_us > 0 else None
+
+
 class CgroupSampler:
     """One-second samples, from the node, of a container's CPU (cpuacct.usage, cores)
     and of its memory working set (usage less inactive file pages, as the kubelet counts
@@ -122,9 +128,7 @@ class CgroupSampler:
         if cpu is None or memory is None or quota is None:
             return
         with contextlib.suppress(OSError):
-            quota_us = int((quota / "cpu.cfs_quota_us").read_text())
-            if quota_us > 0:
-                self.quota_cores = quota_us / int((quota / "cpu.cfs_period_us").read_text())
+            self.quota_cores = cfs_quota_cores(quota)
         last_t = time.monotonic()
         last_ns = None
         while not self._stop.wait(max(0.0, last_t + 1.0 - time.monotonic())):
@@ -141,6 +145,13 @@ class CgroupSampler:
                 self.times.append(time.time())
             self.memory_bytes.append(usage - int(stat.get("total_inactive_file", 0)))
             last_ns, last_t = ns, now
+
+    def live_quota_cores(self) -> float | None:
+        """The container's CFS quota now (it may be resized); None without one, or
+        before the container has a cgroup."""
+        cid = self._container_id()
+        cgroup = self.node.container_cgroup(cid, "cpu") if cid else None
+        return cfs_quota_cores(cgroup) if cgroup is not None else None
 
     def stop(self) -> None:
         self._stop.set()
@@ -430,17 +441,7 @@ def test_a_live_edit_of_the_target_resizes_the_pods_cpu_limit_in_place(
     workload = CgroupSampler(real_node, kubectl, namespace, selector, "work")
     kubectl.apply(tj)
 
-    def quota_cores() -> float | None:
-        pods = (kubectl.json("get", "pods", "-n", namespace, "-l", selector) or {}).get(
-            "items") or []
-        statuses = [s for p in pods for s in (p["status"].get("containerStatuses") or [])]
-        cid = next((s.get("containerID") for s in statuses if s["name"] == "work"), None)
-        cgroup = real_node.container_cgroup(cid, "cpu") if cid else None
-        if cgroup is None:
-            return None
-        quota = int((cgroup / "cpu.cfs_quota_us").read_text())
-        return quota / int((cgroup / "cpu.cfs_period_us").read_text()) if quota > 0 else None
-
+    quota_cores = workload.live_quota_cores
     try:
         # A few seconds at the first target, to compare with.
         wait_for(lambda: quota_cores() == TARGET_CORES and len(workload.cores) >= 4,

@@ -79,13 +79,13 @@ def resize(pod_spec: Mapping[str, Any], target_cores: float,
     shares alone count: the limits in the pod are the ones set from the last target (a
     lower limit the user first wrote is not known any more)."""
     written = {c.get("name"): _cpu(c, "requests") is not None for c in template}
+    # The containers as the shares see them: the requests the user wrote, no limits.
     containers = []
     for c in pod_spec.get("containers") or []:
-        resources = {k: dict(v) for k, v in (c.get("resources") or {}).items()
-                     if k in ("requests",)}
+        requests = dict((c.get("resources") or {}).get("requests") or {})
         if not written.get(c.get("name"), True):
-            resources.get("requests", {}).pop("cpu", None)
-        containers.append({**c, "resources": resources})
+            requests.pop("cpu", None)
+        containers.append({**c, "resources": {"requests": requests}})
     if not containers or request_over_limit(containers, target_cores):
         return None
     wanted = limits(containers, target_cores)

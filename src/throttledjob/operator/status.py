@@ -55,13 +55,13 @@ class Reason(Choice):
     CONFIG_MAP_UPDATED = "ConfigMapUpdated"  # PolicyApplied True
     JOB_TEMPLATE_IMMUTABLE = "JobTemplateImmutable"  # TemplateApplied False; also the event
     INJECT_IMMUTABLE = "InjectImmutable"  # TemplateApplied False; also the event
+    QUOTA_RESIZED = "QuotaResized"  # QuotaResized True; also the event of a resize
+    RESIZE_PENDING = "ResizePending"  # QuotaResized False
     # Events only.
     POLICY_UPDATED = "PolicyUpdated"
     SIGNALS_MAY_FAIL = "SignalsMayFail"
     QUOTA_UNAVAILABLE = "QuotaUnavailable"
-    QUOTA_RESIZED = "QuotaResized"
     QUOTA_RESIZE_REFUSED = "QuotaResizeRefused"
-    RESIZE_PENDING = "ResizePending"
     TARGET_UNREACHABLE = "TargetUnreachable"
 
 

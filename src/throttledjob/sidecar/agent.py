@@ -337,11 +337,8 @@ class Agent:
     def _max_pause_fraction(self) -> float:
         """The pause the slowdown budget leaves once the levers in force are charged: a
         lever that costs c by itself leaves maxSlowdown / c for the duty cycle."""
-        cost = self._lever_slowdown()
-        if cost <= 1.0:
-            return self.policy.max_pause_fraction
-        return min(self.policy.max_pause_fraction,
-                   max(0.0, 1.0 - cost / self.policy.max_slowdown))
+        # With no cost (1) this is the policy's own 1 - 1/maxSlowdown.
+        return max(0.0, 1.0 - self._lever_slowdown() / self.policy.max_slowdown)
 
     @property
     def levers(self) -> Levers:

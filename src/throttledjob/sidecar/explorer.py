@@ -160,6 +160,11 @@ class Estimate:
         """Busy-time steps per second under this setting with the quota at the target."""
         return self.efficiency * min(self.peak_cores, target_cores)
 
+    @property
+    def unthrottled_rate(self) -> float:
+        """Busy-time steps per second under this setting with no quota."""
+        return self.efficiency * self.peak_cores
+
     def wants(self, target_cores: float) -> bool:
         return _wants(self.peak_cores, self.paced, target_cores)
 
@@ -350,7 +355,7 @@ class Explorer:
         """R0: busy-time steps per second of the defaults with no quota; None until the
         defaults were measured."""
         base = self.estimates.get(DEFAULT_LEVERS)
-        return base.efficiency * base.peak_cores if base else None
+        return base.unthrottled_rate if base else None
 
     def lever_slowdown(self) -> float | None:
         """What the levers in force cost by themselves (1 or more): R0 over their own
@@ -359,7 +364,7 @@ class Explorer:
         current = self.estimates.get(self.levers)
         if not unthrottled or current is None:
             return None
-        return max(1.0, unthrottled / max(1e-12, current.efficiency * current.peak_cores))
+        return max(1.0, unthrottled / max(1e-12, current.unthrottled_rate))
 
     def quota_for(self, estimate: Estimate) -> float:
         """The quota `estimate`'s setting would get: the target, lifted where holding it
