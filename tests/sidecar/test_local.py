@@ -103,7 +103,9 @@ def test_signals_hold_an_uncooperative_program_to_the_target(throttledjob_cmd, t
     first, *rest = report["cpu_recent_samples"]
     assert rest and max(rest) <= 0.3 * 1.1
     assert first <= 0.3 + 0.15  # interpreter start-up and the fork of the workers
-    assert report["cpu_mean_cores"] <= 0.3 * 1.05
+    # Held on average too. Not the run's whole mean (cpu_mean_cores): in a run this short
+    # (3-5 samples) the unpaced first second moves it by 3-8% (0.323 on one CI run).
+    assert sum(rest) / len(rest) <= 0.3 * 1.05
     assert report["controller"]["levers_used"] == ["signals"]
     assert report["controller"]["signal_paused_seconds"] > 0.0
 
