@@ -347,6 +347,18 @@ def test_observed_is_the_worst_pod_and_target_met_needs_all() -> None:
     assert condition(st, "Throttling")["status"] == "True"
 
 
+def test_observed_tells_what_held_the_peak_and_the_work_reported() -> None:
+    one = {**report(1.0, 0.3), "levers": ["pacing", "quota"]}
+    one["observed"]["steps"] = 700
+    two = {**report(1.1, 0.4), "levers": ["threads", "quota", "a-lever-of-a-newer-sidecar"]}
+    two["observed"]["steps"] = 800
+    obs = status_with_observed({}, [one, two, report(0.9, 0.0)], [], NOW)["observed"]
+    # Every pod's levers, in the sidecar's order; one it does not know is left out (the
+    # CRD's enum would refuse the whole status patch). Steps add up across the pods.
+    assert obs["levers"] == ["quota", "pacing", "threads"]
+    assert obs["steps"] == 1500
+
+
 def test_budget_exhausted_and_unthrottled() -> None:
     st = status_with_observed({}, [report(2.0, 1.0, met=False, exhausted=True)], [], NOW)
     assert condition(st, "TargetMet")["reason"] == "BudgetExhausted"

@@ -68,7 +68,7 @@ def test_crd_names_columns_and_status_subresource() -> None:
     version = spec["versions"][0]
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Phase", "CPU-Peak", "GPU-Peak", "Throttle", "Age"]
+        "Phase", "CPU-Peak", "GPU-Peak", "Throttle", "Levers", "Steps", "Age"]
     # Every column's path exists in the schema, so the column is never always empty.
     for column in version["additionalPrinterColumns"]:
         node = SCHEMA
@@ -89,8 +89,10 @@ def test_status_schema_accepts_what_the_builders_write() -> None:
     st = status_from_job(st, {"active": 1, "startTime": now}, now)
     st = status_with_observed(st, [{"observed": {
         "cpuPeakCores": 1.2, "cpuMaxCores": 1.5, "gpuPeakUtilizationPercent": None,
-        "gpuPeakPowerWatts": None, "throttleLevel": 0.3, "slowdown": 1.1},
-        "targetMet": True, "budgetExhausted": False, "levers": [], "errors": []}], [], now)
+        "gpuPeakPowerWatts": None, "throttleLevel": 0.3, "slowdown": 1.1, "steps": 42},
+        "targetMet": True, "budgetExhausted": False, "levers": ["quota", "threads"],
+        "errors": []}], [], now)
+    assert st["observed"]["levers"] == ["quota", "threads"]
     assert cr_errors({**make_tj(), "status": st}) == []
     bad = {**make_tj(), "status": {**st, "phase": "Exploded"}}
     assert any("is not one of" in e for e in cr_errors(bad))

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from throttledjob.contracts.status import LEVERS
+
 GROUP = "throttledjob.io"
 VERSION = "v1alpha1"
 PLURAL = "throttledjobs"
@@ -274,6 +276,11 @@ def status_schema() -> dict[str, Any]:
                     "gpuPeakPowerWatts": nullable_num,
                     "throttleLevel": {"type": "number", "minimum": 0, "maximum": 1},
                     "slowdown": {"type": "number", "minimum": 0},
+                    "levers": {"type": "array", "maxItems": len(LEVERS),
+                               "items": {"type": "string", "enum": list(LEVERS)},
+                               "description": "What held the peak in any pod"},
+                    "steps": {"type": "integer", "format": "int64", "minimum": 0,
+                              "description": "Units of work the workloads reported"},
                     "pods": {"type": "integer", "minimum": 0},
                     "lastReadTime": {"type": "string", "format": "date-time"},
                     "errors": {"type": "array", "maxItems": 16, "items": {"type": "string"}},
@@ -318,6 +325,10 @@ def printer_columns() -> list[dict[str, Any]]:
          "description": "p99 GPU utilization, percent"},
         {"name": "Throttle", "type": "number", "jsonPath": ".status.observed.throttleLevel",
          "description": "0 = untouched, 1 = the most the slowdown budget allows"},
+        {"name": "Levers", "type": "string", "jsonPath": ".status.observed.levers",
+         "priority": 1, "description": "what held the peak (kubectl get -o wide)"},
+        {"name": "Steps", "type": "integer", "jsonPath": ".status.observed.steps",
+         "priority": 1, "description": "units of work the workloads reported"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

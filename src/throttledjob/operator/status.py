@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from throttledjob.contracts.policy import _Choice as Choice  # a str-enum printing its value
+from throttledjob.contracts.status import LEVERS
 
 from .validation import SpecError
 
@@ -177,6 +178,11 @@ def aggregate_observed(reports: list[Mapping[str, Any]], failures: list[str],
 
     errors = [*failures, *(e for r in reports if isinstance(r.get("errors"), list)
                            for e in r["errors"])]
+    # What held the peak, in any pod (in the sidecar's order), and the units of work the
+    # workloads reported (steps, optimizer steps): `kubectl get tj -o wide` shows both.
+    used = {lever for r in reports if isinstance(r.get("levers"), list)
+            for lever in r["levers"]}
+    steps = [obs.get("steps") for r in reports if isinstance(obs := r.get("observed"), dict)]
     return {
         "cpuPeakCores": top("cpuPeakCores"),
         "cpuMaxCores": top("cpuMaxCores"),
@@ -184,6 +190,9 @@ def aggregate_observed(reports: list[Mapping[str, Any]], failures: list[str],
         "gpuPeakPowerWatts": top("gpuPeakPowerWatts"),
         "throttleLevel": min(1.0, max(0.0, top("throttleLevel") or 0.0)),
         "slowdown": max(0.0, top("slowdown") or 1.0),
+        "levers": [lever for lever in LEVERS if lever in used],
+        "steps": sum(n for n in steps if isinstance(n, int) and not isinstance(n, bool)
+                     and n >= 0),
         "pods": len(reports),
         "lastReadTime": now,
         "errors": [str(e)[:500] for e in errors][:16],
