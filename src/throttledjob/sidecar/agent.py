@@ -21,7 +21,8 @@ from throttledjob.contracts.settings import SETTINGS_FILE, Settings
 from throttledjob.runtime.files import write_json_atomic
 from throttledjob.runtime.progress import read_progress
 
-from .controller import CpuController, CpuObservation
+from .container_quota import ContainerQuota
+from .controller import BINDING_PAUSE_FRACTION, CpuController, CpuObservation
 from .enforcer import Enforcer
 from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, Pacing, probe_order
 from .os_levers import OsLevers
@@ -85,12 +86,16 @@ class CycleResult:
     # Time the levers in force cost by themselves (fewer threads, smaller batches: slower
     # steps no pause shows), from the explorer's measured unthrottled rate.
     lever_cost_seconds: float = 0.0
+    # Time a kernel quota that is not ours held the workload back (in a pod: the
+    # containers' CPU limits, seen through ContainerQuota).
+    kernel_paused_seconds: float = 0.0
 
 
 class Agent:
     def __init__(self, policy: Policy, tree: ProcessTree, settings_dir: str,
                  enforcer: Enforcer | None = None, clock: Callable[[], float] = time.monotonic,
-                 gpu: GpuAgent | None = None) -> None:
+                 gpu: GpuAgent | None = None,
+                 container_quota: ContainerQuota | None = None) -> None:
         self.policy = policy
         self.gpu = gpu
         # Called with each cycle's result (the metrics exporter publishes a snapshot).
@@ -99,6 +104,11 @@ class Agent:
         self.tree = tree
         self.settings_dir = settings_dir
         self._enforcer = enforcer
+        # The kernel quota of the workload's containers, read only: it is reported (the
+        # time it held the workload back, its counters), never fed to the controller,
+        # whose quota paces the steps; a limit it cannot move would wind it down.
+        self.container_quota = container_quota
+        self._last_kernel_paused = 0.0
         self._running = False
         self.clock = clock
         self.controller = (CpuController(policy.cpu_peak_cores, policy.adaptive)
@@ -135,6 +145,8 @@ class Agent:
     def start(self) -> None:
         """Arm the actuators before the workload runs its first instruction."""
         self.os_levers.apply(self.tree.pids())
+        if self.container_quota:  # what ran before us is not ours to count
+            self.container_quota.refresh()
         quota = self.controller.quota if self.controller else None
         self._actuate(quota, now=self.started)
         self.status = replace(self.status, error=self._settings_error,
@@ -190,6 +202,7 @@ class Agent:
         steps = sum(self._steps_by_pid.values())
         if steps != self.status.steps:
             self._last_step_time = now
+        kernel_pause = self._container_quota_pause(elapsed)
 
         obs = CpuObservation(
             usage_cores=used / elapsed,
@@ -221,12 +234,17 @@ class Agent:
         self._lever_cost_seconds += (1 - obs.pause_fraction) * elapsed * (1 - 1 / cost)
         self._explore(obs, steps, elapsed, records)
         quota = self._actuate(quota, now)
+        kernel_over_budget = kernel_pause > self.policy.max_pause_fraction + 0.01
+        if kernel_over_budget and not (decision and decision.budget_exhausted):
+            self._budget_exhausted_seconds += elapsed
         self.status = CycleStatus(
             usage_cores=obs.usage_cores,
             quota_cores=quota,
-            pause_fraction=obs.pause_fraction,
-            throttling=bool(decision and decision.throttling) or bool(gpu_duty),
-            budget_exhausted=bool(decision and decision.budget_exhausted) or gpu_exhausted,
+            pause_fraction=max(obs.pause_fraction, kernel_pause),
+            throttling=(bool(decision and decision.throttling) or bool(gpu_duty)
+                        or kernel_pause > BINDING_PAUSE_FRACTION),
+            budget_exhausted=(bool(decision and decision.budget_exhausted) or gpu_exhausted
+                              or kernel_over_budget),
             cooperating_pids=cooperating,
             steps=steps,
             enforcer_armed=self._enforcer_armed,
@@ -247,10 +265,27 @@ class Agent:
             cooperative_paused_seconds=self._cooperative_paused_seconds,
             budget_exhausted_seconds=self._budget_exhausted_seconds, levers=self.levers,
             controller_quota=self.controller.quota if self.controller else None,
-            kernel_throttling=self._enforcer.kernel_throttling() if self._enforcer else None,
+            kernel_throttling=self._kernel_throttling(),
             gpu=self.gpu.state() if self.gpu else None,
             lever_cost_seconds=self._lever_cost_seconds,
+            kernel_paused_seconds=self._last_kernel_paused,
         )
+
+    def _container_quota_pause(self, elapsed: float) -> float:
+        """The share of the last interval the containers' kernel quota held the workload
+        back (0 without one)."""
+        if self.container_quota is None:
+            return 0.0
+        self.container_quota.refresh()
+        paused = self.container_quota.paused_seconds
+        pause, self._last_kernel_paused = (paused - self._last_kernel_paused) / elapsed, paused
+        return min(1.0, max(0.0, pause))
+
+    def _kernel_throttling(self) -> ThrottleStats | None:
+        ours = self._enforcer.kernel_throttling() if self._enforcer else None
+        if ours is None and self.container_quota is not None:
+            return self.container_quota.kernel_throttling()
+        return ours
 
     @property
     def _signal_paused_seconds(self) -> float:

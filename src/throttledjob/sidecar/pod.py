@@ -21,6 +21,7 @@ from throttledjob.contracts.names import ENV_CPU_LIMIT
 from throttledjob.contracts.policy import Policy
 
 from .agent import Agent
+from .container_quota import ContainerQuota
 from .enforcer import SignalEnforcer
 from .exporter import Exporter, log_to_stderr
 from .gpu import GpuAgent, open_backend
@@ -40,7 +41,8 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     # In a pod the kernel's quota is the workload's CPU limit, which the operator set from
     # the target (or not): Quota holds by it, or falls back to signals and pacing.
     limit = cpu_limit_from_env(os.environ)
-    policy = (watcher.poll() or Policy()).under_cpu_limit(limit)
+    written = watcher.poll() or Policy()
+    policy = written.under_cpu_limit(limit)
     if limit is not None:
         log.info("throttledjob: the workload's CPU limit of %g cores is the kernel's quota",
                  limit)
@@ -57,7 +59,10 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     log.info("throttledjob: %s", note)
     gpu = GpuAgent(backend, policy, power_limit_lever=gpu_power_limit, note=note)
     follow(gpu)  # simulated GPUs see what the agent does to the workload
-    agent = Agent(policy, tree, shared_dir, _enforcer(tree, policy), gpu=gpu)
+    # The containers' own limits, read live through the workload's processes (a pod only).
+    kernel = ContainerQuota(tree) if tree.scoped else None
+    agent = Agent(policy, tree, shared_dir, _enforcer(tree, policy), gpu=gpu,
+                  container_quota=kernel)
     exporter = Exporter(host, port).attach(agent, _cpu_telemetry(tree, root_pid))
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -65,7 +70,7 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
         exporter.start()
         log.info("throttledjob: sidecar serving http://%s:%d/metrics", host, exporter.port)
         agent.start()
-        _loop(agent, tree, watcher, exporter, stop, root_pid, limit)
+        _loop(agent, tree, watcher, exporter, stop, root_pid, written, limit)
     finally:
         agent.close()  # resumes what the enforcer stopped, restores GPU power limits
         resume(tree.pids())
@@ -86,7 +91,8 @@ def cpu_limit_from_env(env: Mapping[str, str]) -> float | None:
 
 
 def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exporter,
-          stop: threading.Event, root_pid: int | None, limit: float | None) -> None:
+          stop: threading.Event, root_pid: int | None, written: Policy,
+          limit: float | None) -> None:
     next_cycle = time.monotonic()
     failures = 0
     while True:
@@ -94,11 +100,13 @@ def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exp
         if stop.wait(max(0.0, next_cycle - time.monotonic())):
             return
         new = watcher.poll()
-        if new is not None:
-            new = new.under_cpu_limit(limit)
-            _apply_policy(agent, tree, new)
-            exporter.set_interval(new.interval_seconds)
-            log.info("throttledjob: policy reloaded from %s", watcher.path)
+        live = _live_limit(agent, limit)
+        if new is not None or live != limit:
+            written, limit = new or written, live
+            _apply_policy(agent, tree, written.under_cpu_limit(limit))
+            exporter.set_interval(agent.policy.interval_seconds)
+            log.info("throttledjob: policy %s", "reloaded from " + watcher.path if new
+                     else f"under the workload's CPU limit, now {limit} cores")
         exporter.set_policy_reloads(watcher.reloads)
         exporter.report("policy", watcher.error)
         exporter.report("processes", None if tree.pids() else
@@ -113,6 +121,13 @@ def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exp
             exporter.report("processes", f"control cycle failed: {e!r}")
             if failures == 1:
                 log.exception("throttledjob: control cycle failed; workload released")
+
+
+def _live_limit(agent: Agent, last: float | None) -> float | None:
+    """The workload containers' CPU limit now (an in-place resize changes it), as their
+    cgroups say; the last one known where they cannot be read."""
+    kernel = agent.container_quota
+    return kernel.limit_cores() if kernel is not None and kernel.visible else last
 
 
 def _apply_policy(agent: Agent, tree: ProcessTree, policy: Policy) -> None:

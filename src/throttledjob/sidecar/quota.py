@@ -249,20 +249,14 @@ class CgroupQuota:
     def stats(self) -> ThrottleStats:
         """The kernel's throttling counters (zeros when the cgroup is gone)."""
         try:
-            return _read_stats(self.path)
+            return read_stats(self.path)
         except OSError:
             return ThrottleStats()
 
     @property
     def paused_seconds(self) -> float:
-        """Wall seconds the tree was held back, estimated from the kernel's counters.
-
-        throttled_time is summed over CPUs, so it is not wall time: a tree of width w
-        (threads able to run) held to quota Q per period P is throttled for w*P - Q per
-        period, and held back for P - Q/w. Since w = (t + Q) / P where t is the throttled
-        time of one period, each throttled period holds the tree back t*P/(t + Q). Exact
-        for a saturating tree; the width is measured, not guessed.
-        """
+        """Wall seconds the tree was held back, from the kernel's counters
+        (held_back_seconds)."""
         self._account()
         return self._paused
 
@@ -371,9 +365,8 @@ class CgroupQuota:
         if periods > 0 and throttled > 0 and self.quota_cores is not None:
             period = self.period_us / 1e6
             quota = (self._quota_us() or 0) / 1e6
-            per_period = throttled / periods
-            self._paused += periods * per_period * period / (per_period + quota)
-            self._width = (per_period + quota) / period
+            self._paused += held_back_seconds(periods, throttled, quota, period)
+            self._width = (throttled / periods + quota) / period
         if now.nr_periods >= self._last.nr_periods:
             self._last = now
 
@@ -383,6 +376,21 @@ class CgroupQuota:
         self._active = False
         with contextlib.suppress(OSError):
             _write_quota(self.backend.version, self.path, None, self.period_us)
+
+
+def held_back_seconds(periods: int, throttled_seconds: float, quota_seconds: float,
+                      period_seconds: float) -> float:
+    """Wall time a tree was held back in `periods` throttled periods, from the kernel's
+    throttled time over them.
+
+    throttled_time is summed over CPUs, so it is not wall time: a tree of width w
+    (threads able to run) held to quota Q per period P is throttled for w*P - Q per
+    period, and held back for P - Q/w. Since w = (t + Q) / P where t is the throttled
+    time of one period, each throttled period holds the tree back t*P/(t + Q). Exact for
+    a saturating tree; the width is measured, not guessed.
+    """
+    per_period = throttled_seconds / periods
+    return periods * per_period * period_seconds / (per_period + quota_seconds)
 
 
 def sweep_orphans(backend: QuotaBackend) -> list[str]:
@@ -429,7 +437,7 @@ def _write_quota(version: int, path: str, quota_us: int | None,
         _write(os.path.join(path, "cpu.cfs_quota_us"), str(-1 if quota_us is None else quota_us))
 
 
-def _read_stats(path: str) -> ThrottleStats:
+def read_stats(path: str) -> ThrottleStats:
     values = {}
     with open(os.path.join(path, "cpu.stat")) as f:
         for line in f:

@@ -55,13 +55,14 @@ def summarize(result: CycleResult) -> RunSummary:
     gpu = result.gpu
     signal_paused = result.signal_paused_seconds
     coop_paused = result.cooperative_paused_seconds
-    paused = max(signal_paused, coop_paused)
+    kernel_paused = result.kernel_paused_seconds  # a container's limit, in a pod
+    paused = max(signal_paused, coop_paused, kernel_paused)
     wall = max(1e-9, result.wall_seconds)
     util = gpu.utilization if gpu else PeakSummary()
     power = gpu.power if gpu else PeakSummary()
     enforcer_lever = "quota" if p.enforced_by_the_kernel else "signals"
     used = {
-        "quota": enforcer_lever == "quota" and signal_paused > 0,
+        "quota": (enforcer_lever == "quota" and signal_paused > 0) or kernel_paused > 0,
         "signals": enforcer_lever == "signals" and signal_paused > 0,
         "pacing": coop_paused > 0,
         "threads": result.levers.threads is not None,

@@ -1,0 +1,149 @@
+"""The kernel quota of the workload's containers, seen from the sidecar (read only).
+
+In a pod the kernel's CFS quota of each workload container (its CPU limit, which the
+operator sets from the target) holds the peak; but it is in another container's cgroup,
+which the sidecar's own /sys/fs/cgroup does not show. The workload's processes are
+visible (shared process namespace), and so is their view of the filesystem:
+/proc/PID/root/sys/fs/cgroup is the cgroup mount the runtime gave that container, with
+the container's own cgroup at its root (cgroup v1: a directory per controller; v2, in a
+cgroup namespace: the root itself). Reading it needs only the workload's UID, which the
+sidecar runs as. Nothing is ever written there.
+
+From it: the limit in force now (a live resize shows at once, where the sidecar's
+environment keeps the first one), and the kernel's throttling counters, turned into time
+held back as for a quota of our own (quota.held_back_seconds). A container is known by
+its /proc/PID/cgroup text, one process read for each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+from .processes import ProcessTree, cgroup_of
+from .quota import ThrottleStats, held_back_seconds, read_stats
+
+# Where a container's cpu controller is, under its root: v1 (Debian and most runtimes
+# mount "cpu,cpuacct" with a "cpu" link to it), then v2.
+CPU_DIRS = ("sys/fs/cgroup/cpu", "sys/fs/cgroup/cpu,cpuacct", "sys/fs/cgroup")
+
+
+@dataclass
+class _Container:
+    path: str                     # its cpu controller's directory, through a process's root
+    last: ThrottleStats
+    paused: float = 0.0
+
+
+def read_limit(path: str) -> tuple[float | None, float]:
+    """(quota, period) of a cpu cgroup directory, seconds; quota None: unlimited."""
+    try:
+        with open(os.path.join(path, "cpu.max")) as f:  # v2: "max 100000", "50000 100000"
+            quota, period = f.read().split()
+        return (None if quota == "max" else int(quota) / 1e6), int(period) / 1e6
+    except FileNotFoundError:
+        pass
+    with open(os.path.join(path, "cpu.cfs_quota_us")) as f:
+        quota_us = int(f.read())
+    with open(os.path.join(path, "cpu.cfs_period_us")) as f:
+        period_us = int(f.read())
+    return (None if quota_us < 0 else quota_us / 1e6), period_us / 1e6
+
+
+def container_cpu_dir(pid: int, proc: str = "/proc") -> str | None:
+    """The cpu cgroup directory of `pid`'s container as its processes see it, or None
+    (the process is gone, or its root is not ours to read)."""
+    for sub in CPU_DIRS:
+        path = os.path.join(proc, str(pid), "root", sub)
+        if os.path.isfile(os.path.join(path, "cpu.stat")) and (
+                os.path.isfile(os.path.join(path, "cpu.max"))
+                or os.path.isfile(os.path.join(path, "cpu.cfs_quota_us"))):
+            return path
+    return None
+
+
+class ContainerQuota:
+    """The workload containers' kernel quota: their summed limit, the kernel's counters
+    and the time they were held back. Every read fails soft (a process exits, a root is
+    unreadable): what cannot be read is left out, never raised."""
+
+    def __init__(self, tree: ProcessTree, proc: str = "/proc",
+                 cgroup_text=cgroup_of) -> None:
+        self.tree = tree
+        self.proc = proc
+        self._cgroup_text = cgroup_text
+        self._containers: dict[str, _Container] = {}  # by /proc/PID/cgroup text
+        self._limits: dict[str, float | None] = {}  # cores
+        self._first = True
+
+    def refresh(self) -> None:
+        """Find the containers of the workload's processes (new ones, moved roots), and
+        account their throttling so far."""
+        seen = {}
+        for pid in self.tree.pids():
+            key = self._cgroup_text(pid)
+            if not key or key in seen:
+                continue
+            known = self._containers.get(key)
+            if known and os.path.isdir(known.path):
+                seen[key] = known
+                continue
+            path = container_cpu_dir(pid, self.proc)
+            if path is None:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                # Counted from its start when it started after us (the sidecar starts
+                # first); one running at our first look (we restarted) from now on.
+                seen[key] = known or _Container(
+                    path, read_stats(path) if self._first else ThrottleStats())
+                seen[key].path = path
+        # A container whose processes are all gone keeps its totals (the run's).
+        for key, gone in self._containers.items():
+            seen.setdefault(key, gone)
+        self._containers = seen
+        self._first = False
+        self._account()
+
+    @property
+    def visible(self) -> bool:
+        """At least one workload container's cgroup could be read."""
+        return bool(self._limits)
+
+    def limit_cores(self) -> float | None:
+        """The summed CPU limit of the workload containers now, cores; None: one of them
+        has none, or none could be read."""
+        if not self._limits or any(q is None for q in self._limits.values()):
+            return None
+        return sum(q for q in self._limits.values() if q is not None)
+
+    @property
+    def paused_seconds(self) -> float:
+        """Wall time the workload was held back: the most any of its containers was."""
+        return max((c.paused for c in self._containers.values()), default=0.0)
+
+    def kernel_throttling(self) -> ThrottleStats | None:
+        """The kernel's counters (cumulative, as cpu.stat keeps them), summed over the
+        containers."""
+        if not self._containers:
+            return None
+        return ThrottleStats(sum(c.last.nr_periods for c in self._containers.values()),
+                             sum(c.last.nr_throttled for c in self._containers.values()),
+                             sum(c.last.throttled_seconds for c in self._containers.values()))
+
+    def _account(self) -> None:
+        limits: dict[str, float | None] = {}
+        for key, c in self._containers.items():
+            try:
+                now = read_stats(c.path)
+                q, period = read_limit(c.path)
+            except (OSError, ValueError):
+                continue  # gone: its totals stay
+            limits[key] = None if q is None else q / period
+            periods = now.nr_throttled - c.last.nr_throttled
+            throttled = now.throttled_seconds - c.last.throttled_seconds
+            if periods > 0 and throttled > 0 and q:
+                c.paused += held_back_seconds(periods, throttled, q, period)
+            if now.nr_periods >= c.last.nr_periods:
+                c.last = now
+        self._limits = limits

@@ -1,0 +1,166 @@
+"""The workload containers' kernel quota as the sidecar reads it (sidecar/container_quota.py):
+through each workload process's /proc/PID/root, on a tree mimicking it (the real pod is
+tests/cluster/test_end_to_end_live.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from throttledjob.contracts.policy import Enforcement, Policy
+from throttledjob.sidecar.agent import Agent
+from throttledjob.sidecar.container_quota import ContainerQuota
+from throttledjob.sidecar.summary import summarize
+
+from .conftest import FakeTree
+
+
+class Pod:
+    """/proc of a pod: each process's root with its container's cgroup mount."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.proc = tmp_path / "proc"
+        self.containers: dict[int, str] = {}  # pid -> container name
+        self.cgroups: dict[str, Path] = {}
+
+    def container(self, name: str, quota_us: int | None, version: int = 1) -> Path:
+        cg = self.proc.parent / "cgroups" / name
+        cg.mkdir(parents=True)
+        self.cgroups[name] = cg
+        self.limit(name, quota_us, version)
+        self.stat(name, periods=0, throttled=0, seconds=0.0, version=version)
+        return cg
+
+    def limit(self, name: str, quota_us: int | None, version: int = 1) -> None:
+        cg = self.cgroups[name]
+        if version == 2:
+            (cg / "cpu.max").write_text(f"{quota_us or 'max'} 100000\n")
+        else:
+            (cg / "cpu.cfs_quota_us").write_text(f"{quota_us or -1}\n")
+            (cg / "cpu.cfs_period_us").write_text("100000\n")
+
+    def stat(self, name: str, periods: int, throttled: int, seconds: float,
+             version: int = 1) -> None:
+        time = (f"throttled_usec {int(seconds * 1e6)}" if version == 2
+                else f"throttled_time {int(seconds * 1e9)}")
+        (self.cgroups[name] / "cpu.stat").write_text(
+            f"nr_periods {periods}\nnr_throttled {throttled}\n{time}\n")
+
+    def process(self, pid: int, name: str, version: int = 1) -> None:
+        """A process of container `name`: its root sees the container's cgroup (v1:
+        /sys/fs/cgroup/cpu,cpuacct with a cpu link, v2: /sys/fs/cgroup)."""
+        self.containers[pid] = name
+        fs = self.proc / str(pid) / "root" / "sys" / "fs"
+        fs.mkdir(parents=True)
+        if version == 2:
+            (fs / "cgroup").symlink_to(self.cgroups[name])
+        else:
+            (fs / "cgroup").mkdir()
+            (fs / "cgroup" / "cpu,cpuacct").symlink_to(self.cgroups[name])
+            (fs / "cgroup" / "cpu").symlink_to("cpu,cpuacct")
+
+    def view(self) -> tuple[ContainerQuota, FakeTree]:
+        tree = FakeTree()
+        tree.pids = lambda: list(self.containers)  # type: ignore[method-assign]
+        return ContainerQuota(tree, proc=str(self.proc),
+                              cgroup_text=lambda pid: f"0::/{self.containers.get(pid)}"), tree
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_limit_is_read_live_and_the_throttling_becomes_time_held_back(
+        tmp_path: Path, version: int) -> None:
+    pod = Pod(tmp_path)
+    pod.container("work", 100_000, version)
+    pod.process(10, "work", version)
+    pod.process(11, "work", version)  # the same container: read once
+    view, _ = pod.view()
+    view.refresh()
+    assert view.visible and view.limit_cores() == 1.0
+    # Two busy threads held to 1 core for 10 periods of 100 ms: each period they were
+    # throttled 2 x 100 - 100 = 100 ms (summed over CPUs) and held back 50 ms of wall time.
+    pod.stat("work", periods=10, throttled=10, seconds=1.0, version=version)
+    view.refresh()
+    assert view.paused_seconds == pytest.approx(0.5)
+    assert view.kernel_throttling().nr_throttled == 10
+    # An in-place resize to half a core shows at once; unlimited is None.
+    pod.limit("work", 50_000, version)
+    view.refresh()
+    assert view.limit_cores() == 0.5
+    pod.limit("work", None, version)
+    view.refresh()
+    assert view.limit_cores() is None and view.visible
+
+
+def test_several_containers_sum_their_limits_and_the_most_held_back_counts(
+        tmp_path: Path) -> None:
+    pod = Pod(tmp_path)
+    pod.container("a", 60_000)
+    pod.container("b", 40_000)
+    pod.process(10, "a")
+    pod.process(20, "b")
+    view, _ = pod.view()
+    view.refresh()
+    assert view.limit_cores() == pytest.approx(1.0)
+    # a: 1.2 threads wide at 0.6 cores, held back 50 ms in each of 10 periods; b: 2 wide
+    # at 0.4, 80 ms in each of 4.
+    pod.stat("a", periods=10, throttled=10, seconds=0.6)
+    pod.stat("b", periods=10, throttled=4, seconds=0.4)
+    view.refresh()
+    assert view.paused_seconds == pytest.approx(0.5)
+    # b's processes exit and its cgroup goes: a's limit alone, b's totals kept.
+    del pod.containers[20]
+    for p in pod.cgroups["b"].iterdir():
+        p.unlink()
+    pod.cgroups["b"].rmdir()
+    view.refresh()
+    assert view.limit_cores() == pytest.approx(0.6)
+    assert view.kernel_throttling().nr_throttled == 14
+
+
+def test_a_root_it_cannot_read_is_not_an_error(tmp_path: Path) -> None:
+    pod = Pod(tmp_path)
+    pod.containers[10] = "work"  # no /proc/10/root/...: another user's, or gone
+    view, _ = pod.view()
+    view.refresh()
+    assert not view.visible and view.limit_cores() is None
+    assert view.paused_seconds == 0.0 and view.kernel_throttling() is None
+
+
+def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
+        tmp_path: Path) -> None:
+    """In a pod the sidecar paces steps (Cooperative) while the containers' limit holds
+    the rest: the time the kernel held the workload back counts in the slowdown, the
+    throttle level and the levers, and past the budget the status says so; the
+    controller's pacing quota is left alone (it cannot move the limit)."""
+    pod = Pod(tmp_path)
+    pod.container("work", 100_000)
+    pod.process(10, "work")
+    view, tree = pod.view()
+    now = [0.0]
+    policy = Policy(cpu_peak_cores=1.0, max_slowdown=1.25,
+                    enforcement=Enforcement.QUOTA).under_cpu_limit(1.0)
+    assert policy.enforcement is Enforcement.COOPERATIVE
+    (tmp_path / "shared").mkdir()
+    agent = Agent(policy, tree, str(tmp_path / "shared"), clock=lambda: now[0],
+                  container_quota=view)
+    blind = Agent(policy, FakeTree(), str(tmp_path / "shared"), clock=lambda: now[0])
+    agent.start()
+    blind.start()
+    throttled = 0
+    for second in range(1, 11):  # two busy threads held to one core: half the time
+        tree.cpu += 1.0
+        blind.tree.cpu += 1.0
+        now[0] = float(second)
+        throttled += 10
+        pod.stat("work", periods=10 * second, throttled=throttled, seconds=throttled * 0.1)
+        result = agent.cycle()
+        blind.cycle()
+    run = summarize(result)
+    assert run.paused_seconds == pytest.approx(5.0)
+    assert run.slowdown == pytest.approx(2.0)
+    assert "quota" in run.levers and run.throttle_level == pytest.approx(0.5)
+    assert result.status.budget_exhausted  # 2x is past maxSlowdown 1.25
+    assert result.kernel_throttling.nr_throttled == 100
+    # The pacing quota is what it would be without the kernel's word.
+    assert agent.controller.quota == blind.controller.quota
