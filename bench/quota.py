@@ -1,16 +1,19 @@
-"""The kernel's CPU quota, the baseline to beat (docs/benchmarks.md).
+"""Beat a plain CPU limit: the kernel's quota at the target vs ThrottledJob (docs/benchmarks.md).
 
-    .venv/bin/python bench/quota.py [--units 150] [--steps 400]
+    .venv/bin/python bench/quota.py [--workloads busy matmul elementwise bursty phases torch]
 
-For two busy processes and an unmodified PyTorch loop, at 50/70/90% of the unthrottled
-peak: a plain kernel quota at the target (what `resources.limits.cpu` gives a container:
-the command is born in a cgroup with quota = target x 100 ms per 100 ms), the signal
-enforcer (`throttledjob run --enforcement signals`), cpulimit where installed (for the
-single-process torch loop only: see cpulimit_cmd), and
-`sidecar/quota.py`'s CgroupQuota moving the running tree into a cgroup at a fixed quota
-of 0.98 x target (the controller's setpoint, as local mode would drive it). Every case
-runs under the same sampler (`throttledjob run --report`), side by side in one
-invocation: read the ratios. Needs a writable cgroup cpu controller (root here).
+For each workload, at 50/70/90% of its unthrottled peak (p99 of 1-second samples), side
+by side in one invocation: a plain kernel quota at the target (what a container's
+`resources.limits.cpu` gives: the command is born in a cgroup with quota = target x
+100 ms per 100 ms), `throttledjob run --cpu-peak T` with nothing else (the default:
+enforcement Quota plus the controller and the lever explorer; `--inject` for the
+unmodified PyTorch script, as its user would run it), the signal enforcer alone
+(`--enforcement signals`), and cpulimit where it applies (one process: see
+cpulimit_cmd). Workloads: two busy processes (no cheaper lever than the quota), the
+zoo's (bench/zoo.py: torch loops calling `tj.step()`) and examples/torch_train.py (no
+ThrottledJob code). Every case runs under the same sampler (`throttledjob run
+--report`); wall ratios are over the mean of an unthrottled run first and one last.
+Needs a writable cgroup cpu controller (root here).
 """
 
 from __future__ import annotations
@@ -28,37 +31,26 @@ import time
 from pathlib import Path
 
 from harness import HUNGRY, ROOT, markdown, throttledjob_run
+from zoo import WORKLOADS as ZOO
 
 from throttledjob.sidecar.quota import CgroupQuota, detect
 
 FRACTIONS = (0.5, 0.7, 0.9)
-# The controller's setpoint in fixed mode (sidecar/controller.py): target x (1 - 2%).
-SETPOINT = 0.98
 
 
-def wrap(mode: str, cores: float, stats_file: str, cmd: list[str]) -> int:
-    """Run `cmd` under a kernel quota; writes the kernel's throttling counters as JSON.
-
-    plain: this wrapper joins the cgroup before starting `cmd`, so the command is inside
-    from its first instruction, as in a container with a CPU limit. enforcer: `cmd` starts
-    free and CgroupQuota moves its tree in right after, as the sidecar would.
-    """
+def wrap(cores: float, stats_file: str, cmd: list[str]) -> int:
+    """Run `cmd` born in a cgroup at a kernel quota of `cores`, as in a container with a
+    CPU limit; writes the kernel's throttling counters as JSON."""
     found = detect()
     if not found:
         sys.exit(f"no cgroup quota: {found.reason}")
     # A SIGTERM (forwarded by `throttledjob run`) unwinds through close() below: no
     # cgroup is left behind by an interrupted benchmark.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if mode == "plain":
-        q = CgroupQuota(os.getpid(), found.backend)
-        q.set(cores)
-        q.start()
-        proc = subprocess.Popen(cmd)
-    else:
-        proc = subprocess.Popen(cmd)
-        q = CgroupQuota(proc.pid, found.backend)
-        q.start()
-        q.set(cores)
+    q = CgroupQuota(os.getpid(), found.backend)  # this wrapper joins it, then starts cmd
+    q.set(cores)
+    q.start()
+    proc = subprocess.Popen(cmd)
     try:
         code = proc.wait()
         s = q.stats()
@@ -72,11 +64,12 @@ def wrap(mode: str, cores: float, stats_file: str, cmd: list[str]) -> int:
     return code
 
 
-def quota_case(mode: str, cores: float, cmd: list[str]) -> dict:
-    """The sampler's report of `cmd` under a kernel quota, with the kernel's counters."""
+def quota_case(cores: float, cmd: list[str]) -> dict:
+    """The sampler's report of `cmd` under a plain kernel quota, with the kernel's
+    counters."""
     with tempfile.TemporaryDirectory() as tmp:
         stats = os.path.join(tmp, "stats.json")
-        report = throttledjob_run([], [sys.executable, __file__, "--wrap", mode, str(cores),
+        report = throttledjob_run([], [sys.executable, __file__, "--wrap", str(cores),
                                        stats, "--", *cmd])
         report["kernel"] = json.loads(Path(stats).read_text())
     return report
@@ -85,8 +78,8 @@ def quota_case(mode: str, cores: float, cmd: list[str]) -> dict:
 def cpulimit_cmd(cores: float, cmd: list[str]) -> list[str]:
     # Never -m (follow children): on two busy processes it starts a limiter per child, each
     # at the full limit (it does not hold their total, bench/run.py), and here one 20 s
-    # run of it forked about a thousand limiters. So only for one process: torch_train.py
-    # (its threads are one process, which cpulimit stops and resumes as a whole).
+    # run of it forked about a thousand limiters. So only for one process: the torch
+    # workloads (their threads are one process, which cpulimit stops and resumes whole).
     return ["cpulimit", "-l", str(round(cores * 100)), "-f", "--", *cmd]
 
 
@@ -122,62 +115,91 @@ def row(workload: str, case: str, target: float | None, report: dict, base: dict
         "p99_after_1st_s/target": round(later / target, 3) if target else "-",
         "mean_cores": report["cpu_mean_cores"],
         "paused_s": round(paused, 2) if target else "-",
+        "levers": ",".join(report.get("controller", {}).get("levers_used", [])) or "-",
     }
+
+
+def verdict(rows: list[dict]) -> str:
+    """Each (workload, target): ours against the plain quota, by the issue's goals: p99
+    within 5% of the target, never more than 2% slower than the plain quota, 15% faster
+    where a cheaper lever exists (wall time ratios, ours / plain)."""
+    by = {(r["workload"], r["case"]): r for r in rows}
+    out = ["| workload | target | plain quota: wall, p99/target | ours: wall, p99/target, "
+           "levers | ours / plain | goal |", "|---|---|---|---|---|---|"]
+    for (workload, case), plain in by.items():
+        if not case.endswith("plain quota (limits.cpu)"):
+            continue
+        fraction = case.split(":")[0]
+        ours = by.get((workload, f"{fraction}: throttledjob run"))
+        if ours is None:
+            continue
+        ratio = ours["wall_ratio"] / plain["wall_ratio"]
+        held = ours["p99/target"] <= 1.05
+        goal = ("held, 15% faster" if held and ratio <= 0.85 else
+                "held, within 2%" if held and ratio <= 1.02 else
+                "held, slower" if held else "p99 over target")
+        out.append(f"| {workload} | {fraction} ({plain['target']}) | {plain['wall_ratio']}x, "
+                   f"{plain['p99/target']} | {ours['wall_ratio']}x, {ours['p99/target']}, "
+                   f"{ours['levers']} | {ratio:.3f} | {goal} |")
+    return "\n".join(out)
 
 
 def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def workloads(units: int) -> dict[str, tuple[list[str], list[str], bool]]:
+    """name: (command, what `throttledjob run` adds for it, one process?)."""
+    out = {"busy": ([*HUNGRY, "--workers", "2", "--units", str(units)], [], False)}
+    for name in ("matmul", "elementwise", "bursty", "phases"):
+        cmd, extra = ZOO[name]
+        out[name] = ([sys.executable, *cmd], extra, True)
+    cmd, extra = ZOO["torch_train"]
+    out["torch"] = ([sys.executable, *cmd], extra, True)  # --inject: no code change
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=int, default=150, help="work units per busy process")
-    parser.add_argument("--steps", type=int, default=400, help="torch_train.py steps")
-    parser.add_argument("--workloads", nargs="+", default=["busy", "torch"])
+    parser.add_argument("--workloads", nargs="+",
+                        default=["busy", "matmul", "elementwise", "bursty", "phases", "torch"])
     parser.add_argument("--json", default=str(ROOT / "bench" / "out" / "quota.json"))
-    parser.add_argument("--wrap", nargs=3, metavar=("MODE", "CORES", "STATS"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--wrap", nargs=2, metavar=("CORES", "STATS"), help=argparse.SUPPRESS)
     parser.add_argument("cmd", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.wrap:
-        mode, cores, stats = args.wrap
-        sys.exit(wrap(mode, float(cores), stats, args.cmd))
+        cores, stats = args.wrap
+        sys.exit(wrap(float(cores), stats, args.cmd))
 
     found = detect()
     if not found:
         sys.exit(f"no cgroup quota here: {found.reason}")
-    workloads = {
-        "2 busy processes": [*HUNGRY, "--workers", "2", "--units", str(args.units)],
-        "torch_train.py": [sys.executable, str(ROOT / "examples" / "torch_train.py"),
-                           "--steps", str(args.steps)],
-    }
-    chosen = {k: v for k, v in workloads.items()
-              if ("busy" if "busy" in k else "torch") in args.workloads}
+    chosen = workloads(args.units)
     have_cpulimit = shutil.which("cpulimit") is not None
     loads = [f"start {time.strftime('%H:%M:%S')} load {load()}"]
     print(f"enforcer backend: {found.reason}", file=sys.stderr)
     rows = []
-    for name, cmd in chosen.items():
+    for name in args.workloads:
+        cmd, extra, one_process = chosen[name]
         base = throttledjob_run([], cmd)
         rows.append(row(name, "unthrottled", None, base, base))
         first = len(rows)
         peak = base["cpu_peak_cores"]
+        if peak < 0.1:
+            sys.exit(f"{name}: no 1-second sample of its CPU (a run of {base['wall_seconds']} "
+                     "s): give it more work")
         for fraction in FRACTIONS:
             target = round(fraction * peak, 2)
             cases = {
-                "kernel quota at target (limits.cpu)":
-                    lambda t=target, c=cmd: quota_case("plain", t, c),
-                "signals (--enforcement signals)":
-                    lambda t=target, c=cmd: throttledjob_run(
-                        ["--cpu-peak", str(t), "--enforcement", "signals",
-                         "--max-slowdown", "10"], c),
-                f"CgroupQuota at {SETPOINT} x target":
-                    lambda t=target, c=cmd: quota_case("enforcer", round(SETPOINT * t, 3), c),
-                "throttledjob run (default: quota + explorer)":
-                    lambda t=target, c=cmd: throttledjob_run(
-                        ["--cpu-peak", str(t), "--max-slowdown", "10"], c),
+                "plain quota (limits.cpu)": lambda t=target, c=cmd: quota_case(t, c),
+                "throttledjob run": lambda t=target, c=cmd, x=extra: throttledjob_run(
+                    [*x, "--cpu-peak", str(t), "--max-slowdown", "10"], c),
+                "signals": lambda t=target, c=cmd: throttledjob_run(
+                    ["--cpu-peak", str(t), "--enforcement", "signals", "--max-slowdown", "10"],
+                    c),
             }
-            if have_cpulimit and name == "torch_train.py":
+            if have_cpulimit and one_process:
                 cases["cpulimit"] = lambda t=target, c=cmd: cpulimit_case(t, c)
             for case, run in cases.items():
                 try:
@@ -197,8 +219,9 @@ def main() -> None:
         loads.append(f"after {name} {time.strftime('%H:%M:%S')} load {load()}")
     print(markdown(rows))
     print()
+    print(verdict(rows))
     print(f"enforcer backend: {found.reason}")
-    print("cpulimit: " + ("installed (single-process torch rows only)" if have_cpulimit
+    print("cpulimit: " + ("installed (one-process workloads only)" if have_cpulimit
                           else "not installed (rows left out)"))
     print("\n".join(loads))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
