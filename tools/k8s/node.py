@@ -10,7 +10,9 @@ No container registry is reachable, so every image is built here and cached in
 - a Debian bookworm base with Debian's python3.11 (debootstrap), the local stand-in for
   the Dockerfile's python:3.11-slim-bookworm;
 - the product image localhost/throttledjob:dev: the project's Dockerfile built by podman
-  from that base (`--build-arg BASE=...`).
+  from that base (`--build-arg BASE=...`);
+- a user's image with PyTorch, localhost/throttledjob-torch-train:dev
+  (examples/pytorch/Dockerfile), the same way.
 
 Everything the node makes lives in the cluster's directory (containerd root and state,
 network namespaces, kubelet root, pod logs, CNI IPAM) or is recorded there (the bridge,
@@ -45,6 +47,7 @@ NODE_NAME = "real-node-0"
 PAUSE_IMAGE = "localhost/throttledjob-pause:1"
 BASE_IMAGE = "localhost/throttledjob-base:bookworm"
 PRODUCT_IMAGE = "localhost/throttledjob:dev"
+TORCH_IMAGE = "localhost/throttledjob-torch-train:dev"
 # Only pods that ask for the real node land on it: the suite's other pods are meant for
 # KWOK (their images exist nowhere here), and may be pending while this node comes up.
 TAINT = {"key": "throttledjob.io/real-node", "value": "true", "effect": "NoSchedule"}
@@ -206,39 +209,53 @@ def base_image() -> None:
                 str(image_tar), BASE_IMAGE)
 
 
-def _context_hash() -> str:
-    """What the image is built from: the Dockerfile and the files it may copy."""
+def _context_hash(paths: list[Path]) -> str:
+    """What an image is built from: its Dockerfile and the files it may copy."""
     h = hashlib.sha256()
-    paths = [ROOT / n for n in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md",
-                                "requirements-dev.txt", "requirements-run.txt")]
-    paths += sorted(p for p in (ROOT / "src").rglob("*")
-                    if p.is_file() and "__pycache__" not in p.parts)
     for p in paths:
         h.update(p.relative_to(ROOT).as_posix().encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:12]
 
 
-def product_archive() -> Path:
-    """localhost/throttledjob:dev built from the project's Dockerfile, as an OCI archive;
-    rebuilt when the Dockerfile or what it copies changes."""
-    out = cache_dir() / "images" / f"throttledjob-dev-{_context_hash()}.oci.tar"
+def _build_archive(image: str, dockerfile: Path, context: Path, inputs: list[Path]) -> Path:
+    """`image` built by podman from `dockerfile` on the local base, as an OCI archive in
+    the cache; rebuilt when the Dockerfile or what it copies (`inputs`) changes."""
+    stem = image.split("/")[-1].replace(":", "-")
+    out = cache_dir() / "images" / f"{stem}-{_context_hash([dockerfile, *inputs])}.oci.tar"
     if out.exists():
         return out
     base_image()
-    # --network host: pip in the build stage reaches PyPI as this machine does. The
-    # ulimits: podman asks for more open files than root may have here (no
-    # CAP_SYS_RESOURCE, hard limit below podman's default).
+    # --network host: pip in the build reaches PyPI as this machine does. The ulimits:
+    # podman asks for more open files than root may have here (no CAP_SYS_RESOURCE, hard
+    # limit below podman's default).
     _podman("build", "--network", "host", "--ulimit", "nofile=1024:1024",
             "--ulimit", "nproc=4096:4096", "--build-arg", f"BASE={BASE_IMAGE}",
-            "-t", PRODUCT_IMAGE, "-f", str(ROOT / "Dockerfile"), str(ROOT), timeout=1800)
-    # The build stage's image and older builds' are of no further use.
+            "-t", image, "-f", str(dockerfile), str(context), timeout=1800)
+    # Build stages' images and older builds' are of no further use.
     _podman("image", "prune", "--force", check=False)
-    for old in out.parent.glob("throttledjob-dev-*.oci.tar"):
+    for old in out.parent.glob(f"{stem}-*.oci.tar"):
         old.unlink()
-    _podman("save", "--format", "oci-archive", "-o", str(out.with_suffix(".tmp")),
-            PRODUCT_IMAGE)
+    _podman("save", "--format", "oci-archive", "-o", str(out.with_suffix(".tmp")), image)
     out.with_suffix(".tmp").rename(out)
     return out
+
+
+def product_archive() -> Path:
+    """localhost/throttledjob:dev, from the project's Dockerfile."""
+    inputs = [ROOT / n for n in (".dockerignore", "pyproject.toml", "README.md",
+                                 "requirements-dev.txt", "requirements-run.txt")]
+    inputs += sorted(p for p in (ROOT / "src").rglob("*")
+                     if p.is_file() and "__pycache__" not in p.parts)
+    return _build_archive(PRODUCT_IMAGE, ROOT / "Dockerfile", ROOT, inputs)
+
+
+def torch_archive() -> Path:
+    """localhost/throttledjob-torch-train:dev: a user's image, PyTorch and the unmodified
+    examples/torch_train.py (examples/pytorch/Dockerfile), for the zero-code runs."""
+    examples = ROOT / "examples"
+    return _build_archive(TORCH_IMAGE, examples / "pytorch" / "Dockerfile", examples,
+                          [examples / "pytorch" / "requirements.txt",
+                           examples / "torch_train.py"])
 
 
 # --- the node ----------------------------------------------------------------------------
@@ -320,7 +337,7 @@ class RealNode:
         if not token:
             raise NodeUnavailable("this cluster was started without a node token: "
                                   "`cluster.py down` it and start it again")
-        pause, product = pause_archive(), product_archive()
+        archives = (pause_archive(), product_archive())
         d = self.dir
         for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "certs"):
             (d / sub).mkdir(parents=True, exist_ok=True)
@@ -348,8 +365,8 @@ class RealNode:
                                    program="/usr/bin/containerd")
         self.cluster.wait(lambda: self.sock.exists() and self._ctr(
             "version", check=False).returncode == 0, 60, "containerd")
-        for archive in (pause, product):
-            self._ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
+        for archive in archives:
+            self.load(archive)
 
         # The kubelet's cgroups go under a root of this node's own, in every hierarchy, so
         # two nodes never share /kubepods and teardown knows what to remove.
@@ -421,6 +438,10 @@ class RealNode:
         with contextlib.suppress(urllib.error.HTTPError):
             self.cluster.request("DELETE", f"/api/v1/nodes/{NODE_NAME}")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def load(self, archive: Path) -> None:
+        """An image archive into this node's containerd (the kubelet never pulls here)."""
+        self._ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
 
     def pod_log(self, namespace: str, name: str, uid: str, container: str) -> str:
         """What a container wrote, from the kubelet's log file (CRI format: time, stream,
