@@ -66,9 +66,12 @@ def expand(text: str, args: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], text)
 
 
-def test_hadolint_clean() -> None:
+# The product's, and the example user image the real node's PyTorch run uses.
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, ROOT / "examples/pytorch/Dockerfile"],
+                         ids=["product", "examples-pytorch"])
+def test_hadolint_clean(dockerfile: Path) -> None:
     hadolint = require_tool("hadolint")
-    proc = subprocess.run([hadolint, "--failure-threshold", "info", str(DOCKERFILE)],
+    proc = subprocess.run([hadolint, "--failure-threshold", "info", str(dockerfile)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
 
