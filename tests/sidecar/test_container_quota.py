@@ -11,6 +11,7 @@ import pytest
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.container_quota import ContainerQuota
+from throttledjob.sidecar.snapshot import Health, snapshot_of
 from throttledjob.sidecar.summary import summarize
 
 from .conftest import FakeTree
@@ -162,5 +163,8 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
     assert "quota" in run.levers and run.throttle_level == pytest.approx(0.5)
     assert result.status.budget_exhausted  # 2x is past maxSlowdown 1.25
     assert result.kernel_throttling.nr_throttled == 100
+    # The metrics' view: held back by the quota lever (not by signals, none were sent).
+    paused = snapshot_of(result, Health()).paused_seconds
+    assert paused["quota"] == pytest.approx(5.0) and paused.get("signals", 0.0) == 0.0
     # The pacing quota is what it would be without the kernel's word.
     assert agent.controller.quota == blind.controller.quota

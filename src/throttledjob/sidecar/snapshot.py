@@ -22,7 +22,7 @@ from .agent import CycleResult, CycleStatus
 from .gpu.backend import GpuReading
 from .quota import ThrottleStats
 from .stats import PeakSummary
-from .summary import summarize
+from .summary import RunSummary, summarize
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -109,6 +109,14 @@ def take_snapshot(agent: Agent, health: Health, steps_per_second: float = 0.0) -
     return snapshot_of(agent.result, health, steps_per_second)
 
 
+def _paused_by_lever(run: RunSummary, result: CycleResult) -> dict[str, float]:
+    paused = {run.enforcer_lever: run.signal_paused_seconds,
+              "pacing": run.cooperative_paused_seconds}
+    if result.kernel_paused_seconds:  # a pod's own limits (sidecar/container_quota.py)
+        paused["quota"] = paused.get("quota", 0.0) + result.kernel_paused_seconds
+    return paused
+
+
 def snapshot_of(result: CycleResult, health: Health,
                 steps_per_second: float = 0.0) -> Snapshot:
     run = summarize(result)
@@ -121,8 +129,7 @@ def snapshot_of(result: CycleResult, health: Health,
         gpu_util=run.gpu_util, gpu_power=run.gpu_power,
         gpu_power_limit_lever=bool(gpu and gpu.power_limit_lever),
         throttle_level=run.throttle_level, slowdown=run.slowdown,
-        paused_seconds={run.enforcer_lever: run.signal_paused_seconds,
-                        "pacing": run.cooperative_paused_seconds},
+        paused_seconds=_paused_by_lever(run, result),
         budget_exhausted_seconds=result.budget_exhausted_seconds, levers=run.levers,
         target_met=run.target_met, steps_per_second=steps_per_second,
         kernel_throttling=result.kernel_throttling,
