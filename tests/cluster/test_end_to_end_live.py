@@ -499,6 +499,46 @@ def test_a_live_edit_of_the_target_resizes_the_pods_cpu_limit_in_place(
     assert {"QuotaResized", "QuotaResizeRefused"} <= reasons, reasons
 
 
+def test_the_slowdown_budget_lifts_a_pods_cpu_limit_it_would_pass(
+        operator: str, real_node: Any, kubectl: Kubectl) -> None:
+    """Quota with maxSlowdown 1.25 on two busy processes held to 1 core, which would wait
+    half the time: the sidecar sees the kernel hold them back (their container's cgroup,
+    read through their processes), asks in /status for the limit the budget needs (about
+    1.6 cores: at most 20% held back), and the operator resizes the pod to it; the
+    container's CFS quota follows, and the status says the target is out of reach."""
+    namespace, name = operator, "e2e-budget"
+    tj = throttled_job(name, namespace, None)
+    tj["spec"]["throttle"]["maxSlowdown"] = 1.25
+    (container,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    container["command"] = two_processes(
+        "import time\nend = time.time() + 20\nwhile time.time() < end: pass\n")
+    selector = f"throttledjob.io/name={name}"
+    workload = CgroupSampler(real_node, kubectl, namespace, selector, "work")
+    kubectl.apply(tj)
+    try:
+        wait_for(lambda: (workload.live_quota_cores() or 0) > TARGET_CORES * 1.2,
+                 timeout=90, interval=0.5, what="the pod's CPU limit lifted by the budget")
+        lifted_at, lifted = time.time(), workload.live_quota_cores()
+        wait = wait_complete(kubectl, namespace, name)
+    finally:
+        workload.stop()
+    pod, work = finished_work(kubectl, namespace, selector, wait)
+    assert work["restartCount"] == 0, work
+    print(f"budget: limit lifted from {TARGET_CORES} to {lifted} cores; samples "
+          f"{[round(c, 2) for c in workload.cores]}")
+    # 2 cores wide x (1 - 20%), as the kernel's counters measured the width.
+    assert lifted is not None and 1.4 <= lifted <= 1.7, lifted
+    (spec,) = pod["spec"]["containers"]
+    assert spec["resources"]["requests"]["cpu"] == "100m"  # the user's, untouched
+    after = [c for t, c in zip(workload.times, workload.cores, strict=True)
+             if t > lifted_at + 1.0 and c > 0.05]
+    assert after and max(after) > TARGET_CORES * 1.3, after  # it runs at the new limit
+    events = tj_events(kubectl, namespace, name)
+    assert ("Normal", "QuotaLifted") in events, events
+    status = tj_status(kubectl, namespace, name)
+    assert (condition(status, "TargetMet") or {}).get("reason") == "BudgetExhausted", status
+
+
 # An unmodified PyTorch script (examples/torch_train.py, two intra-op threads on this
 # 2-core node) in a user's image with torch and no ThrottledJob (examples/pytorch/).
 TORCH_STEPS = 3000

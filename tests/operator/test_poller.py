@@ -13,11 +13,20 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import kopf
 import pytest
 
 from conftest import wait_for
 from throttledjob.operator.crd import SIDECAR_CONTAINER
-from throttledjob.operator.poller import OperatorState, due, poll, read_sidecars, resync_from_job
+from throttledjob.operator.kube import ApiError
+from throttledjob.operator.poller import (
+    OperatorState,
+    due,
+    follow_wanted_limits,
+    poll,
+    read_sidecars,
+    resync_from_job,
+)
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.sidecar_status import HttpStatusReader
 
@@ -148,3 +157,69 @@ def test_due_reads_follow_the_phase() -> None:
     assert due(seen, resync=True) == [(read_sidecars, "ml", "run", "run"),
                                       (resync_from_job, "ml", "run", "run"),
                                       (resync_from_job, "ml", "wait", "wait")]
+
+
+class ResizingKube(MemoryKube):
+    """Records `pods/resize` patches; refuses a pod more than `node_cores` (as the API
+    server does for more CPU than the node has)."""
+
+    def __init__(self, node_cores: float) -> None:
+        super().__init__()
+        self.node_cores = node_cores
+        self.patches: list[dict[str, Any]] = []
+
+    def resize_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        (container,) = patch["spec"]["containers"]
+        if int(container["resources"]["limits"]["cpu"].rstrip("m")) > self.node_cores * 1000:
+            raise ApiError(422, "Pod is invalid: spec.containers[0].resources: node too small")
+        self.patches.append(patch)
+        return {}
+
+
+def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[tuple[str, str]] = []
+    monkeypatch.setattr(kopf, "info", lambda _body, reason, message: events.append(
+        (reason, message)))
+    monkeypatch.setattr(kopf, "warn", lambda _body, reason, message: events.append(
+        (reason, message)))
+    kube = ResizingKube(node_cores=2)
+    state = OperatorState(OperatorSettings(), kube, HttpStatusReader(DEADLINE))  # type: ignore[arg-type]
+    tj = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {
+        "jobTemplate": {"spec": {"template": {"spec": {"containers": [
+            {"name": "work", "image": "train:1"}]}}}},
+        "throttle": {"targets": {"cpu": {"peak": "1"}}, "enforcement": "Quota",
+                     "maxSlowdown": 1.25}}}
+
+    def running(limit: str) -> dict[str, Any]:
+        # No request in the template: the API server defaulted it to the operator's limit.
+        return {"metadata": {"name": "train-0", "namespace": "ml", "uid": "u1"},
+                "status": {"phase": "Running"},
+                "spec": {"containers": [{"name": "work", "resources": {
+                    "requests": {"cpu": limit}, "limits": {"cpu": limit}}}]}}
+
+    def wants(cores: float | None) -> dict[str, Any]:
+        return {**STATUS_DOC, "cpuLimitWantedCores": cores}
+
+    # Two busy threads held to 1 core wait half the time; maxSlowdown 1.25 allows 20%: the
+    # sidecar asks for 1.6 cores, and gets them.
+    follow_wanted_limits(state, tj, [(running("1000m"), wants(1.6))])
+    assert kube.patches[-1] == {"spec": {"containers": [{"name": "work", "resources": {
+        "limits": {"cpu": "1600m"}, "requests": {"cpu": "1600m"}}}]}}
+    assert events[-1][0] == "QuotaLifted" and "1.6 cores" in events[-1][1]
+    # Nothing more while it has them; back to the target when the budget allows it.
+    follow_wanted_limits(state, tj, [(running("1600m"), wants(1.6))])
+    assert len(kube.patches) == 1
+    follow_wanted_limits(state, tj, [(running("1600m"), wants(None))])
+    assert kube.patches[-1]["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "1000m"}
+    assert events[-1][0] == "QuotaResized"
+    # More than the node has: refused once, with a Warning, and not asked for again.
+    for _ in range(3):
+        follow_wanted_limits(state, tj, [(running("1000m"), wants(3.0))])
+    assert [reason for reason, _ in events].count("QuotaResizeRefused") == 1
+    assert len(kube.patches) == 2
+    # A spec that enforces with signals: limits are not the operator's to move.
+    signals = {**tj, "spec": {**tj["spec"], "throttle": {**tj["spec"]["throttle"],
+                                                         "enforcement": "Signals"}}}
+    follow_wanted_limits(state, signals, [(running("1000m"), wants(1.6))])
+    assert len(kube.patches) == 2

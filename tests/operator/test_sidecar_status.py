@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
+from throttledjob.contracts.status import parse_status
 from throttledjob.operator.sidecar_status import (
     MAX_STATUS_BYTES,
     HttpStatusReader,
@@ -63,6 +66,15 @@ def test_reads_a_status_document(server: Server) -> None:
     server.body = GOOD
     doc = HttpStatusReader().read("127.0.0.1", server.port)
     assert doc["observed"]["cpuPeakCores"] == 1.4 and doc["targetMet"] is True
+
+
+@pytest.mark.parametrize(("wanted", "read"), [
+    (1.6, 1.6), (None, None), ("1.6", None), (float("nan"), None), (-1, None), (0, None),
+    (True, None)])
+def test_a_wanted_limit_is_a_positive_number_or_none(wanted: Any, read: float | None) -> None:
+    """A sidecar is another program: what it asks the operator to resize to is checked."""
+    doc = parse_status({**json.loads(GOOD), "cpuLimitWantedCores": wanted})
+    assert doc["cpuLimitWantedCores"] == read
 
 
 @pytest.mark.parametrize(("body", "code", "message"), [

@@ -11,7 +11,7 @@ import pytest
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.container_quota import ContainerQuota
-from throttledjob.sidecar.snapshot import Health, snapshot_of
+from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.summary import summarize
 
 from .conftest import FakeTree
@@ -164,7 +164,29 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
     assert result.status.budget_exhausted  # 2x is past maxSlowdown 1.25
     assert result.kernel_throttling.nr_throttled == 100
     # The metrics' view: held back by the quota lever (not by signals, none were sent).
-    paused = snapshot_of(result, Health()).paused_seconds
-    assert paused["quota"] == pytest.approx(5.0) and paused.get("signals", 0.0) == 0.0
+    snap = snapshot_of(result, Health())
+    assert snap.paused_seconds["quota"] == pytest.approx(5.0)
+    assert snap.paused_seconds.get("signals", 0.0) == 0.0
+    # What the budget needs: 2 cores wide, at most 20% held back (maxSlowdown 1.25), so
+    # 1.6 cores; the operator reads it from /status and resizes the pod.
+    assert result.status.cpu_limit_wanted_cores == pytest.approx(1.6)
+    assert status_document(snap)["cpuLimitWantedCores"] == pytest.approx(1.6)
     # The pacing quota is what it would be without the kernel's word.
     assert agent.controller.quota == blind.controller.quota
+
+
+def test_no_lift_is_wanted_where_the_budget_allows_the_target(tmp_path: Path) -> None:
+    pod = Pod(tmp_path)
+    pod.container("work", 100_000)
+    pod.process(10, "work")
+    view, _ = pod.view()
+    view.refresh()
+    assert view.wanted_limit(1.0, 0.5) is None  # never throttled: no width known
+    pod.stat("work", periods=10, throttled=10, seconds=1.0)  # 2 wide at 1 core
+    view.refresh()
+    assert view.wanted_limit(1.0, 0.5) is None   # half the time: within a 2x budget
+    assert view.wanted_limit(1.0, 0.2) == 1.6
+    # Lifted to 1.6, the kernel no longer throttles it: the last width stays.
+    pod.limit("work", 160_000)
+    view.refresh()
+    assert view.wanted_limit(1.0, 0.2) == 1.6

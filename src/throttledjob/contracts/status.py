@@ -57,6 +57,9 @@ class StatusDocument(TypedDict):
     observed: Observed
     targetMet: bool
     budgetExhausted: bool
+    # In a pod: the workload's summed CPU limit the slowdown budget needs, where the
+    # target's would pass it (None: the target's); the operator resizes the pod to it.
+    cpuLimitWantedCores: float | None
     levers: list[str]
     targets: Targets
     errors: list[str]  # "kind: message" of each problem in force now
@@ -79,7 +82,12 @@ def parse_status(doc: Any) -> StatusDocument:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
             observed[key] = None
     errors = doc.get("errors")
+    wanted = doc.get("cpuLimitWantedCores")
+    if not isinstance(wanted, (int, float)) or isinstance(wanted, bool) \
+            or not math.isfinite(wanted) or wanted <= 0:
+        wanted = None
     return {**doc, "version": STATUS_VERSION, "observed": observed,  # type: ignore[typeddict-item]
             "targetMet": doc.get("targetMet") is True,
             "budgetExhausted": doc.get("budgetExhausted") is True,
+            "cpuLimitWantedCores": wanted,
             "errors": [str(e) for e in errors] if isinstance(errors, list) else []}

@@ -21,6 +21,7 @@ from .children import LABEL_NAME, build_configmap, build_job, job_owner_name, ow
 from .crd import DEFAULT_INJECT, GROUP, PLURAL, VERSION
 from .kube import ApiError, Kube, load_client
 from .poller import OperatorState, poll
+from .resize import resize_pod
 from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
 from .status import (
@@ -203,37 +204,21 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
 
 
 def _resize_pods(kube: Kube, body: kopf.Body, doc: dict[str, Any], retry: int) -> None:
-    """Enforcement Quota: move each running pod's CPU limits to the new target in place
-    (`pods/resize`). A refused resize leaves the old limits; the sidecar holds a lower
-    target with signals (its limit is then over the target), a higher one stays held at
-    the old limit, and a Warning says so."""
+    """Enforcement Quota: move each running pod's CPU limits to the new target in place.
+    A refused resize leaves the old limits (resize.resize_pod): the sidecar then holds a
+    lower target with signals (its limit is over the target), a higher one stays held at
+    the old limit."""
     target = cpu_limits.quota_target(doc)
     namespace, name = body.meta.namespace or "", body.meta.name or ""
     if target is None:
         return
     try:
         pods = kube.list_pods(namespace, f"{LABEL_NAME}={name}")
+        template = pod_spec(body.get("spec") or {}).get("containers") or []
+        for pod in pods:
+            resize_pod(kube, body, pod, target, target, template)
     except ApiError as e:
         raise _retry_later(e, retry) from e
-    template = pod_spec(body.get("spec") or {}).get("containers") or []
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") not in ("Pending", "Running"):
-            continue
-        patch = cpu_limits.resize(pod.get("spec") or {}, target, template)
-        if patch is None:
-            continue
-        pod_name = pod["metadata"]["name"]
-        try:
-            kube.resize_pod(namespace, pod_name, patch)
-        except ApiError as e:
-            if e.transient:
-                raise _retry_later(e, retry) from e
-            kopf.warn(body, reason=Reason.QUOTA_RESIZE_REFUSED,
-                      message=f"pod {pod_name}: CPU limits not resized ({e}); it keeps the "
-                              "old ones, and the sidecar's signals hold a lower target")
-            continue
-        kopf.info(body, reason=Reason.QUOTA_RESIZED,
-                  message=f"pod {pod_name}: CPU limits resized to the {target:g}-core target")
 
 
 @kopf.on.update(*RESOURCE, field="spec.jobTemplate")

@@ -22,8 +22,12 @@ from typing import Any
 
 import kopf
 
+from throttledjob.contracts.policy import PolicyError
+
+from . import cpu_limits
 from .children import LABEL_NAME, job_owner_name, owned_by, sidecar_endpoint
 from .kube import Kube
+from .resize import limit_for, resize_pod
 from .settings import OperatorSettings
 from .sidecar_status import StatusReader, StatusReadError
 from .status import (
@@ -37,6 +41,7 @@ from .status import (
     status_with_observed,
     status_with_resizes,
 )
+from .validation import SpecError, pod_spec, policy_document
 
 # Threads reading sidecars and Jobs. A read holds one for at most the read deadline per
 # pod, so a slow sidecar takes one thread, not the tick.
@@ -59,6 +64,8 @@ class OperatorState:
     # pods that Job owns are ever read.
     job_uids: dict[TjKey, str] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
+    # pod uid -> the summed CPU limit the API server refused it (not asked for again).
+    refused_limits: dict[str, float] = field(default_factory=dict)
     # kopf.info/warn find kopf's event queue in context variables, set for handlers (not
     # yet for startup activities): the pool's threads run in a copy of a handler's.
     context: contextvars.Context | None = None
@@ -92,6 +99,7 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
     if not job_uid:
         return
     reports: list[dict[str, Any]] = []
+    read: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (pod, its sidecar's report)
     failures: list[str] = []
     # Only the Job's own pods: anyone may put the label on a pod of theirs, whose
     # "sidecar" would then write our status (or stall our reads).
@@ -104,6 +112,7 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
             continue
         try:
             reports.append(state.reader.read(*endpoint))
+            read.append((pod, reports[-1]))
         except StatusReadError as e:
             failures.append(f"pod {pod['metadata'].get('name')}: {e}")
     now = now_iso()
@@ -116,6 +125,29 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         if (is_.get("reason") == Reason.BUDGET_EXHAUSTED
                 and was.get("reason") != Reason.BUDGET_EXHAUSTED):
             kopf.warn(tj, reason=Reason.TARGET_UNREACHABLE, message=is_.get("message", ""))
+        follow_wanted_limits(state, tj, read)
+
+
+def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
+                         read: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """Enforcement Quota: each pod's CPU limits to what its sidecar says the slowdown
+    budget needs (over the target), or back to the target. A refused size is not asked
+    for again while the sidecar wants the same."""
+    spec = tj.get("spec") or {}
+    try:
+        target = cpu_limits.quota_target(policy_document(spec))
+    except (SpecError, PolicyError):
+        return
+    if target is None:
+        return
+    template = pod_spec(spec).get("containers") or []
+    for pod, report in read:
+        total = limit_for(target, report.get("cpuLimitWantedCores"))
+        uid = pod["metadata"].get("uid", "")
+        if state.refused_limits.get(uid) == total:
+            continue
+        if resize_pod(state.kube, tj, pod, total, target, template) is False:
+            state.refused_limits[uid] = total
 
 
 def due(seen: Mapping[TjKey, tuple[str | None, str | None]],

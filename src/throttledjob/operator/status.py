@@ -63,6 +63,7 @@ class Reason(Choice):
     SIGNALS_MAY_FAIL = "SignalsMayFail"
     QUOTA_UNAVAILABLE = "QuotaUnavailable"
     QUOTA_RESIZE_REFUSED = "QuotaResizeRefused"
+    QUOTA_LIFTED = "QuotaLifted"  # the slowdown budget needs a limit over the target
     TARGET_UNREACHABLE = "TargetUnreachable"
 
 

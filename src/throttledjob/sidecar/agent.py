@@ -58,6 +58,9 @@ class CycleStatus:
     error: str | None = None
     # Hold-back fraction the GPU controller asks for (None: no GPU target or no GPU).
     gpu_duty: float | None = None
+    # In a pod: the workload's summed CPU limit the slowdown budget needs, over the
+    # target's (None: the target's will do). The operator applies it (pods/resize).
+    cpu_limit_wanted_cores: float | None = None
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,7 @@ class Agent:
             enforcer_armed=self._enforcer_armed,
             error=self._settings_error,
             gpu_duty=gpu_duty,
+            cpu_limit_wanted_cores=self._wanted_limit(),
         )
         self.result = self._result(now, time.perf_counter() - began)
         for observer in self.observers:
@@ -280,6 +284,14 @@ class Agent:
         paused = self.container_quota.paused_seconds
         pause, self._last_kernel_paused = (paused - self._last_kernel_paused) / elapsed, paused
         return min(1.0, max(0.0, pause))
+
+    def _wanted_limit(self) -> float | None:
+        """The limit the budget needs (ContainerQuota.wanted_limit), with what the levers
+        in force cost charged to it."""
+        target = self.policy.cpu_peak_cores
+        if self.container_quota is None or not target:
+            return None
+        return self.container_quota.wanted_limit(target, self._max_pause_fraction())
 
     def _kernel_throttling(self) -> ThrottleStats | None:
         ours = self._enforcer.kernel_throttling() if self._enforcer else None

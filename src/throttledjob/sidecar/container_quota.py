@@ -34,6 +34,8 @@ class _Container:
     path: str                     # its cpu controller's directory, through a process's root
     last: ThrottleStats
     paused: float = 0.0
+    # Cores its threads wanted, from its last throttled periods (None: never throttled).
+    width: float | None = None
 
 
 def read_limit(path: str) -> tuple[float | None, float]:
@@ -122,6 +124,19 @@ class ContainerQuota:
         """Wall time the workload was held back: the most any of its containers was."""
         return max((c.paused for c in self._containers.values()), default=0.0)
 
+    def wanted_limit(self, target_cores: float, max_pause_fraction: float) -> float | None:
+        """The summed limit that keeps the time held back within `max_pause_fraction`
+        where the target would not (None: the target's limit does). A workload w cores
+        wide held to Q waits 1 - Q/w of the time, so the budget f needs Q >= (1 - f) w,
+        with w measured from the throttled periods (as CgroupQuota.set does for a quota
+        of our own). The last width is kept while the lifted limit no longer binds."""
+        widths = [c.width for c in self._containers.values() if c.width is not None]
+        if not widths:
+            return None
+        wanted = (1.0 - max_pause_fraction) * sum(widths)
+        # 2% of room: a limit the kernel holds exactly is not lifted for its own jitter.
+        return round(wanted, 2) if wanted > target_cores * 1.02 else None
+
     def kernel_throttling(self) -> ThrottleStats | None:
         """The kernel's counters (cumulative, as cpu.stat keeps them), summed over the
         containers."""
@@ -144,6 +159,7 @@ class ContainerQuota:
             throttled = now.throttled_seconds - c.last.throttled_seconds
             if periods > 0 and throttled > 0 and q:
                 c.paused += held_back_seconds(periods, throttled, q, period)
+                c.width = (throttled / periods + q) / period
             if now.nr_periods >= c.last.nr_periods:
                 c.last = now
         self._limits = limits
