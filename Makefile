@@ -66,7 +66,7 @@ checkov: $(CHECKOV_STAMP)
 K8S := $(PYTHON) tools/k8s/cluster.py
 
 cluster: tools
-	$(K8S) up --dir .cluster --node real
+	$(K8S) up --dir .cluster --node real $(CLUSTER_FLAGS)
 
 cluster-down:
 	$(K8S) down --dir .cluster

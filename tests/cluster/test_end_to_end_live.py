@@ -540,7 +540,9 @@ def test_the_slowdown_budget_lifts_a_pods_cpu_limit_it_would_pass(
 
 
 # An unmodified PyTorch script (examples/torch_train.py, two intra-op threads on this
-# 2-core node) in a user's image with torch and no ThrottledJob (examples/pytorch/).
+# 2-core node) in a user's image with torch and no ThrottledJob (examples/pytorch/), as
+# the docs' example runs it.
+TORCH_EXAMPLE = ROOT / "examples/one-machine/pytorch.yaml"
 TORCH_STEPS = 3000
 
 
@@ -550,12 +552,26 @@ def torch_image(real_node: Any) -> str:
     return node_mod.TORCH_IMAGE
 
 
-def torch_container(image: str) -> dict[str, Any]:
-    """The image's own entrypoint (the script), as the plain pod's and the Job's."""
-    container = {**workload_container(), "image": image, "args": ["--steps", str(TORCH_STEPS)],
-                 "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}}}
-    del container["command"]
+def torch_example(name: str, namespace: str) -> dict[str, Any]:
+    tj = yaml.safe_load(TORCH_EXAMPLE.read_text())
+    tj["metadata"] = {"name": name, "namespace": namespace}
+    return tj
+
+
+def torch_container() -> dict[str, Any]:
+    """The example's container: the image's own entrypoint (the script)."""
+    (container,) = torch_example("x", "x")["spec"]["jobTemplate"]["spec"]["template"]["spec"][
+        "containers"]
     return container
+
+
+def test_the_pytorch_example_is_the_workload_of_this_test() -> None:
+    container = torch_container()
+    assert container["image"] == node_mod.TORCH_IMAGE
+    assert container["args"] == ["--steps", str(TORCH_STEPS)]
+    throttle = torch_example("x", "x")["spec"]["throttle"]
+    assert throttle["inject"] == "Auto" and "enforcement" not in throttle  # Quota
+    assert float(throttle["targets"]["cpu"]["peak"]) == TARGET_CORES
 
 
 def trained(real_node: Any, pod: dict[str, Any]) -> dict[str, str]:
@@ -576,17 +592,11 @@ def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_
     holds both to the target, and the ThrottledJob trains faster."""
     namespace, name = operator, "e2e-torch"
     # What a user has without ThrottledJob: the same pod with a CPU limit at the target.
-    limited = torch_container(torch_image)
+    limited = torch_container()
     limited["resources"] = {**limited["resources"], "limits": {"cpu": str(TARGET_CORES)}}
     plain, plain_pod_ = plain_pod("torch-limit", namespace, limited, real_node, kubectl)
 
-    tj = throttled_job(name, namespace, None)
-    tj["spec"]["throttle"]["inject"] = "Auto"
-    # One thread costs this script a little by itself (docs/benchmarks.md, "The slowdown
-    # budget counts what a lever costs"): a budget that lets the explorer choose it.
-    tj["spec"]["throttle"]["maxSlowdown"] = 2
-    tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"] = [
-        torch_container(torch_image)]
+    tj = torch_example(name, namespace)  # inject Auto, maxSlowdown 2
     selector = f"throttledjob.io/name={name}"
     workload = CgroupSampler(real_node, kubectl, namespace, selector, "work")
     kubectl.apply(tj)

@@ -388,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the cluster's state lives (default .cluster)")
     parser.add_argument("--node", choices=["kwok", "real"], default="kwok",
                         help="real: also a real node (kubelet, containerd) beside KWOK's")
+    parser.add_argument("--with-torch", action="store_true",
+                        help="also load the example PyTorch image on the real node "
+                             "(examples/pytorch/: 2.7 GB, built once)")
     args = parser.parse_args(argv)
     if args.action == "build":
         print(build())
@@ -402,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.up()
         if args.node == "real":
-            cluster.add_real_node(timeout=900)  # a cold start builds the images
+            node = cluster.add_real_node(timeout=900)  # a cold start builds the images
+            if args.with_torch:
+                node.load(node_module().torch_archive())
     except (RuntimeError, TimeoutError, OSError) as e:
         # A cluster that was already running keeps running (a failed node undoes itself).
         if not was_running:
