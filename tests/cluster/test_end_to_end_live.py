@@ -252,6 +252,22 @@ def finished_work(kubectl: Kubectl, namespace: str, selector: str,
     return pod, work
 
 
+def run_to_completion(tj: dict[str, Any], real_node: Any,
+                      kubectl: Kubectl) -> tuple[CgroupSampler, dict[str, Any]]:
+    """Apply `tj` and sample its workload container's cgroup until the Job completes;
+    returns the samples and the finished pod (the workload exited 0)."""
+    namespace, name = tj["metadata"]["namespace"], tj["metadata"]["name"]
+    selector = f"throttledjob.io/name={name}"
+    workload = CgroupSampler(real_node, kubectl, namespace, selector, "work")
+    kubectl.apply(tj)
+    try:
+        wait = wait_complete(kubectl, namespace, name)
+    finally:
+        workload.stop()
+    pod, _ = finished_work(kubectl, namespace, selector, wait)
+    return workload, pod
+
+
 def throttled_job(name: str, namespace: str, enforcement: str | None) -> dict[str, Any]:
     """The docs' example, named and placed, with `enforcement` if given."""
     tj = yaml.safe_load(EXAMPLE.read_text())
@@ -420,14 +436,7 @@ def test_inject_auto_paces_a_workload_at_its_steps_with_the_injected_library(
     tj["spec"]["throttle"]["inject"] = "Auto"
     (container,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     container["command"] = two_processes(STEPPING)
-    selector = f"throttledjob.io/name={name}"
-    workload = CgroupSampler(real_node, kubectl, namespace, selector, "work")
-    kubectl.apply(tj)
-    try:
-        wait = wait_complete(kubectl, namespace, name)
-    finally:
-        workload.stop()
-    pod, _ = finished_work(kubectl, namespace, selector, wait)
+    workload, pod = run_to_completion(tj, real_node, kubectl)
     out = real_node.pod_log(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], "work")
     paths = [line.split()[1] for line in out.splitlines() if line.startswith("runtime ")]
     assert len(paths) == 2 and all(p.startswith(f"{INJECT_DIR}/") for p in paths), out
@@ -597,14 +606,7 @@ def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_
     plain, plain_pod_ = plain_pod("torch-limit", namespace, limited, real_node, kubectl)
 
     tj = torch_example(name, namespace)  # inject Auto, maxSlowdown 2
-    selector = f"throttledjob.io/name={name}"
-    workload = CgroupSampler(real_node, kubectl, namespace, selector, "work")
-    kubectl.apply(tj)
-    try:
-        wait = wait_complete(kubectl, namespace, name)
-    finally:
-        workload.stop()
-    pod, _ = finished_work(kubectl, namespace, selector, wait)
+    workload, pod = run_to_completion(tj, real_node, kubectl)
     ours, theirs = trained(real_node, pod), trained(real_node, plain_pod_)
     ratio = workload.seconds / plain.seconds
     print(f"torch, plain limits.cpu 1: {plain.seconds:.1f} s p99 {plain.p99():.2f} "
