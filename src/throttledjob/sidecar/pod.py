@@ -103,7 +103,7 @@ def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exp
         live = _live_limit(agent, limit)
         if new is not None or live != limit:
             written, limit = new or written, live
-            _apply_policy(agent, tree, written.under_cpu_limit(limit))
+            _apply_policy(agent, tree, written.under_cpu_limit(_holding(agent, limit)))
             exporter.set_interval(agent.policy.interval_seconds)
             log.info("throttledjob: policy %s", "reloaded from " + watcher.path if new
                      else f"under the workload's CPU limit, now {limit} cores")
@@ -128,6 +128,16 @@ def _live_limit(agent: Agent, last: float | None) -> float | None:
     cgroups say; the last one known where they cannot be read."""
     kernel = agent.container_quota
     return kernel.limit_cores() if kernel is not None and kernel.visible else last
+
+
+def _holding(agent: Agent, limit: float | None) -> float | None:
+    """The limit as the policy sees it: one the slowdown budget lifted (the sidecar's own
+    ask) holds the target as far as the budget allows, so it counts as the target's; no
+    signals are added to hold the rest."""
+    wanted, target = agent.status.cpu_limit_wanted_cores, agent.policy.cpu_peak_cores
+    if limit is not None and wanted is not None and target and limit <= wanted + 0.01:
+        return min(limit, target)
+    return limit
 
 
 def _apply_policy(agent: Agent, tree: ProcessTree, policy: Policy) -> None:
