@@ -274,8 +274,11 @@ def test_measuring_discards_the_interval_after_a_change():
 
 def test_thread_candidates():
     assert thread_candidates(2, 1.0) == [ONE]
-    assert thread_candidates(2, 1.8) == [ONE]
-    assert [c.threads for c in thread_candidates(8, 3.0)] == [4, 3, 2, 1]
+    assert thread_candidates(2, 1.4) == [ONE]
+    # One thread would need 1.8x the work per core at a 1.8-core target: not probed.
+    assert thread_candidates(2, 1.8) == []
+    assert [c.threads for c in thread_candidates(8, 3.0)] == [4, 3, 2]
+    assert [c.threads for c in thread_candidates(32, 20.0)] == [21, 20, 16]
     assert thread_candidates(1, 0.5) == []
 
 
@@ -470,7 +473,7 @@ def test_probe_order_puts_thread_counts_that_need_no_duty_cycling_first():
     assert probe_order(2, 0.9, stop_pacing=True) == [ONE, STOP]
     assert probe_order(2, 1.4, stop_pacing=True) == [STOP, ONE]
     assert probe_order(2, 1.4, stop_pacing=False) == [ONE]
-    assert [c.threads for c in probe_order(8, 3.0, stop_pacing=True)] == [4, 3, None, 2, 1]
+    assert [c.threads for c in probe_order(8, 3.0, stop_pacing=True)] == [4, 3, None, 2]
 
 
 def test_after_a_winning_first_probe_a_worse_one_is_cut_short():

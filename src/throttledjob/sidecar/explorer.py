@@ -491,9 +491,18 @@ def _fewer_threads(candidate: Levers, loser: Levers) -> bool:
             and candidate.threads < loser.threads)
 
 
+# k threads use at most k cores: capped under a target T they can win only if each core
+# does T/k times the work it does at the defaults. The most measured here is 1.33x (one
+# thread of examples/torch_train.py against two, per CPU-second); a probe needing more
+# than this costs an interval at a fraction of the speed and is never kept (at 90% of a
+# 2-core peak, one thread's probes cost 3-10% of the run: docs/benchmarks.md).
+MAX_PER_CORE_GAIN = 1.5
+
+
 def thread_candidates(cores: int, target_cores: float) -> list[Levers]:
     """Thread counts worth probing on `cores` CPUs for a target: halvings of the core
-    count and the counts next to the target, most threads first (1 on a 2-core box)."""
+    count and the counts next to the target, most threads first (1 on a 2-core box),
+    leaving out those too few to win at the target (MAX_PER_CORE_GAIN)."""
     counts = set()
     n = cores // 2
     while n >= 1:
@@ -501,7 +510,8 @@ def thread_candidates(cores: int, target_cores: float) -> list[Levers]:
         n //= 2
     for near in (int(target_cores), int(target_cores) + 1):
         counts.add(near)
-    return [Levers(threads=t) for t in sorted(counts, reverse=True) if 1 <= t < cores]
+    return [Levers(threads=t) for t in sorted(counts, reverse=True)
+            if 1 <= t < cores and t * MAX_PER_CORE_GAIN >= target_cores]
 
 
 def probe_order(cores: int, target_cores: float, stop_pacing: bool) -> list[Levers]:
