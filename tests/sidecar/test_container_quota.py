@@ -171,6 +171,18 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
     # 1.6 cores; the operator reads it from /status and resizes the pod.
     assert result.status.cpu_limit_wanted_cores == pytest.approx(1.6)
     assert status_document(snap)["cpuLimitWantedCores"] == pytest.approx(1.6)
+    # Lifted to 1.6 cores, held back 20% of the time: within the budget, and still the
+    # target is out of reach within it.
+    pod.limit("work", 160_000)
+    seconds = throttled * 0.1
+    for second in range(11, 16):
+        tree.cpu += 1.6
+        now[0] = float(second)
+        throttled, seconds = throttled + 10, seconds + 10 * 0.04  # 2 x 100 - 160 ms
+        pod.stat("work", periods=10 * second, throttled=throttled, seconds=seconds)
+        result = agent.cycle()
+    assert result.status.pause_fraction == pytest.approx(0.2)
+    assert result.status.budget_exhausted and result.status.cpu_limit_wanted_cores == 1.6
     # The pacing quota is what it would be without the kernel's word.
     assert agent.controller.quota == blind.controller.quota
 

@@ -237,7 +237,12 @@ class Agent:
         self._lever_cost_seconds += (1 - obs.pause_fraction) * elapsed * (1 - 1 / cost)
         self._explore(obs, steps, elapsed, records)
         quota = self._actuate(quota, now)
-        kernel_over_budget = kernel_pause > self.policy.max_pause_fraction + 0.01
+        # The containers' limit holds the workload back past the budget, or the budget
+        # needs a limit over the target (it may have been lifted already): either way the
+        # target is out of reach within maxSlowdown.
+        wanted = self._wanted_limit()
+        kernel_over_budget = (kernel_pause > self.policy.max_pause_fraction + 0.01
+                              or wanted is not None)
         if kernel_over_budget and not (decision and decision.budget_exhausted):
             self._budget_exhausted_seconds += elapsed
         self.status = CycleStatus(
@@ -253,7 +258,7 @@ class Agent:
             enforcer_armed=self._enforcer_armed,
             error=self._settings_error,
             gpu_duty=gpu_duty,
-            cpu_limit_wanted_cores=self._wanted_limit(),
+            cpu_limit_wanted_cores=wanted,
         )
         self.result = self._result(now, time.perf_counter() - began)
         for observer in self.observers:
