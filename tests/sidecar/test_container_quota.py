@@ -171,6 +171,8 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
     # 1.6 cores; the operator reads it from /status and resizes the pod.
     assert result.status.cpu_limit_wanted_cores == pytest.approx(1.6)
     assert status_document(snap)["cpuLimitWantedCores"] == pytest.approx(1.6)
+    # The pacing quota is what it would be without the kernel's word.
+    assert agent.controller.quota == blind.controller.quota
     # Lifted to 1.6 cores, held back 20% of the time: within the budget, and still the
     # target is out of reach within it.
     pod.limit("work", 160_000)
@@ -183,8 +185,6 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
         result = agent.cycle()
     assert result.status.pause_fraction == pytest.approx(0.2)
     assert result.status.budget_exhausted and result.status.cpu_limit_wanted_cores == 1.6
-    # The pacing quota is what it would be without the kernel's word.
-    assert agent.controller.quota == blind.controller.quota
 
 
 def test_no_lift_is_wanted_where_the_budget_allows_the_target(tmp_path: Path) -> None:
