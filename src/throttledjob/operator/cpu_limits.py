@@ -101,6 +101,12 @@ def resize(pod_spec: Mapping[str, Any], target_cores: float,
     return {"spec": {"containers": patch}}
 
 
+def total_limit(pod_spec: Mapping[str, Any]) -> float | None:
+    """The sum of a pod's container CPU limits, cores; None when one has none."""
+    limits = [_cpu(c, "limits") for c in pod_spec.get("containers") or []]
+    return sum(limits) if limits and all(x is not None for x in limits) else None  # type: ignore[misc]
+
+
 def apply(containers: Sequence[dict[str, Any]], target_cores: float) -> float:
     """Set each container's CPU limit and its resize policy; returns the limits' sum,
     cores. Call only where request_over_limit() is None."""

@@ -43,6 +43,8 @@ from .status import (
 )
 from .validation import SpecError, pod_spec, policy_document
 
+# A lift of a pod's CPU limits smaller than this share of them is not applied.
+LIFT_STEP = 0.1
 # Threads reading sidecars and Jobs. A read holds one for at most the read deadline per
 # pod, so a slow sidecar takes one thread, not the tick.
 POLL_THREADS = 8
@@ -145,6 +147,11 @@ def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
         total = limit_for(target, report.get("cpuLimitWantedCores"))
         uid = pod["metadata"].get("uid", "")
         if state.refused_limits.get(uid) == total:
+            continue
+        # The width behind a lift is measured anew each interval: a lift within 10% of
+        # the limits in force is not worth a resize (back to the target always is).
+        now = cpu_limits.total_limit(pod.get("spec") or {})
+        if total > target and now is not None and abs(total - now) <= LIFT_STEP * now:
             continue
         if resize_pod(state.kube, tj, pod, total, target, template) is False:
             state.refused_limits[uid] = total
