@@ -394,9 +394,10 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
 
     # The sidecar's own cost, from its container's cgroup, against its goals: 40 MiB, and
     # 1% of a core where the kernel holds the target. Signals scan and stop the workload
-    # 50 times a second: about 2% of a core here (docs/benchmarks.md).
+    # 50 times a second: 1.8-3.2% of a core here over eleven runs (docs/benchmarks.md),
+    # over the goal by design; this bound catches a regression, not the goal.
     assert sidecar.cores, "no sample of the sidecar's cgroup"
-    cpu_goal = 0.01 if enforcement is None else 0.03
+    cpu_goal = 0.01 if enforcement is None else 0.04
     assert statistics.mean(sidecar.cores) < cpu_goal, sidecar.cores
     assert max(sidecar.memory_bytes) < 40 * 2**20, sidecar.memory_bytes
 
