@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 
 from .processes import ProcessTree, cgroup_of
-from .quota import ThrottleStats, held_back_seconds, read_stats
+from .quota import ThrottleStats, held_back_seconds, read_stats, throttled_width
 
 # Where a container's cpu controller is, under its root: v1 (Debian and most runtimes
 # mount "cpu,cpuacct" with a "cpu" link to it), then v2.
@@ -159,7 +159,7 @@ class ContainerQuota:
             throttled = now.throttled_seconds - c.last.throttled_seconds
             if periods > 0 and throttled > 0 and q:
                 c.paused += held_back_seconds(periods, throttled, q, period)
-                c.width = (throttled / periods + q) / period
+                c.width = throttled_width(periods, throttled, q, period)
             if now.nr_periods >= c.last.nr_periods:
                 c.last = now
         self._limits = limits

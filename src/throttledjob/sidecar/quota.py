@@ -366,7 +366,7 @@ class CgroupQuota:
             period = self.period_us / 1e6
             quota = (self._quota_us() or 0) / 1e6
             self._paused += held_back_seconds(periods, throttled, quota, period)
-            self._width = (throttled / periods + quota) / period
+            self._width = throttled_width(periods, throttled, quota, period)
         if now.nr_periods >= self._last.nr_periods:
             self._last = now
 
@@ -378,19 +378,24 @@ class CgroupQuota:
             _write_quota(self.backend.version, self.path, None, self.period_us)
 
 
-def held_back_seconds(periods: int, throttled_seconds: float, quota_seconds: float,
-                      period_seconds: float) -> float:
-    """Wall time a tree was held back in `periods` throttled periods, from the kernel's
-    throttled time over them.
+def throttled_width(periods: int, throttled_seconds: float, quota_seconds: float,
+                    period_seconds: float) -> float:
+    """The cores a tree wanted in `periods` throttled periods, from the kernel's throttled
+    time over them.
 
     throttled_time is summed over CPUs, so it is not wall time: a tree of width w
-    (threads able to run) held to quota Q per period P is throttled for w*P - Q per
-    period, and held back for P - Q/w. Since w = (t + Q) / P where t is the throttled
-    time of one period, each throttled period holds the tree back t*P/(t + Q). Exact for
-    a saturating tree; the width is measured, not guessed.
+    (threads able to run) held to quota Q per period P is throttled for t = w*P - Q per
+    period, so w = (t + Q) / P. Exact for a saturating tree; measured, not guessed.
     """
-    per_period = throttled_seconds / periods
-    return periods * per_period * period_seconds / (per_period + quota_seconds)
+    return (throttled_seconds / periods + quota_seconds) / period_seconds
+
+
+def held_back_seconds(periods: int, throttled_seconds: float, quota_seconds: float,
+                      period_seconds: float) -> float:
+    """Wall time a tree was held back in `periods` throttled periods: a tree of width w
+    (throttled_width) held to quota Q waits P - Q/w of each period P."""
+    width = throttled_width(periods, throttled_seconds, quota_seconds, period_seconds)
+    return periods * (period_seconds - quota_seconds / width)
 
 
 def sweep_orphans(backend: QuotaBackend) -> list[str]:
