@@ -67,6 +67,14 @@ class StatusDocument(TypedDict):
     cycles: int
 
 
+def finite_number(v: Any) -> float | None:
+    """`v` as a float where it is a finite number (not a bool), else None: JSON from
+    Python may carry NaN, which the API server would refuse in a status patch."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
 def parse_status(doc: Any) -> StatusDocument:
     """Check a decoded /status document from another program; raises ValueError naming
     what is wrong. Non-finite numbers in `observed` become None: JSON from Python may
@@ -78,13 +86,11 @@ def parse_status(doc: Any) -> StatusDocument:
         raise ValueError(f"status version {version!r}, this operator reads {STATUS_VERSION}")
     observed = dict(doc["observed"])
     for key in OBSERVED_NUMBERS:
-        v = observed.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        if finite_number(observed.get(key)) is None:
             observed[key] = None
     errors = doc.get("errors")
-    wanted = doc.get("cpuLimitWantedCores")
-    if not isinstance(wanted, (int, float)) or isinstance(wanted, bool) \
-            or not math.isfinite(wanted) or wanted <= 0:
+    wanted = finite_number(doc.get("cpuLimitWantedCores"))
+    if wanted is not None and wanted <= 0:
         wanted = None
     return {**doc, "version": STATUS_VERSION, "observed": observed,  # type: ignore[typeddict-item]
             "targetMet": doc.get("targetMet") is True,

@@ -7,13 +7,12 @@ resourceVersion precondition (Kube.update_status), so each may run again on a co
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
 from throttledjob.contracts.policy import _Choice as Choice  # a str-enum printing its value
-from throttledjob.contracts.status import LEVERS
+from throttledjob.contracts.status import LEVERS, finite_number
 
 from .validation import SpecError
 
@@ -172,9 +171,9 @@ def aggregate_observed(reports: list[Mapping[str, Any]], failures: list[str],
         values = []
         for r in reports:
             obs = r.get("observed")
-            v = obs.get(key) if isinstance(obs, dict) else None
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                values.append(float(v))
+            v = finite_number(obs.get(key) if isinstance(obs, dict) else None)
+            if v is not None:
+                values.append(v)
         return max(values) if values else None
 
     errors = [*failures, *(e for r in reports if isinstance(r.get("errors"), list)
