@@ -32,6 +32,7 @@ import yaml
 
 from conftest import ROOT, wait_for
 from throttledjob.operator.status import condition
+from throttledjob.sidecar.container_quota import read_limit
 from throttledjob.sidecar.summary import TARGET_TOLERANCE
 
 from ..chart import test_dashboard as dashboard
@@ -83,9 +84,10 @@ def workload_container() -> dict[str, Any]:
 
 
 def cfs_quota_cores(cgroup: Path) -> float | None:
-    """The CFS quota of a container's cpu cgroup, in cores; None when it has none."""
-    quota_us = int((cgroup / "cpu.cfs_quota_us").read_text())
-    return quota_us / int((cgroup / "cpu.cfs_period_us").read_text()) if quota_us > 0 else None
+    """The CFS quota of a container's cpu cgroup, in cores; None when it has none (read
+    as the sidecar reads it)."""
+    quota, period = read_limit(str(cgroup))
+    return None if quota is None else quota / period
 
 
 class CgroupSampler:
