@@ -167,3 +167,28 @@ def test_slowdown_budget_counts_from_the_start_of_the_work():
     assert not started_early.pause_capped
     assert at_first_step.pause_for(0.2, 3.1) <= 0.02 + 1e-9
     assert at_first_step.pause_capped
+
+
+
+def test_a_capped_budget_stays_capped_between_pauses():
+    """A real pause lasts a little longer than asked (stopping and resuming a tree take
+    a few ms), so the reading after a capped pause finds the bucket refilled: no pause is
+    wanted, none refused. The budget still holds the work back; the flag must not flicker
+    with it (it did, and a run held back by the budget throughout reported 0 s of it)."""
+    b = CpuBudget(rate_cores=0.5, max_pause_fraction=0.2)
+    cpu = wall = 0.0
+    b.pause_for(cpu, wall)
+    capped = []
+    while wall < 10.0:  # as the enforcer's loop: a tick of work, or a pause and a reading
+        pause = b.pause_for(cpu, wall)
+        if pause:
+            wall += pause + 0.002
+            b.record_pause(pause + 0.002)
+        else:
+            cpu += 2.0 * 0.02
+            wall += 0.02
+        capped.append(b.pause_capped)
+    assert all(capped[50:]), "".join("1" if c else "0" for c in capped)
+    b.set(None, 0.2)
+    b.pause_for(cpu, wall + 0.02)
+    assert not b.pause_capped

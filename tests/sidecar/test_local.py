@@ -143,7 +143,10 @@ def test_slowdown_budget_is_never_exceeded(throttledjob_cmd, tmp_path):
                                           *HUNGRY, "--units", "600"], tmp_path)
     assert proc.returncode == 0
     assert report["controller"]["estimated_slowdown"] <= 1.25 * 1.02
-    assert report["controller"]["budget_exhausted_seconds"] > 0
+    # Held back by the budget from its first intervals to the end (it once read 0 s, the
+    # enforcer's flag flickering), and that did not wind the quota down (0.25-0.34 then).
+    assert report["controller"]["budget_exhausted_seconds"] >= report["wall_seconds"] / 2
+    assert report["controller"]["final_quota_cores"] >= 0.45
     assert report["cpu_peak_cores"] > 0.5  # the target is out of reach within the budget
 
 

@@ -41,6 +41,9 @@ class CpuBudget:
     _last_cpu: float | None = None
     _last_wall: float = 0.0
     paused_seconds: float = 0.0
+    # The last pause the bucket wanted was cut short by the slowdown budget. Kept until a
+    # pause is granted in full: a reading that wants no pause (the bucket refilled while
+    # the work was stopped a little longer than asked) says nothing about the budget.
     pause_capped: bool = False
 
     def set(self, rate_cores: float | None, max_pause_fraction: float) -> None:
@@ -72,7 +75,6 @@ class CpuBudget:
         # of 50 ms at a 0.15-core quota run at 0.2 cores, whatever the quota said.
         self._tokens = min(self._capacity(), self._tokens + elapsed * self.rate_cores - used)
         if self._tokens >= 0.0:
-            self.pause_capped = False
             return 0.0
         wanted = -self._tokens / self.rate_cores
         if wanted < self.min_pause_seconds:
