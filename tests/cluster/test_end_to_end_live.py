@@ -133,15 +133,19 @@ class CgroupSampler:
             self.quota_cores = cfs_quota_cores(quota)
         last_t = time.monotonic()
         last_ns = None
+        # Wake each second; the sample's time is when the counter was read.
         while not self._stop.wait(max(0.0, last_t + 1.0 - time.monotonic())):
             try:
+                # The counter and its time read back to back: a stall while reading
+                # memory below must not be counted as CPU time (it read 7% over once).
+                before = time.monotonic()
                 ns = int((cpu / "cpuacct.usage").read_text())
+                now = (before + time.monotonic()) / 2
                 usage = int((memory / "memory.usage_in_bytes").read_text())
                 stat = dict(line.split() for line in
                             (memory / "memory.stat").read_text().splitlines())
             except OSError:  # the container is gone
                 return
-            now = time.monotonic()
             if last_ns is not None:
                 self.cores.append((ns - last_ns) / 1e9 / (now - last_t))
                 self.times.append(time.time())
