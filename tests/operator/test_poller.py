@@ -220,6 +220,11 @@ def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
         follow_wanted_limits(state, tj, [(running("1000m"), wants(3.0))])
     assert [reason for reason, _ in events].count("QuotaResizeRefused") == 1
     assert len(kube.patches) == 2
+    assert state.refused_limits == {("ml", "train"): {"u1": 3.0}}
+    # That pod gone (a retry's pod read instead): nothing is kept for it.
+    follow_wanted_limits(state, tj, [({**running("1000m"), "metadata": {
+        "name": "train-1", "namespace": "ml", "uid": "u2"}}, wants(None))])
+    assert state.refused_limits == {}
     # A spec that enforces with signals: limits are not the operator's to move.
     signals = {**tj, "spec": {**tj["spec"], "throttle": {**tj["spec"]["throttle"],
                                                          "enforcement": "Signals"}}}

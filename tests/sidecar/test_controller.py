@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from throttledjob.sidecar.controller import CpuController, CpuObservation
+from throttledjob.sidecar.controller import DEFAULT_MARGIN, CpuController, CpuObservation
 from throttledjob.sidecar.stats import PeakStats
 
 
@@ -157,3 +157,17 @@ def test_peak_stats_match_a_sorted_list():
     assert stats.mean == pytest.approx(statistics.mean(values))
     stats.add(float("nan"))
     assert stats.count == 1000
+
+
+def test_the_kernel_quota_aims_at_the_target_and_other_enforcers_under_it():
+    """The margin keeps the 1-second peaks of pacing and signals under the target; the
+    kernel holds every period to its quota, so under it the margin only costs time."""
+    from throttledjob.contracts.policy import Enforcement, Policy
+    from throttledjob.sidecar.agent import cpu_controller
+
+    kernel = cpu_controller(Policy(cpu_peak_cores=1.0, enforcement=Enforcement.QUOTA))
+    assert kernel is not None and kernel.quota == 1.0
+    for enforcement in (Enforcement.SIGNALS, Enforcement.BOTH, Enforcement.COOPERATIVE):
+        other = cpu_controller(Policy(cpu_peak_cores=1.0, enforcement=enforcement))
+        assert other is not None and other.quota == pytest.approx(1.0 - DEFAULT_MARGIN)
+    assert cpu_controller(Policy(cpu_peak_cores=None)) is None

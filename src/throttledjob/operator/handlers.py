@@ -286,6 +286,7 @@ def track(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
         state.context = contextvars.copy_context()
     if type == "DELETED":
         state.seen.pop(key, None)
+        state.refused_limits.pop(key, None)
     else:
         st = body.get("status") or {}
         state.seen[key] = (st.get("phase"), st.get("jobName"))

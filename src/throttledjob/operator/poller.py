@@ -66,8 +66,9 @@ class OperatorState:
     # pods that Job owns are ever read.
     job_uids: dict[TjKey, str] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
-    # pod uid -> the summed CPU limit the API server refused it (not asked for again).
-    refused_limits: dict[str, float] = field(default_factory=dict)
+    # ThrottledJob -> pod uid -> the summed CPU limit the API server refused that pod
+    # (not asked for again); only its pods still read are kept.
+    refused_limits: dict[TjKey, dict[str, float]] = field(default_factory=dict)
     # kopf.info/warn find kopf's event queue in context variables, set for handlers (not
     # yet for startup activities): the pool's threads run in a copy of a handler's.
     context: contextvars.Context | None = None
@@ -143,10 +144,13 @@ def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
     if target is None:
         return
     template = pod_spec(spec).get("containers") or []
+    key = (tj["metadata"].get("namespace", ""), tj["metadata"].get("name", ""))
+    live = {pod["metadata"].get("uid", "") for pod, _ in read}
+    refused = {uid: t for uid, t in state.refused_limits.pop(key, {}).items() if uid in live}
     for pod, report in read:
         total = limit_for(target, report.get("cpuLimitWantedCores"))
         uid = pod["metadata"].get("uid", "")
-        if state.refused_limits.get(uid) == total:
+        if refused.get(uid) == total:
             continue
         # The width behind a lift is measured anew each interval: a lift within 10% of
         # the limits in force is not worth a resize (back to the target always is).
@@ -154,7 +158,9 @@ def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
         if total > target and now is not None and abs(total - now) <= LIFT_STEP * now:
             continue
         if resize_pod(state.kube, tj, pod, total, target, template) is False:
-            state.refused_limits[uid] = total
+            refused[uid] = total
+    if refused:
+        state.refused_limits[key] = refused
 
 
 def due(seen: Mapping[TjKey, tuple[str | None, str | None]],
