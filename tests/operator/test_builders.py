@@ -12,7 +12,7 @@ import kopf
 import pytest
 import yaml
 
-from throttledjob.contracts.names import ENV_CPU_LIMIT, ENV_DIR
+from throttledjob.contracts.names import ENV_CONTAINER, ENV_CPU_LIMIT, ENV_DIR
 from throttledjob.contracts.policy import Enforcement, Policy, parse_policy
 from throttledjob.operator import crd
 from throttledjob.operator.children import (
@@ -117,7 +117,8 @@ def test_job_keeps_the_users_template_and_adds_the_sidecar() -> None:
     assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER, "fetch"]
     (trainer,) = pod["containers"]
     assert trainer["env"] == [{"name": "EPOCHS", "value": "3"},
-                              {"name": ENV_DIR, "value": SHARED_DIR}]
+                              {"name": ENV_DIR, "value": SHARED_DIR},
+                              {"name": ENV_CONTAINER, "value": trainer["name"]}]
     assert trainer["volumeMounts"] == [{"name": "data", "mountPath": "/data"},
                                        {"name": crd.SHARED_VOLUME, "mountPath": SHARED_DIR}]
     assert [v["name"] for v in pod["volumes"]] == ["data", crd.SHARED_VOLUME,
@@ -242,6 +243,8 @@ REFUSED = [
      "VolumeClash", "throttledjob-policy"),
     (_container_set(make_tj(), env=[{"name": ENV_DIR, "value": "/tmp"}]), "EnvClash",
      ENV_DIR),
+    (_container_set(make_tj(), env=[{"name": ENV_CONTAINER, "value": "other"}]),
+     "EnvClash", ENV_CONTAINER),
     (_container_set(make_tj(), ports=[{"containerPort": 9400}]), "PortClash", "9400"),
     (_pod_set(make_tj(), shareProcessNamespace=False), "ProcessNamespaceRequired",
      "shareProcessNamespace"),
@@ -485,6 +488,39 @@ def test_a_new_target_resizes_a_running_pods_limits_in_place() -> None:
         "cpu"] == "2000m"
     # A target whose share is under a request the user wrote cannot be a limit.
     assert resize(pod, 0.2, template) is None
+
+
+def test_measured_use_splits_the_target_none_under_its_request_or_a_tenth_of_even() -> None:
+    from throttledjob.operator.cpu_limits import resize, split
+
+    tj = quota_tj(1, a={}, b={"requests": {"cpu": "100m"}}, c={})
+    job, _ = built(tj)
+    pod = copy.deepcopy(pod_of(job))
+    template = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert [c["resources"]["limits"]["cpu"] for c in pod["containers"]] == [
+        "333m", "333m", "333m"]  # before any measurement: even (not every one requests)
+    # a held back at its limit and 2 cores wide, b using 20m, c idle: a gets the rest of
+    # b's request (its floor) and c's tenth of an even share.
+    demand = {"a": 2.0, "b": 0.02, "c": 0.0}
+    patch = resize(pod, 1, template, demand, tolerance=0.1)
+    assert [(c["name"], c["resources"]["limits"]["cpu"]) for c in
+            patch["spec"]["containers"]] == [("a", "866m"), ("b", "100m"), ("c", "33m")]
+    for c, new in zip(pod["containers"], patch["spec"]["containers"], strict=True):
+        c["resources"]["limits"] = new["resources"]["limits"]
+    # Use moving a little is not worth a resize; a container waking up is.
+    assert resize(pod, 1, template, {"a": 1.9, "b": 0.03, "c": 0.01}, tolerance=0.1) is None
+    woke = resize(pod, 1, template, {"a": 1.0, "b": 0.02, "c": 1.0}, tolerance=0.1)
+    assert [c["resources"]["limits"]["cpu"] for c in woke["spec"]["containers"]] == [
+        "450m", "100m", "450m"]
+    # A container not named (no process left to measure) wants nothing.
+    assert [c["resources"]["limits"]["cpu"] for c in resize(
+        pod, 1, template, {"a": 1.0, "b": 1.0}, tolerance=0.1)["spec"]["containers"]] == [
+        "483m", "483m", "33m"]
+    # Nothing measured: by request where all have one, else even.
+    assert [c["resources"]["limits"]["cpu"] for c in resize(pod, 1, template, {})["spec"][
+        "containers"]] == ["333m", "333m", "333m"]
+    # The floors alone fill the total: scaled down to it, never over.
+    assert sum(split([1.0, 0.0], [0.8, 0.4], 1.0)) == pytest.approx(1.0)
 
 
 def test_a_request_the_api_server_defaulted_from_our_limit_follows_it() -> None:

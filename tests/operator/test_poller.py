@@ -169,8 +169,9 @@ class ResizingKube(MemoryKube):
         self.patches: list[dict[str, Any]] = []
 
     def resize_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        (container,) = patch["spec"]["containers"]
-        if int(container["resources"]["limits"]["cpu"].rstrip("m")) > self.node_cores * 1000:
+        asked = sum(int(c["resources"]["limits"]["cpu"].rstrip("m"))
+                    for c in patch["spec"]["containers"])
+        if asked > self.node_cores * 1000:
             raise ApiError(422, "Pod is invalid: spec.containers[0].resources: node too small")
         self.patches.append(patch)
         return {}
@@ -230,3 +231,48 @@ def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
                                                          "enforcement": "Signals"}}}
     follow_wanted_limits(state, signals, [(running("1000m"), wants(1.6))])
     assert len(kube.patches) == 2
+
+
+def test_the_limit_is_split_by_what_each_container_wanted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workload containers with the same request: the trainer held back at half the
+    target while the log shipper idles under its half; split by their use instead."""
+    events: list[tuple[str, str]] = []
+    monkeypatch.setattr(kopf, "info", lambda _body, reason, message: events.append(
+        (reason, message)))
+    kube = ResizingKube(node_cores=2)
+    state = OperatorState(OperatorSettings(), kube, HttpStatusReader(DEADLINE))  # type: ignore[arg-type]
+    containers = [{"name": n, "image": "i", "resources": {"requests": {"cpu": "100m"}}}
+                  for n in ("train", "logs")]
+    tj = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {
+        "jobTemplate": {"spec": {"template": {"spec": {"containers": containers}}}},
+        "throttle": {"targets": {"cpu": {"peak": "1"}}, "enforcement": "Quota"}}}
+    pod = {"metadata": {"name": "train-0", "namespace": "ml", "uid": "u1"},
+           "status": {"phase": "Running"},
+           "spec": {"containers": [{**c, "resources": {**c["resources"], "limits": {
+               "cpu": "500m"}}} for c in containers]}}
+    follow_wanted_limits(state, tj, [(pod, {**STATUS_DOC, "cpuDemandCores": {
+        "train": 2.0, "logs": 0.05}})])
+    (patch,) = kube.patches
+    assert [(c["name"], c["resources"]["limits"]["cpu"]) for c in patch["spec"][
+        "containers"]] == [("train", "900m"), ("logs", "100m")]
+    assert events == [("QuotaResized", "pod train-0: CPU limits resized to the 1-core "
+                                       "target (train 900m, logs 100m)")]
+    def applied() -> list[str]:
+        for c, new in zip(pod["spec"]["containers"], kube.patches[-1]["spec"]["containers"],
+                          strict=True):
+            c["resources"]["limits"] = new["resources"]["limits"]
+        return [c["resources"]["limits"]["cpu"] for c in pod["spec"]["containers"]]
+
+    applied()
+    # The sidecar restarted (no interval measured yet), or is an older one: the split
+    # stays as it is, and a lift keeps it.
+    follow_wanted_limits(state, tj, [(pod, STATUS_DOC)])
+    assert len(kube.patches) == 1
+    follow_wanted_limits(state, tj, [(pod, {**STATUS_DOC, "cpuLimitWantedCores": 1.5})])
+    assert applied() == ["1350m", "150m"]
+    # Back to the target, the log shipper gone (named no more): the trainer gets all but
+    # the shipper's request.
+    follow_wanted_limits(state, tj, [(pod, {**STATUS_DOC, "cpuDemandCores": {
+        "train": 2.0}})])
+    assert applied() == ["900m", "100m"] and len(kube.patches) == 3

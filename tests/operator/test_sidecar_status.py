@@ -77,6 +77,15 @@ def test_a_wanted_limit_is_a_positive_number_or_none(wanted: Any, read: float | 
     assert doc["cpuLimitWantedCores"] == read
 
 
+def test_what_each_container_wanted_keeps_only_non_negative_numbers_by_name() -> None:
+    doc = parse_status({**json.loads(GOOD), "cpuDemandCores": {
+        "train": 1.9, "logs": 0, "bad": -1, "nan": float("nan"), "text": "1", "flag": True}})
+    assert doc["cpuDemandCores"] == {"train": 1.9, "logs": 0.0}
+    for odd in (None, [1.0], "train=1"):
+        assert parse_status({**json.loads(GOOD), "cpuDemandCores": odd})["cpuDemandCores"] == {}
+    assert parse_status(json.loads(GOOD))["cpuDemandCores"] == {}  # an older sidecar
+
+
 @pytest.mark.parametrize(("body", "code", "message"), [
     (b"not json", 200, "not JSON"),
     (b"[1, 2]", 200, "no 'observed'"),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from throttledjob.contracts.names import ENV_CONTAINER
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.container_quota import ContainerQuota
@@ -48,12 +49,26 @@ class Pod:
         (self.cgroups[name] / "cpu.stat").write_text(
             f"nr_periods {periods}\nnr_throttled {throttled}\n{time}\n")
 
-    def process(self, pid: int, name: str, version: int = 1) -> None:
+    def used(self, name: str, seconds: float, version: int = 1) -> None:
+        """The CPU time the container used so far (v1 cpuacct.usage; v2 cpu.stat)."""
+        cg = self.cgroups[name]
+        if version == 2:
+            stat = cg / "cpu.stat"
+            kept = [line for line in stat.read_text().splitlines()
+                    if not line.startswith("usage_usec")]
+            stat.write_text("\n".join([f"usage_usec {int(seconds * 1e6)}", *kept]) + "\n")
+        else:
+            (cg / "cpuacct.usage").write_text(f"{int(seconds * 1e9)}\n")
+
+    def process(self, pid: int, name: str, version: int = 1, named: bool = False) -> None:
         """A process of container `name`: its root sees the container's cgroup (v1:
-        /sys/fs/cgroup/cpu,cpuacct with a cpu link, v2: /sys/fs/cgroup)."""
+        /sys/fs/cgroup/cpu,cpuacct with a cpu link, v2: /sys/fs/cgroup). `named`: the
+        operator's variable names its container in its environment."""
         self.containers[pid] = name
         fs = self.proc / str(pid) / "root" / "sys" / "fs"
         fs.mkdir(parents=True)
+        env = [b"HOME=/", *([f"{ENV_CONTAINER}={name}".encode()] if named else [])]
+        (self.proc / str(pid) / "environ").write_bytes(b"\0".join(env) + b"\0")
         if version == 2:
             (fs / "cgroup").symlink_to(self.cgroups[name])
         else:
@@ -61,10 +76,10 @@ class Pod:
             (fs / "cgroup" / "cpu,cpuacct").symlink_to(self.cgroups[name])
             (fs / "cgroup" / "cpu").symlink_to("cpu,cpuacct")
 
-    def view(self) -> tuple[ContainerQuota, FakeTree]:
+    def view(self, clock=lambda: 0.0) -> tuple[ContainerQuota, FakeTree]:
         tree = FakeTree()
         tree.pids = lambda: list(self.containers)  # type: ignore[method-assign]
-        return ContainerQuota(tree, proc=str(self.proc),
+        return ContainerQuota(tree, proc=str(self.proc), clock=clock,
                               cgroup_text=lambda pid: f"0::/{self.containers.get(pid)}"), tree
 
 
@@ -117,6 +132,42 @@ def test_several_containers_sum_their_limits_and_the_most_held_back_counts(
     view.refresh()
     assert view.limit_cores() == pytest.approx(0.6)
     assert view.kernel_throttling().nr_throttled == 14
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_each_named_container_says_what_it_wanted_its_use_or_its_width(
+        tmp_path: Path, version: int) -> None:
+    """What the operator splits the pod's limit by (cpuDemandCores): a container held
+    back by its limit wanted its width, not the limit it used; one that was not, its use."""
+    pod = Pod(tmp_path)
+    for name in ("train", "logs", "unnamed"):
+        pod.container(name, 50_000, version)
+        pod.used(name, 0.0, version)
+    pod.process(10, "train", version, named=True)
+    pod.process(20, "logs", version, named=True)
+    pod.process(30, "unnamed", version)  # no ENV_CONTAINER: an older operator's pod
+    now = [0.0]
+    view, _ = pod.view(clock=lambda: now[0])
+    view.refresh()
+    assert view.demand_by_container() == {}  # one reading: no interval yet
+    # 2 s: train two threads wide held to 0.5 cores (20 periods, 150 ms each over CPUs),
+    # logs using 0.1 core.
+    now[0] = 2.0
+    pod.stat("train", periods=20, throttled=20, seconds=3.0, version=version)
+    pod.used("train", 1.0, version)
+    pod.used("logs", 0.2, version)
+    pod.used("unnamed", 0.4, version)
+    view.refresh()
+    assert view.demand_by_container() == {"train": pytest.approx(2.0),
+                                          "logs": pytest.approx(0.1)}
+    # Its cgroup gone (the container exited): it wants nothing any more.
+    del pod.containers[20]
+    for p in pod.cgroups["logs"].iterdir():
+        p.unlink()
+    pod.cgroups["logs"].rmdir()
+    now[0] = 3.0
+    view.refresh()
+    assert set(view.demand_by_container()) == {"train"}
 
 
 def test_a_root_it_cannot_read_is_not_an_error(tmp_path: Path) -> None:

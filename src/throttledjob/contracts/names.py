@@ -12,6 +12,9 @@ ENV_AUTOHOOK = "THROTTLEDJOB_AUTOHOOK"
 # Set on the sidecar by the operator: the CPU limits (cores, summed) it gave the workload
 # containers from the target, when the kernel's quota enforces it (Policy.under_cpu_limit).
 ENV_CPU_LIMIT = "THROTTLEDJOB_WORKLOAD_CPU_LIMIT_CORES"
+# Set on each workload container by the operator: its name, which the sidecar reads from
+# /proc/PID/environ to say how much CPU each container wanted (cpuDemandCores in /status).
+ENV_CONTAINER = "THROTTLEDJOB_CONTAINER"
 # The user's own PYTHONPATH, kept by the operator when it prepends the injected library.
 ENV_USER_PYTHONPATH = "THROTTLEDJOB_USER_PYTHONPATH"
 

@@ -60,6 +60,10 @@ class StatusDocument(TypedDict):
     # In a pod: the workload's summed CPU limit the slowdown budget needs, where the
     # target's would pass it (None: the target's); the operator resizes the pod to it.
     cpuLimitWantedCores: float | None
+    # In a pod: cores each workload container wanted in the last interval (its use, or
+    # its width where its limit held it back), by container name; the operator splits the
+    # pod's limit by it. Empty where unknown.
+    cpuDemandCores: dict[str, float]
     levers: list[str]
     targets: Targets
     errors: list[str]  # "kind: message" of each problem in force now
@@ -92,8 +96,13 @@ def parse_status(doc: Any) -> StatusDocument:
     wanted = finite_number(doc.get("cpuLimitWantedCores"))
     if wanted is not None and wanted <= 0:
         wanted = None
+    demand = doc.get("cpuDemandCores")
+    # Only what could be a share: a finite, non-negative number by a string name.
+    numbers = {k: finite_number(v) for k, v in demand.items() if isinstance(k, str)} \
+        if isinstance(demand, dict) else {}
     return {**doc, "version": STATUS_VERSION, "observed": observed,  # type: ignore[typeddict-item]
             "targetMet": doc.get("targetMet") is True,
             "budgetExhausted": doc.get("budgetExhausted") is True,
             "cpuLimitWantedCores": wanted,
+            "cpuDemandCores": {k: v for k, v in numbers.items() if v is not None and v >= 0},
             "errors": [str(e) for e in errors] if isinstance(errors, list) else []}

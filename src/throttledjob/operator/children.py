@@ -11,7 +11,12 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from throttledjob.contracts.names import ENV_CPU_LIMIT, ENV_DIR, ENV_USER_PYTHONPATH
+from throttledjob.contracts.names import (
+    ENV_CONTAINER,
+    ENV_CPU_LIMIT,
+    ENV_DIR,
+    ENV_USER_PYTHONPATH,
+)
 
 from . import cpu_limits
 from .crd import (
@@ -207,7 +212,9 @@ def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
     # SIGCONTs it: both need the other containers' processes in view.
     pod["shareProcessNamespace"] = True
     for c in pod["containers"]:
-        c.setdefault("env", []).append({"name": ENV_DIR, "value": SHARED_DIR})
+        # Its name tells the sidecar which container a process is in (cpuDemandCores).
+        c.setdefault("env", []).extend([{"name": ENV_DIR, "value": SHARED_DIR},
+                                        {"name": ENV_CONTAINER, "value": c["name"]}])
         c.setdefault("volumeMounts", []).append({"name": SHARED_VOLUME,
                                                  "mountPath": SHARED_DIR})
     # First init container: a native sidecar starts before the later init containers

@@ -15,6 +15,10 @@ from throttledjob.contracts.policy import PolicyError, parse_cpu_quantity, parse
 
 # The smallest limit worth setting: the kernel's quota has a 1 ms floor per 100 ms period.
 MIN_MILLICORES = 10
+# A split by measured use gives each container at least this fraction of an even share:
+# one idle in the last interval still runs when it wakes, and its width then moves the
+# split back.
+MIN_EVEN_FRACTION = 0.1
 # In-place resize (Kubernetes 1.35+) may change the limit without a restart.
 RESIZE_POLICY = [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
 
@@ -36,21 +40,48 @@ def _cpu(container: Mapping[str, Any], kind: str) -> float | None:
         return None
 
 
-def shares(containers: Sequence[Mapping[str, Any]], target_cores: float) -> list[float]:
-    """Each container's part of the target: in proportion to its CPU request when every
-    container has one, else even."""
+def shares(containers: Sequence[Mapping[str, Any]], target_cores: float,
+           demand: Mapping[str, float] | None = None) -> list[float]:
+    """Each container's part of the target: in proportion to the cores each wanted
+    (`demand`, by name: one not named has no process to measure and wants nothing), none
+    under its CPU request or a tenth of an even share; without a demand, in proportion to
+    its CPU request when every container has one; else even."""
     requests = [_cpu(c, "requests") for c in containers]
+    wanted = [max(0.0, (demand or {}).get(c.get("name", ""), 0.0)) for c in containers]
+    if sum(wanted) > 0:
+        even = target_cores / len(containers)
+        floors = [max(r or 0.0, MIN_EVEN_FRACTION * even) for r in requests]
+        return split(wanted, floors, target_cores)
     if all(r for r in requests):
         total = sum(requests)  # type: ignore[arg-type]
         return [target_cores * r / total for r in requests]  # type: ignore[operator]
     return [target_cores / len(containers)] * len(containers)
 
 
-def limits(containers: Sequence[Mapping[str, Any]], target_cores: float) -> list[int]:
+def split(weights: Sequence[float], floors: Sequence[float], total: float) -> list[float]:
+    """`total` in proportion to `weights`, each part at least its floor: a part under its
+    floor gets the floor and the rest is split again among the others."""
+    if sum(floors) >= total:
+        return [total * f / sum(floors) for f in floors]
+    fixed: dict[int, float] = {}
+    while True:
+        free = [i for i in range(len(weights)) if i not in fixed]
+        left, weight = total - sum(fixed.values()), sum(weights[i] for i in free)
+        parts = {i: left * weights[i] / weight if weight > 0 else left / len(free)
+                 for i in free}
+        under = [i for i in free if parts[i] < floors[i]]
+        if not under:
+            return [fixed[i] if i in fixed else parts[i] for i in range(len(weights))]
+        fixed.update((i, floors[i]) for i in under)
+
+
+def limits(containers: Sequence[Mapping[str, Any]], target_cores: float,
+           demand: Mapping[str, float] | None = None) -> list[int]:
     """The CPU limit of each container, millicores: its share, rounded down (the sum
     never passes the target), or the user's own limit where that is lower."""
     out = []
-    for container, share in zip(containers, shares(containers, target_cores), strict=True):
+    for container, share in zip(containers, shares(containers, target_cores, demand),
+                                strict=True):
         milli = max(MIN_MILLICORES, int(share * 1000 + 1e-6))
         own = _cpu(container, "limits")
         out.append(min(milli, int(own * 1000)) if own is not None else milli)
@@ -70,14 +101,17 @@ def request_over_limit(containers: Sequence[Mapping[str, Any]],
 
 
 def resize(pod_spec: Mapping[str, Any], target_cores: float,
-           template: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+           template: Sequence[Mapping[str, Any]], demand: Mapping[str, float] | None = None,
+           tolerance: float = 0.0) -> dict[str, Any] | None:
     """The `pods/resize` patch (strategic merge, by container name) that moves a running
-    pod's workload containers to their shares of a new target; None when they are there
-    already, or a request the user wrote is over its share. `template` is the user's
-    containers (the ThrottledJob's jobTemplate): where one wrote no CPU request, the API
-    server defaulted it to our limit, so the request is ours and follows the limit. The
-    shares alone count: the limits in the pod are the ones set from the last target (a
-    lower limit the user first wrote is not known any more)."""
+    pod's workload containers to their shares of a new target (split by `demand` where
+    it names every container: see shares); None when they are there already (each within
+    `tolerance` of its new limit, their sum not over it), or a request the user wrote is
+    over its share. `template` is the user's containers (the ThrottledJob's jobTemplate):
+    where one wrote no CPU request, the API server defaulted it to our limit, so the
+    request is ours and follows the limit. The shares alone count: the limits in the pod
+    are the ones set from the last target (a lower limit the user first wrote is not
+    known any more)."""
     written = {c.get("name"): _cpu(c, "requests") is not None for c in template}
     # The containers as the shares see them: the requests the user wrote, no limits.
     containers = []
@@ -88,9 +122,11 @@ def resize(pod_spec: Mapping[str, Any], target_cores: float,
         containers.append({**c, "resources": {"requests": requests}})
     if not containers or request_over_limit(containers, target_cores):
         return None
-    wanted = limits(containers, target_cores)
+    wanted = limits(containers, target_cores, demand)
     current = [_cpu(c, "limits") for c in pod_spec["containers"]]
-    if all(c is not None and round(c * 1000) == w for c, w in zip(current, wanted, strict=True)):
+    if all(c is not None for c in current) and sum(current) * 1000 <= sum(wanted) + 0.5 and all(
+            abs(c * 1000 - w) <= max(tolerance * w, 0.5)  # type: ignore[operator]
+            for c, w in zip(current, wanted, strict=True)):
         return None
     patch = []
     for c, w in zip(containers, wanted, strict=True):
@@ -99,6 +135,12 @@ def resize(pod_spec: Mapping[str, Any], target_cores: float,
             resources["requests"] = {"cpu": f"{w}m"}
         patch.append({"name": c["name"], "resources": resources})
     return {"spec": {"containers": patch}}
+
+
+def limits_by_name(pod_spec: Mapping[str, Any]) -> dict[str, float]:
+    """A pod's container CPU limits, cores, by container name (those that have one)."""
+    out = {c.get("name", ""): _cpu(c, "limits") for c in pod_spec.get("containers") or []}
+    return {name: cores for name, cores in out.items() if cores is not None}
 
 
 def total_limit(pod_spec: Mapping[str, Any]) -> float | None:

@@ -215,8 +215,9 @@ def _resize_pods(kube: Kube, body: kopf.Body, doc: dict[str, Any], retry: int) -
     try:
         pods = kube.list_pods(namespace, f"{LABEL_NAME}={name}")
         template = pod_spec(body.get("spec") or {}).get("containers") or []
-        for pod in pods:
-            resize_pod(kube, body, pod, target, target, template)
+        for pod in pods:  # the split among its containers as it is now (measured use)
+            resize_pod(kube, body, pod, target, target, template,
+                       cpu_limits.limits_by_name(pod.get("spec") or {}))
     except ApiError as e:
         raise _retry_later(e, retry) from e
 

@@ -134,8 +134,9 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
 def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
                          read: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
     """Enforcement Quota: each pod's CPU limits to what its sidecar says the slowdown
-    budget needs (over the target), or back to the target. A refused size is not asked
-    for again while the sidecar wants the same."""
+    budget needs (over the target), or back to the target, split among the workload
+    containers by what each wanted in the last interval (cpuDemandCores). A refused size
+    is not asked for again while the sidecar wants the same."""
     spec = tj.get("spec") or {}
     try:
         target = cpu_limits.quota_target(policy_document(spec))
@@ -157,7 +158,13 @@ def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
         now = cpu_limits.total_limit(pod.get("spec") or {})
         if total > target and now is not None and abs(total - now) <= LIFT_STEP * now:
             continue
-        if resize_pod(state.kube, tj, pod, total, target, template) is False:
+        # Split by what each container wanted, or where the sidecar cannot say yet (its
+        # first interval, an older sidecar), as the limits are split now; a change within
+        # 10% of a container's limit is not worth a resize (use moves every interval).
+        demand = report.get("cpuDemandCores") or cpu_limits.limits_by_name(
+            pod.get("spec") or {})
+        if resize_pod(state.kube, tj, pod, total, target, template, demand,
+                      LIFT_STEP) is False:
             refused[uid] = total
     if refused:
         state.refused_limits[key] = refused

@@ -27,14 +27,17 @@ def limit_for(target_cores: float, wanted_cores: float | None) -> float:
 
 
 def resize_pod(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], total: float,
-               target: float, template: Sequence[Mapping[str, Any]]) -> bool | None:
-    """Move one Pending or Running pod's workload limits to shares of `total` cores.
-    Returns None when there was nothing to do, True when resized, False when the API
-    server refused (the old limits hold; a Warning says so). Raises ApiError when the
-    failure may pass (retry)."""
+               target: float, template: Sequence[Mapping[str, Any]],
+               demand: Mapping[str, float] | None = None,
+               tolerance: float = 0.0) -> bool | None:
+    """Move one Pending or Running pod's workload limits to shares of `total` cores (by
+    each container's measured `demand` where known: cpu_limits.shares), unless each is
+    within `tolerance` of its share already. Returns None when there was nothing to do,
+    True when resized, False when the API server refused (the old limits hold; a Warning
+    says so). Raises ApiError when the failure may pass (retry)."""
     if (pod.get("status") or {}).get("phase") not in ("Pending", "Running"):
         return None
-    patch = cpu_limits.resize(pod.get("spec") or {}, total, template)
+    patch = cpu_limits.resize(pod.get("spec") or {}, total, template, demand, tolerance)
     if patch is None:
         return None
     name = pod["metadata"]["name"]
@@ -47,11 +50,15 @@ def resize_pod(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], tota
                   message=f"pod {name}: CPU limits not resized to {total:g} cores ({e}); it "
                           "keeps the old ones")
         return False
+    containers = patch["spec"]["containers"]
+    split = "" if len(containers) < 2 else " (" + ", ".join(
+        f"{c['name']} {c['resources']['limits']['cpu']}" for c in containers) + ")"
     if total > target:
         kopf.info(body, reason=Reason.QUOTA_LIFTED,
-                  message=f"pod {name}: CPU limits lifted to {total:g} cores: the "
+                  message=f"pod {name}: CPU limits lifted to {total:g} cores{split}: the "
                           f"{target:g}-core target would slow it more than maxSlowdown")
     else:
         kopf.info(body, reason=Reason.QUOTA_RESIZED,
-                  message=f"pod {name}: CPU limits resized to the {target:g}-core target")
+                  message=f"pod {name}: CPU limits resized to the {target:g}-core "
+                          f"target{split}")
     return True

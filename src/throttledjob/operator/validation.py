@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
+from throttledjob.contracts.names import ENV_CONTAINER, ENV_DIR, ENV_USER_PYTHONPATH
 from throttledjob.contracts.policy import PolicyError, parse_cpu_quantity, parse_policy
 from throttledjob.contracts.policy import _Choice as Choice  # a str-enum printing its value
 
@@ -156,7 +156,7 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False) -> dict[s
                                 f"container {cname} mounts {m.get('mountPath')}, which the "
                                 "operator uses for the throttle files")
         for e in c.get("env") or []:
-            if e.get("name") in (ENV_DIR, ENV_USER_PYTHONPATH):
+            if e.get("name") in (ENV_DIR, ENV_CONTAINER, ENV_USER_PYTHONPATH):
                 raise SpecError(Refusal.ENV_CLASH, f"container {cname} sets {e.get('name')}, "
                                                    "which the operator sets")
         for p in c.get("ports") or []:

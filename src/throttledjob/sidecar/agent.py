@@ -61,6 +61,9 @@ class CycleStatus:
     # In a pod: the workload's summed CPU limit the slowdown budget needs, over the
     # target's (None: the target's will do). The operator applies it (pods/resize).
     cpu_limit_wanted_cores: float | None = None
+    # In a pod: cores each workload container wanted in the last interval, by name; the
+    # operator splits the pod's limit by it.
+    cpu_demand_cores: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,8 @@ class Agent:
             error=self._settings_error,
             gpu_duty=gpu_duty,
             cpu_limit_wanted_cores=wanted,
+            cpu_demand_cores=(self.container_quota.demand_by_container()
+                              if self.container_quota else {}),
         )
         self.result = self._result(now, time.perf_counter() - began)
         for observer in self.observers:

@@ -12,14 +12,21 @@ sidecar runs as. Nothing is ever written there.
 From it: the limit in force now (a live resize shows at once, where the sidecar's
 environment keeps the first one), and the kernel's throttling counters, turned into time
 held back as for a quota of our own (quota.held_back_seconds). A container is known by
-its /proc/PID/cgroup text, one process read for each.
+its /proc/PID/cgroup text, one process read for each, and named by the
+THROTTLEDJOB_CONTAINER variable the operator put in its environment: how much CPU each
+container wanted in the last interval (its use, or its width where the kernel held it
+back) goes to the operator, which splits the pod's limit by it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from throttledjob.contracts.names import ENV_CONTAINER
 
 from .processes import ProcessTree, cgroup_of
 from .quota import ThrottleStats, held_back_seconds, read_stats, throttled_width
@@ -33,9 +40,15 @@ CPU_DIRS = ("sys/fs/cgroup/cpu", "sys/fs/cgroup/cpu,cpuacct", "sys/fs/cgroup")
 class _Container:
     path: str                     # its cpu controller's directory, through a process's root
     last: ThrottleStats
+    name: str | None = None       # as the operator named it (ENV_CONTAINER); None: unknown
     paused: float = 0.0
     # Cores its threads wanted, from its last throttled periods (None: never throttled).
     width: float | None = None
+    # CPU seconds used, at the last reading and when it was read (None: not readable).
+    usage: float | None = None
+    read_at: float = 0.0
+    # Cores it wanted in the last interval: its use, or its width where it was throttled.
+    demand: float | None = None
 
 
 def read_limit(path: str) -> tuple[float | None, float]:
@@ -51,6 +64,34 @@ def read_limit(path: str) -> tuple[float | None, float]:
     with open(os.path.join(path, "cpu.cfs_period_us")) as f:
         period_us = int(f.read())
     return (None if quota_us < 0 else quota_us / 1e6), period_us / 1e6
+
+
+def read_usage_seconds(path: str) -> float:
+    """CPU seconds a cgroup used: v2 cpu.stat usage_usec, v1 cpuacct.usage (in the cpu
+    directory where the two controllers share a mount, else beside it)."""
+    with open(os.path.join(path, "cpu.stat")) as f:
+        for line in f:
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+    for candidate in (path, os.path.join(os.path.dirname(path), "cpuacct")):
+        with contextlib.suppress(FileNotFoundError), \
+                open(os.path.join(candidate, "cpuacct.usage")) as f:
+            return int(f.read()) / 1e9
+    raise FileNotFoundError(f"no CPU usage counter in {path}")
+
+
+def container_name(pid: int, proc: str = "/proc") -> str | None:
+    """The container name the operator gave `pid`'s container (ENV_CONTAINER), or None."""
+    try:
+        with open(os.path.join(proc, str(pid), "environ"), "rb") as f:
+            environ = f.read()
+    except OSError:
+        return None
+    prefix = ENV_CONTAINER.encode() + b"="
+    for item in environ.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix):].decode(errors="replace")[:63] or None
+    return None
 
 
 def container_cpu_dir(pid: int, proc: str = "/proc") -> str | None:
@@ -71,10 +112,12 @@ class ContainerQuota:
     unreadable): what cannot be read is left out, never raised."""
 
     def __init__(self, tree: ProcessTree, proc: str = "/proc",
-                 cgroup_text=cgroup_of) -> None:
+                 cgroup_text: Callable[[int], str | None] = cgroup_of,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.tree = tree
         self.proc = proc
         self._cgroup_text = cgroup_text
+        self._clock = clock
         self._containers: dict[str, _Container] = {}  # by /proc/PID/cgroup text
         self._limits: dict[str, float | None] = {}  # cores
         self._first = True
@@ -98,7 +141,8 @@ class ContainerQuota:
                 # Counted from its start when it started after us (the sidecar starts
                 # first); one running at our first look (we restarted) from now on.
                 seen[key] = known or _Container(
-                    path, read_stats(path) if self._first else ThrottleStats())
+                    path, read_stats(path) if self._first else ThrottleStats(),
+                    name=container_name(pid, self.proc))
                 seen[key].path = path
         # A container whose processes are all gone keeps its totals (the run's).
         for key, gone in self._containers.items():
@@ -137,6 +181,13 @@ class ContainerQuota:
         # 2% of room: a limit the kernel holds exactly is not lifted for its own jitter.
         return round(wanted, 2) if wanted > target_cores * 1.02 else None
 
+    def demand_by_container(self) -> dict[str, float]:
+        """Cores each named workload container wanted in the last interval: what it used,
+        or where the kernel held it back, how wide it was. Containers gone or not yet read
+        twice are left out."""
+        return {c.name: round(c.demand, 3) for c in self._containers.values()
+                if c.name and c.demand is not None}
+
     def kernel_throttling(self) -> ThrottleStats | None:
         """The kernel's counters (cumulative, as cpu.stat keeps them), summed over the
         containers."""
@@ -153,13 +204,30 @@ class ContainerQuota:
                 now = read_stats(c.path)
                 q, period = read_limit(c.path)
             except (OSError, ValueError):
-                continue  # gone: its totals stay
+                c.demand = None  # gone: its totals stay, it wants nothing
+                continue
             limits[key] = None if q is None else q / period
             periods = now.nr_throttled - c.last.nr_throttled
             throttled = now.throttled_seconds - c.last.throttled_seconds
+            held = None
             if periods > 0 and throttled > 0 and q:
                 c.paused += held_back_seconds(periods, throttled, q, period)
-                c.width = throttled_width(periods, throttled, q, period)
+                c.width = held = throttled_width(periods, throttled, q, period)
             if now.nr_periods >= c.last.nr_periods:
                 c.last = now
+            _measure_demand(c, held, self._clock())
         self._limits = limits
+
+
+def _measure_demand(c: _Container, width: float | None, at: float) -> None:
+    """The cores `c` wanted since its last reading: its use, or its width where the
+    kernel held it back in that time (its use then is only the limit)."""
+    try:
+        usage = read_usage_seconds(c.path)
+    except (OSError, ValueError):
+        c.usage = c.demand = None
+        return
+    if c.usage is not None and at > c.read_at:
+        used = max(0.0, usage - c.usage) / (at - c.read_at)
+        c.demand = max(used, width) if width is not None else used
+    c.usage, c.read_at = usage, at

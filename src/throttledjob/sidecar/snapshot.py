@@ -161,6 +161,7 @@ def status_document(s: Snapshot) -> StatusDocument:
         "targetMet": s.target_met,
         "budgetExhausted": s.status.budget_exhausted,
         "cpuLimitWantedCores": s.status.cpu_limit_wanted_cores,
+        "cpuDemandCores": dict(s.status.cpu_demand_cores),
         "levers": list(s.levers),
         "targets": {
             "cpuPeakCores": p.cpu_peak_cores,
