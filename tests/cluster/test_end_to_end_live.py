@@ -12,6 +12,7 @@ container (cpuacct), sampled every second from the node, not the sidecar's word.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import re
 import shlex
@@ -553,6 +554,58 @@ def test_the_slowdown_budget_lifts_a_pods_cpu_limit_it_would_pass(
     assert ("Normal", "QuotaLifted") in events, events
     status = tj_status(kubectl, namespace, name)
     assert (condition(status, "TargetMet") or {}).get("reason") == "BudgetExhausted", status
+
+
+def test_the_limit_is_split_between_two_containers_by_what_each_uses(
+        operator: str, real_node: Any, kubectl: Kubectl) -> None:
+    """Two workload containers asking the same 100m: two busy processes and a log
+    shipper that mostly sleeps. The target's 1 core starts split evenly (500m each, by
+    request); the sidecar measures each container's cgroup (named by the operator's
+    variable in its environment) and the operator moves the idle half to the busy
+    container, the shipper keeping its request: the busy one runs at 0.9 cores, the pod
+    never over the target."""
+    namespace, name = operator, "e2e-split"
+    tj = throttled_job(name, namespace, None)
+    spec = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (work,) = spec["containers"]
+    work["command"] = two_processes(
+        "import time\nend = time.time() + 25\nwhile time.time() < end: pass\n")
+    logs = {**copy.deepcopy(work), "name": "logs", "command": [
+        "python", "-c", "import time\nend = time.time() + 25\n"
+        "while time.time() < end: sum(range(20_000)); time.sleep(0.1)\n"]}
+    spec["containers"] = [work, logs]
+    selector = f"throttledjob.io/name={name}"
+    busy = CgroupSampler(real_node, kubectl, namespace, selector, "work")
+    idle = CgroupSampler(real_node, kubectl, namespace, selector, "logs")
+    kubectl.apply(tj)
+    try:
+        wait_for(lambda: (busy.live_quota_cores() or 0) > 0.8, timeout=90, interval=0.5,
+                 what="the busy container given the idle one's share")
+        split_at = time.time()
+        limits = busy.live_quota_cores(), idle.live_quota_cores()
+        wait = kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n", namespace,
+                       f"--timeout={int(RUN_TIMEOUT)}s", check=False)
+    finally:
+        busy.stop()
+        idle.stop()
+    (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    assert wait.returncode == 0, (wait.stderr, pod["status"])
+    assert all(c["state"]["terminated"]["exitCode"] == 0
+               for c in pod["status"]["containerStatuses"]), pod["status"]
+    print(f"split: work {limits[0]} cores, logs {limits[1]} cores, "
+          f"{split_at - busy.times[0]:.1f} s after the first sample; work "
+          f"{[round(c, 2) for c in busy.cores]}; logs {[round(c, 2) for c in idle.cores]}")
+    assert limits == (pytest.approx(0.9), pytest.approx(0.1))
+    after = [c for t, c in zip(busy.times, busy.cores, strict=True)
+             if t > split_at + 1.0 and c > 0.05]
+    assert after and statistics.median(after) > 0.8, after  # not held at half any more
+    # The pod: each second, both containers together within the target.
+    shipper = list(zip(idle.times, idle.cores, strict=True))
+    both = [b + min(shipper, key=lambda s: abs(s[0] - t))[1]
+            for t, b in zip(busy.times, busy.cores, strict=True)]
+    assert max(both) <= TARGET_CORES * 1.05, both
+    events = tj_events(kubectl, namespace, name)
+    assert ("Normal", "QuotaResized") in events, events
 
 
 # An unmodified PyTorch script (examples/torch_train.py, two intra-op threads on this
