@@ -253,3 +253,39 @@ def test_no_lift_is_wanted_where_the_budget_allows_the_target(tmp_path: Path) ->
     pod.limit("work", 160_000)
     view.refresh()
     assert view.wanted_limit(1.0, 0.2) == 1.6
+
+
+def test_a_lift_is_given_back_once_the_workload_narrows_for_the_width_memory(
+        tmp_path: Path) -> None:
+    """Two busy threads held to 1 core need 1.6 for a 1.25x budget; lifted to 1.6 they
+    narrow to 1.2 cores, under the lift: no throttled period measures a width any more,
+    their use does, and after WIDTH_MEMORY_SECONDS the lift is 0.96 cores, under the
+    target's: none is wanted (it was held at 1.6, a 25% peak over the target, before)."""
+    from throttledjob.sidecar.container_quota import WIDTH_MEMORY_SECONDS
+
+    pod = Pod(tmp_path)
+    pod.container("work", 100_000)
+    pod.used("work", 0.0)
+    pod.process(10, "work")
+    now = [0.0]
+    view, _ = pod.view(clock=lambda: now[0])
+    view.refresh()
+    used = periods = 0
+    for second in range(1, 6):  # 2 wide at 1 core: 10 periods of 100 ms throttled
+        now[0], used, periods = float(second), used + 1, periods + 10
+        pod.stat("work", periods=periods, throttled=periods, seconds=periods * 0.1)
+        pod.used("work", used)
+        view.refresh()
+    assert view.wanted_limit(1.0, 0.2) == 1.6
+    pod.limit("work", 160_000)
+    second = 5
+    while second < 5 + WIDTH_MEMORY_SECONDS + 2:  # 1.2 wide, never throttled at 1.6
+        second += 1
+        now[0], used, periods = float(second), used + 1.2, periods + 10
+        pod.stat("work", periods=periods, throttled=50, seconds=5.0)
+        pod.used("work", used)
+        view.refresh()
+        if second == 10:  # a quiet spell is not the end of the need
+            assert view.wanted_limit(1.0, 0.2) == 1.6
+    assert view.wanted_limit(1.0, 0.2) is None
+    assert view.demand_by_container() == {}  # (no container named: an older operator)

@@ -24,13 +24,17 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from throttledjob.contracts.names import ENV_CONTAINER
 
 from .processes import ProcessTree, cgroup_of
 from .quota import ThrottleStats, held_back_seconds, read_stats, throttled_width
 
+# How long a width counts for the slowdown budget's lift: a workload that narrows gives the
+# lifted limit back after this long (a lift is not dropped for one quiet interval between
+# bursts, and a narrower one is not held at the widest it ever was).
+WIDTH_MEMORY_SECONDS = 30.0
 # Where a container's cpu controller is, under its root: v1 (Debian and most runtimes
 # mount "cpu,cpuacct" with a "cpu" link to it), then v2.
 CPU_DIRS = ("sys/fs/cgroup/cpu", "sys/fs/cgroup/cpu,cpuacct", "sys/fs/cgroup")
@@ -49,6 +53,8 @@ class _Container:
     read_at: float = 0.0
     # Cores it wanted in the last interval: its use, or its width where it was throttled.
     demand: float | None = None
+    # (when, demand) of its intervals in the last WIDTH_MEMORY_SECONDS.
+    recent: list[tuple[float, float]] = field(default_factory=list)
 
 
 def read_limit(path: str) -> tuple[float | None, float]:
@@ -172,9 +178,13 @@ class ContainerQuota:
         """The summed limit that keeps the time held back within `max_pause_fraction`
         where the target would not (None: the target's limit does). A workload w cores
         wide held to Q waits 1 - Q/w of the time, so the budget f needs Q >= (1 - f) w,
-        with w measured from the throttled periods (as CgroupQuota.set does for a quota
-        of our own). The last width is kept while the lifted limit no longer binds."""
-        widths = [c.width for c in self._containers.values() if c.width is not None]
+        with w each container's widest demand in the last WIDTH_MEMORY_SECONDS (its width
+        from the throttled periods, as CgroupQuota.set measures it for a quota of our own,
+        or its use where the limit did not bind), or its last throttled width where its
+        use cannot be read."""
+        widths = [max(d for _, d in c.recent) if c.recent else c.width
+                  for c in self._containers.values()]
+        widths = [w for w in widths if w is not None]
         if not widths:
             return None
         wanted = (1.0 - max_pause_fraction) * sum(widths)
@@ -204,7 +214,7 @@ class ContainerQuota:
                 now = read_stats(c.path)
                 q, period = read_limit(c.path)
             except (OSError, ValueError):
-                c.demand = None  # gone: its totals stay, it wants nothing
+                c.demand, c.width, c.recent = None, None, []  # gone: it wants nothing
                 continue
             limits[key] = None if q is None else q / period
             periods = now.nr_throttled - c.last.nr_throttled
@@ -230,4 +240,6 @@ def _measure_demand(c: _Container, width: float | None, at: float) -> None:
     if c.usage is not None and at > c.read_at:
         used = max(0.0, usage - c.usage) / (at - c.read_at)
         c.demand = max(used, width) if width is not None else used
+        c.recent = [(t, d) for t, d in c.recent if t > at - WIDTH_MEMORY_SECONDS]
+        c.recent.append((at, c.demand))
     c.usage, c.read_at = usage, at
