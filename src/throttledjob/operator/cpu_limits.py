@@ -104,8 +104,8 @@ def resize(pod_spec: Mapping[str, Any], target_cores: float,
            template: Sequence[Mapping[str, Any]], demand: Mapping[str, float] | None = None,
            tolerance: float = 0.0) -> dict[str, Any] | None:
     """The `pods/resize` patch (strategic merge, by container name) that moves a running
-    pod's workload containers to their shares of a new target (split by `demand` where
-    it names every container: see shares); None when they are there already (each within
+    pod's workload containers to their shares of a new target (by `demand` where the
+    sidecar measured any: see shares); None when they are there already (each within
     `tolerance` of its new limit, their sum not over it), or a request the user wrote is
     over its share. `template` is the user's containers (the ThrottledJob's jobTemplate):
     where one wrote no CPU request, the API server defaulted it to our limit, so the
