@@ -72,13 +72,12 @@ def read_limit(path: str) -> tuple[float | None, float]:
     return (None if quota_us < 0 else quota_us / 1e6), period_us / 1e6
 
 
-def read_usage_seconds(path: str) -> float:
-    """CPU seconds a cgroup used: v2 cpu.stat usage_usec, v1 cpuacct.usage (in the cpu
-    directory where the two controllers share a mount, else beside it)."""
-    with open(os.path.join(path, "cpu.stat")) as f:
-        for line in f:
-            if line.startswith("usage_usec "):
-                return int(line.split()[1]) / 1e6
+def read_usage_seconds(path: str, stats: ThrottleStats) -> float:
+    """CPU seconds a cgroup used: v2's from its cpu.stat (`stats`, read already), v1's
+    cpuacct.usage (in the cpu directory where the two controllers share a mount, else
+    beside it)."""
+    if stats.usage_seconds is not None:
+        return stats.usage_seconds
     for candidate in (path, os.path.join(os.path.dirname(path), "cpuacct")):
         with contextlib.suppress(FileNotFoundError), \
                 open(os.path.join(candidate, "cpuacct.usage")) as f:
@@ -225,15 +224,17 @@ class ContainerQuota:
                 c.width = held = throttled_width(periods, throttled, q, period)
             if now.nr_periods >= c.last.nr_periods:
                 c.last = now
-            _measure_demand(c, held, self._clock())
+            _measure_demand(c, now, held, self._clock())
         self._limits = limits
 
 
-def _measure_demand(c: _Container, width: float | None, at: float) -> None:
-    """The cores `c` wanted since its last reading: its use, or its width where the
-    kernel held it back in that time (its use then is only the limit)."""
+def _measure_demand(c: _Container, stats: ThrottleStats, width: float | None,
+                    at: float) -> None:
+    """The cores `c` wanted since its last reading (`stats`, read at `at`): its use, or
+    its width where the kernel held it back in that time (its use then is only the
+    limit)."""
     try:
-        usage = read_usage_seconds(c.path)
+        usage = read_usage_seconds(c.path, stats)
     except (OSError, ValueError):
         c.usage = c.demand = None
         return

@@ -73,6 +73,8 @@ class ThrottleStats:
     # Summed over CPUs: each CPU's run queue of the group counts its own throttled time,
     # so two busy threads held back for the same 50 ms count 100 ms.
     throttled_seconds: float = 0.0
+    # CPU seconds the group used (v2's usage_usec); None on v1, whose cpu.stat has none.
+    usage_seconds: float | None = None
 
 
 def detect(root: str = "/", pid: int | str = "self", probe: bool = True) -> Detection:
@@ -451,7 +453,9 @@ def read_stats(path: str) -> ThrottleStats:
                 values[key] = int(value)
     throttled = (values["throttled_usec"] / 1e6 if "throttled_usec" in values
                  else values.get("throttled_time", 0) / 1e9)
-    return ThrottleStats(values.get("nr_periods", 0), values.get("nr_throttled", 0), throttled)
+    usage = values["usage_usec"] / 1e6 if "usage_usec" in values else None
+    return ThrottleStats(values.get("nr_periods", 0), values.get("nr_throttled", 0), throttled,
+                         usage)
 
 
 def _write(path: str, text: str) -> None:
