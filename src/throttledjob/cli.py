@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
                            "namespace")
     _add_sidecar_flags(side, metrics_port=9400)
     side.set_defaults(func=_sidecar)
+    guard = sub.add_parser("guard", help="resume a workload a dead sidecar left stopped",
+                           description=(
+                               "Beside the sidecar in a ThrottledJob pod: when a stop the "
+                               "sidecar announced in DIR has ended and the workload is still "
+                               "stopped, send it SIGCONT. Never sends any other signal."))
+    guard.add_argument("--shared-dir", metavar="DIR", required=True,
+                       help="directory shared with the sidecar (its stop lease)")
+    guard.set_defaults(func=_guard)
     op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)",
                         description="Watch ThrottledJobs and run each as a Job with the "
                                     "throttle sidecar. Finds the cluster as kubectl does.")
@@ -242,6 +250,12 @@ def _sidecar(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                            gpu_power_limit=args.gpu_power_limit, root_pid=args.root_pid)
     except (ExporterError, GpuError) as e:
         return _fail(prog, str(e))
+
+
+def _guard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from throttledjob.sidecar.guard import run_guard
+
+    return run_guard(args.shared_dir)
 
 
 def _flag_names(message: str) -> str:

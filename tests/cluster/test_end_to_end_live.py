@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import re
 import shlex
+import signal
 import ssl
 import statistics
 import subprocess
@@ -33,7 +35,10 @@ import yaml
 
 from conftest import ROOT, wait_for
 from throttledjob.operator.status import condition
+from throttledjob.sidecar import guard
 from throttledjob.sidecar.container_quota import read_limit
+from throttledjob.sidecar.lease import lease_path, read_lease
+from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import TARGET_TOLERANCE
 
 from ..chart import test_dashboard as dashboard
@@ -57,6 +62,13 @@ def two_processes(script: str) -> list[str]:
 
 WORKLOAD = two_processes("for _ in range(400_000_000): pass")
 RUN_TIMEOUT = 240.0
+# The kernel's CFS quota seen through 1-second samples: a window not aligned to the
+# 100 ms periods, and a sampler woken a little late, read a little over the quota. The
+# largest 1-second sample of two busy processes under a plain 1-core quota, 40 s runs
+# (bench/quota_spread.py, docs/benchmarks.md): 0.998-1.014 on this machine idle and
+# loaded; the plain `limits.cpu: 1` pods of this suite read up to 1.04. A peak bound
+# tighter than this fails on the kernel itself.
+KERNEL_WINDOW = 1.05
 SCRAPE_SECONDS = 1
 # Dashboard queries that cannot have data here: no GPU, and a workload that reports no steps.
 NO_DATA_HERE = re.compile(r"throttledjob_gpu_|throttledjob_workload_steps")
@@ -172,7 +184,15 @@ class CgroupSampler:
         return busy[-1] - busy[0] + 1 if busy else 0.0
 
     def p99(self) -> float:
-        return statistics.quantiles(self.cores, n=100)[98]
+        """Nearest rank, as the sidecar reads it: with fewer than 100 samples, the
+        largest. (statistics.quantiles' default extrapolates past the largest sample on
+        fewer than 99: 1.04 and 1.02 at the top of 40 read 1.052.)"""
+        return nearest_rank(self.cores, 0.99) or 0.0
+
+    def describe(self) -> str:
+        """What a failed bound needs to be diagnosed from the CI log alone."""
+        return (f"samples {[round(c, 3) for c in self.cores]}, p99 {self.p99():.3f}, "
+                f"CFS quota {self.quota_cores} cores")
 
 
 @pytest.fixture(scope="module")
@@ -361,11 +381,12 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
           f"{workload.p99():.2f}; slowdown {slowdown:.2f}x; kernel quota "
           f"{workload.quota_cores} cores; sidecar CPU {statistics.mean(sidecar.cores):.3f} "
           f"cores, memory {max(sidecar.memory_bytes) / 2**20:.1f} MiB")
-    # The kernel's quota holds it exactly; signals within the 5% the issue asks for in 16
-    # of 17 runs here (0.97-1.04), and a run of 10 samples has its maximum for p99: a
-    # little room for one second's wobble (docs/benchmarks.md: signals up to 4.5% over).
-    assert workload.p99() <= TARGET_CORES * (1.05 if enforcement is None else 1.07), \
-        workload.cores
+    # The kernel's quota holds it within its own window (KERNEL_WINDOW); signals within
+    # 4.5% in 16 of 17 runs here (docs/benchmarks.md), and a run of ~16 samples has its
+    # maximum for p99: 7%, a little room for one second's wobble.
+    bound = TARGET_CORES * (KERNEL_WINDOW if enforcement is None else 1.07)
+    assert workload.p99() <= bound, f"over {bound}: {workload.describe()}; unthrottled " \
+        f"{unthrottled.describe()}"
     # Throttled to half of what it took, it took longer, within its budget.
     assert 1.2 < slowdown < 4, slowdown
     if enforcement is None:  # the kernel's quota, set by the operator from the target
@@ -450,7 +471,8 @@ def test_inject_auto_paces_a_workload_at_its_steps_with_the_injected_library(
     assert len(paths) == 2 and all(p.startswith(f"{INJECT_DIR}/") for p in paths), out
     print(f"inject Auto, Cooperative: {workload.seconds:.1f} s p99 {workload.p99():.2f} "
           f"cores")
-    assert workload.p99() <= TARGET_CORES * 1.05, workload.cores
+    # Pacing at step boundaries (2,000 steps of ~10 ms a process): as close as the kernel.
+    assert workload.p99() <= TARGET_CORES * KERNEL_WINDOW, workload.describe()
     assert workload.quota_cores is None  # paced by the runtime, not by the kernel
     status = tj_status(kubectl, namespace, name)
     assert 0 < (status.get("observed") or {}).get("cpuPeakCores", 0) <= TARGET_CORES * 1.1
@@ -603,7 +625,7 @@ def test_the_limit_is_split_between_two_containers_by_what_each_uses(
     shipper = list(zip(idle.times, idle.cores, strict=True))
     both = [b + min(shipper, key=lambda s: abs(s[0] - t))[1]
             for t, b in zip(busy.times, busy.cores, strict=True)]
-    assert max(both) <= TARGET_CORES * 1.05, both
+    assert max(both) <= TARGET_CORES * KERNEL_WINDOW, (both, busy.describe(), idle.describe())
     events = tj_events(kubectl, namespace, name)
     assert ("Normal", "QuotaResized") in events, events
 
@@ -674,8 +696,11 @@ def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_
           f"{workload.p99():.2f} {ours}; {ratio:.2f}x the plain limit's time")
     # Both held at the target by the kernel (the operator's limit on ours).
     assert workload.quota_cores == plain.quota_cores == TARGET_CORES
-    assert max(workload.p99(), plain.p99()) <= TARGET_CORES * 1.05, (workload.cores,
-                                                                     plain.cores)
+    # Held like the plain limit measured in the same run: no higher than its peak or the
+    # kernel's window, whichever is higher (both are the same kernel quota; the baseline
+    # is not bounded here: its peak is the kernel's business).
+    bound = max(plain.p99(), TARGET_CORES * KERNEL_WINDOW)
+    assert workload.p99() <= bound, f"ours {workload.describe()}; plain {plain.describe()}"
     # The script ran as written, every step (it prints its own count); the library capped
     # torch at one thread from inside, which no limit can do.
     assert ours["steps"] == theirs["steps"] == str(TORCH_STEPS)
@@ -687,3 +712,187 @@ def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_
     # Faster than the plain limit: one thread under the same quota trains this model in
     # 0.6-0.7x the time here (docs/benchmarks.md); a slower run means the lever was lost.
     assert ratio < 0.9, ratio
+
+
+# The guard (issue: a sidecar that crashes while the workload is stopped). The bound a
+# dead sidecar's stop is held to: its longest stop, the guard's slack and one poll
+# (docs/reliability.md), and 0.1 s for the scheduler of this shared 2-core machine.
+GUARD_BOUND = 0.1 + guard.SLACK_SECONDS + guard.POLL_SECONDS + 0.1
+
+
+def container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    status = pod.get("status") or {}
+    return next((c for c in [*(status.get("initContainerStatuses") or []),
+                             *(status.get("containerStatuses") or [])]
+                 if c["name"] == name), {})
+
+
+def host_pids(real_node: Any, container_id: str) -> list[int]:
+    """The processes of one container, as the node sees them."""
+    cgroup = real_node.container_cgroup(container_id, "pids")
+    try:
+        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()] if cgroup \
+            else []
+    except OSError:
+        return []
+
+
+def running_sidecar(kubectl: Kubectl, namespace: str, selector: str,
+                    restarts: int) -> tuple[dict[str, Any], str, str]:
+    """The pod once its sidecar runs after `restarts` restarts: (pod, sidecar's container
+    ID, workload's container ID)."""
+    def ready() -> Any:
+        pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector) or {}
+        for pod in pods.get("items") or []:
+            side, work = (container_status(pod, c) for c in ("throttledjob-sidecar", "work"))
+            if side.get("restartCount") == restarts and "running" in side.get("state", {}) \
+                    and "running" in work.get("state", {}):
+                return pod, side["containerID"], work["containerID"]
+        return None
+    return wait_for(ready, timeout=120, interval=0.3,
+                    what=f"the sidecar running after {restarts} restarts")
+
+
+def left_stopped(real_node: Any, pod: dict[str, Any], side: str, work: str,
+                 kill: Any) -> tuple[float, float] | None:
+    """Wait until the workload is stopped, `kill` the sidecar, and time how long the
+    workload stays stopped: (seconds after the sidecar was seen dead, seconds after the
+    end of the stop its lease announced). None when the sidecar died while the workload
+    ran (the stop ended first): nothing to measure."""
+    workload = host_pids(real_node, work)
+    deadline = time.monotonic() + 60
+    while not any(guard.stopped(p) for p in workload):
+        assert time.monotonic() < deadline, "the sidecar never stopped the workload"
+        time.sleep(0.001)
+    kill()
+    while host_pids(real_node, side):
+        assert time.monotonic() < deadline, "the sidecar did not die"
+        time.sleep(0.001)
+    died = time.monotonic()
+    if not any(guard.stopped(p) for p in workload):
+        return None
+    while any(guard.stopped(p) for p in workload):
+        assert time.monotonic() < died + 30, "the workload was left stopped"
+        time.sleep(0.001)
+    resumed = time.monotonic()
+    # The pod's shared emptyDir, from the node: the lease the dead sidecar left.
+    shared = (real_node.dir / "kubelet" / "pods" / pod["metadata"]["uid"] / "volumes"
+              / "kubernetes.io~empty-dir" / "throttledjob-shared")
+    lease = read_lease(lease_path(str(shared)))
+    assert lease is not None, f"no stop lease in {shared}"
+    return resumed - died, resumed - lease.until
+
+
+def test_a_sidecar_killed_inside_a_stop_never_leaves_the_workload_stopped(
+        operator: str, real_node: Any, kubectl: Kubectl) -> None:
+    """Signals at 0.5 core of two busy processes (stopped about 3/4 of the time). From
+    the node, the sidecar is SIGKILLed inside a stop five times in a row, then OOM-killed
+    by the kernel (its memory cgroup's limit lowered to what it uses, then scrapes make
+    it allocate): each time the guard, in its own container, resumes the workload within
+    the bound, and the Job completes."""
+    namespace, name = operator, "e2e-guard"
+    tj = throttled_job(name, namespace, "Signals")
+    tj["spec"]["throttle"]["targets"]["cpu"]["peak"] = "500m"
+    tj["spec"]["throttle"]["maxSlowdown"] = 8
+    (container,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    container["command"] = two_processes(
+        "import time\nend = time.time() + 60\nwhile time.time() < end: pass\n")
+    selector = f"throttledjob.io/name={name}"
+    kubectl.apply(tj)
+    killed: list[tuple[float, float]] = []
+    restarts = 0
+    while len(killed) < 5:
+        assert restarts < 10, killed
+        pod, side, work = running_sidecar(kubectl, namespace, selector, restarts)
+        sidecar = host_pids(real_node, side)
+
+        def kill(pids: list[int] = sidecar) -> None:
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        held = left_stopped(real_node, pod, side, work, kill)
+        killed += [held] if held else []
+        restarts += 1
+    # The kernel's OOM killer: the sidecar's memory limit lowered to what it holds, then
+    # scrapes make it allocate. Tried until it dies inside a stop.
+    oom = None
+    while oom is None and restarts < 14:
+        pod, side, work = running_sidecar(kubectl, namespace, selector, restarts)
+        memory = real_node.container_cgroup(side, "memory")
+        url = f"http://{pod['status']['podIP']}:9400/metrics"
+
+        def squeeze(memory: Path = memory, url: str = url, side: str = side) -> None:
+            usage = int((memory / "memory.usage_in_bytes").read_text())
+            (memory / "memory.limit_in_bytes").write_text(str(usage + 4096))
+            for _ in range(50):
+                if not host_pids(real_node, side):
+                    return
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(url, timeout=0.2).read()
+        oom = left_stopped(real_node, pod, side, work, squeeze)
+        restarts += 1
+    wait = wait_complete(kubectl, namespace, name)
+    pod, _ = finished_work(kubectl, namespace, selector, wait)
+    last = container_status(pod, "throttledjob-sidecar").get("lastState", {})
+    print(f"guard: workload stopped after each SIGKILL (after death, after the lease's "
+          f"end) {[(round(a, 3), round(b, 3)) for a, b in killed]} s; after the OOM kill "
+          f"{oom}; sidecar's last end {last}")
+    # Past the stop's announced end: the guard's slack and poll, and the scheduler.
+    assert max(b for _, b in killed) <= GUARD_BOUND - 0.1, killed
+    assert max(a for a, _ in killed) <= GUARD_BOUND, killed
+    assert oom is not None and oom[1] <= GUARD_BOUND - 0.1, oom
+    assert (last.get("terminated") or {}).get("reason") == "OOMKilled", last
+    assert container_status(pod, "throttledjob-guard").get("restartCount") == 0
+
+
+# A workload that saves a checkpoint on SIGTERM (about 0.5 s of CPU) and prints its
+# handler's wall and CPU time.
+CHECKPOINTER = ("import json, signal, sys, time\n"
+                "def save(*_):\n"
+                "    wall, cpu = time.monotonic(), time.process_time()\n"
+                "    while time.process_time() - cpu < 0.5: pass\n"
+                "    print('checkpoint ' + json.dumps({'wall': time.monotonic() - wall,\n"
+                "          'cpu': time.process_time() - cpu}), flush=True)\n"
+                "    sys.exit(0)\n"
+                "signal.signal(signal.SIGTERM, save)\n"
+                "while True: pass\n")
+
+
+@pytest.mark.parametrize("enforcement", ["Signals", None])
+def test_a_deleted_pods_sigterm_handler_saves_its_checkpoint_unthrottled(
+        enforcement: str | None, operator: str, real_node: Any, kubectl: Kubectl) -> None:
+    """`kubectl delete pod` while the workload is held at 0.25 core: the kubelet calls
+    the workload's preStop hook (GET /prestop on the sidecar), which ends throttling,
+    then sends SIGTERM; the handler runs at full speed, never stopped or duty-cycled.
+    Under Quota the kernel still holds the container's limit (0.25 core here: not ours
+    to lift), and the handler runs within it, never stopped."""
+    namespace = operator
+    name = f"e2e-checkpoint-{(enforcement or 'quota').lower()}"
+    tj = throttled_job(name, namespace, enforcement)
+    tj["spec"]["throttle"]["targets"]["cpu"]["peak"] = "250m"
+    tj["spec"]["throttle"]["maxSlowdown"] = 8
+    (container,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    container["command"] = ["python", "-c", CHECKPOINTER]
+    selector = f"throttledjob.io/name={name}"
+    kubectl.apply(tj)
+    pod, _, _ = running_sidecar(kubectl, namespace, selector, 0)
+    wait_for(lambda: tj_status(kubectl, namespace, name).get("observed"), timeout=60,
+             what="the sidecar's first report")
+    meta = pod["metadata"]
+    kubectl("delete", "pod", "-n", namespace, meta["name"], "--wait=false")
+    # The log is read while the pod terminates: the kubelet removes it with the pod.
+    holder: dict[str, str] = {}
+
+    def saved() -> bool:
+        out = real_node.pod_log(namespace, meta["name"], meta["uid"], "work")
+        holder.update(line.split(" ", 1) for line in out.splitlines()
+                      if line.startswith("checkpoint "))
+        return "checkpoint" in holder
+    wait_for(saved, timeout=60, interval=0.02, what="the checkpoint written on SIGTERM")
+    figures = json.loads(holder["checkpoint"])
+    print(f"{enforcement or 'Quota'}: checkpoint handler {figures}")
+    kubectl("delete", "tj", "-n", namespace, name, "--wait=false")
+    if enforcement == "Signals":  # nothing held it back at all
+        assert figures["wall"] < 1.5 * figures["cpu"], figures
+    else:  # the kernel's 0.25-core limit, and nothing more: never stopped on top
+        assert figures["wall"] < 1.5 * figures["cpu"] / 0.25, figures

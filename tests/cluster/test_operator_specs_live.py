@@ -173,9 +173,9 @@ def test_inject_auto_job_has_init_container_volume_and_users_pythonpath(
     (job,) = wait_for(lambda: jobs_of(kubectl, namespace, "zero-code"), TIMEOUT,
                       what="the Job")
     pod = job["spec"]["template"]["spec"]
-    assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER,
-                                                          crd.INJECT_CONTAINER]
-    assert pod["initContainers"][1]["args"] == ["inject-lib", INJECT_DIR]
+    assert [c["name"] for c in pod["initContainers"]] == [
+        crd.SIDECAR_CONTAINER, crd.GUARD_CONTAINER, crd.INJECT_CONTAINER]
+    assert pod["initContainers"][2]["args"] == ["inject-lib", INJECT_DIR]
     assert {"name": crd.INJECT_VOLUME, "emptyDir": {"sizeLimit": "32Mi"}} in pod["volumes"]
     (trainer,) = pod["containers"]
     assert {"name": "PYTHONPATH", "value": f"{INJECT_DIR}:/app/src"} in trainer["env"]

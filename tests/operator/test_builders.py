@@ -18,6 +18,7 @@ from throttledjob.operator import crd
 from throttledjob.operator.children import (
     DEFAULT_SIDECAR_UID,
     LABEL_NAME,
+    METRICS_PORT,
     SHARED_DIR,
     build_configmap,
     build_job,
@@ -114,7 +115,8 @@ def test_job_keeps_the_users_template_and_adds_the_sidecar() -> None:
     assert job["metadata"]["labels"]["team"] == "vision"  # the user's Job labels
     assert job["spec"]["backoffLimit"] == 0
     assert pod["nodeSelector"] == {"gpu": "a100"}
-    assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER, "fetch"]
+    assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER,
+                                                          crd.GUARD_CONTAINER, "fetch"]
     (trainer,) = pod["containers"]
     assert trainer["env"] == [{"name": "EPOCHS", "value": "3"},
                               {"name": ENV_DIR, "value": SHARED_DIR},
@@ -150,6 +152,38 @@ def test_sidecar_follows_the_contract() -> None:
     assert "/var/run/throttledjob" in mounts
     sc = sidecar["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_guard_runs_apart_as_the_workload_and_can_only_read_the_lease() -> None:
+    job, _ = built(make_tj(throttle={"targets": {"cpu": {"peak": 1}},
+                                     "enforcement": "Signals"}))
+    pod = pod_of(job)
+    sidecar, guard = pod["initContainers"][:2]
+    assert guard["name"] == crd.GUARD_CONTAINER and guard["restartPolicy"] == "Always"
+    assert guard["args"] == ["guard", "--shared-dir", SHARED_DIR]
+    # Same UID as the sidecar (the workload's: kill(2) needs it), nothing more.
+    assert guard["securityContext"] == sidecar["securityContext"]
+    assert guard["securityContext"]["runAsUser"] == 1000
+    assert guard["volumeMounts"] == [{"name": crd.SHARED_VOLUME, "mountPath": SHARED_DIR,
+                                      "readOnly": True}]
+    # A container of its own memory: the sidecar's OOM kill does not take it along.
+    assert guard["resources"]["limits"]["memory"] == "32Mi"
+    assert restricted_violations(pod) == []
+    k8s_validate(job)
+
+
+def test_each_workload_container_ends_throttling_before_its_sigterm() -> None:
+    tj = make_tj()
+    containers = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    own = {"exec": {"command": ["/bin/save"]}}
+    containers.append({"name": "saver", "image": "busybox",
+                       "lifecycle": {"preStop": own, "postStart": own}})
+    job, _ = built(tj)
+    trainer, saver = pod_of(job)["containers"]
+    assert trainer["lifecycle"] == {"preStop": {"httpGet": {"path": "/prestop",
+                                                            "port": METRICS_PORT}}}
+    assert saver["lifecycle"] == {"preStop": own, "postStart": own}  # the user's kept
+    k8s_validate(job)
 
 
 def test_pod_meets_restricted_and_gets_no_token_by_default() -> None:

@@ -44,7 +44,8 @@ def test_default_is_none_and_leaves_the_pod_alone() -> None:
                      {"targets": {"cpu": {"peak": 1}}, "inject": "None"}):
         job, _ = built(make_tj(throttle=throttle))
         pod = pod_of(job)
-        assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER]
+        assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER,
+                                                              crd.GUARD_CONTAINER]
         assert crd.INJECT_VOLUME not in [v["name"] for v in pod["volumes"]]
         assert "PYTHONPATH" not in env_of(pod["containers"][0])
 
@@ -54,8 +55,9 @@ def test_auto_adds_init_container_volume_and_pythonpath() -> None:
     k8s_validate(job)  # --strict, Kubernetes 1.30 and the newest bundled
     pod = pod_of(job)
     names = [c["name"] for c in pod["initContainers"]]
-    assert names == [crd.SIDECAR_CONTAINER, crd.INJECT_CONTAINER]  # sidecar first
-    init = pod["initContainers"][1]
+    # The sidecar and its guard first
+    assert names == [crd.SIDECAR_CONTAINER, crd.GUARD_CONTAINER, crd.INJECT_CONTAINER]
+    init = pod["initContainers"][2]
     assert init["image"] == OperatorSettings().sidecar_image  # the product image
     assert init["args"] == ["inject-lib", INJECT_DIR]
     assert "restartPolicy" not in init  # runs to completion before the workload
@@ -85,9 +87,9 @@ def test_every_workload_container_gets_it_and_the_users_init_containers_do_not()
     job, _ = built(tj)
     out = pod_of(job)
     assert [c["name"] for c in out["initContainers"]] == [
-        crd.SIDECAR_CONTAINER, crd.INJECT_CONTAINER, "fetch"]
+        crd.SIDECAR_CONTAINER, crd.GUARD_CONTAINER, crd.INJECT_CONTAINER, "fetch"]
     assert all(env_of(c)["PYTHONPATH"] == INJECT_DIR for c in out["containers"])
-    assert "env" not in out["initContainers"][2]
+    assert "env" not in out["initContainers"][3]
     k8s_validate(job)
 
 
@@ -190,7 +192,7 @@ def test_the_built_pod_loads_the_hook_and_keeps_the_users_path(
     pod = pod_of(job)
     # The init container, as the image runs it: `throttledjob inject-lib DIR`.
     lib = tmp_path / "python"
-    init = pod["initContainers"][1]
+    (init,) = [c for c in pod["initContainers"] if c["name"] == crd.INJECT_CONTAINER]
     done = subprocess.run([str(VENV_BIN / "throttledjob"), *init["args"][:1], str(lib)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

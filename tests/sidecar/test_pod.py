@@ -9,6 +9,7 @@ GPUs lost mid-run, and no shared process namespace.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -335,3 +336,58 @@ def test_a_limit_the_budget_lifted_still_counts_as_holding_the_target(
     agent = SimpleNamespace(policy=written.under_cpu_limit(1.0),
                             status=CycleStatus(cpu_limit_wanted_cores=wanted))
     assert str(written.under_cpu_limit(_holding(agent, limit)).enforcement) == enforcement
+
+
+# A workload that saves a checkpoint on SIGTERM: about 0.4 s of CPU, then the file,
+# with the handler's own wall and CPU time in it.
+CHECKPOINTER = """
+import json, signal, sys, time
+def save(*_):
+    wall, cpu = time.monotonic(), time.process_time()
+    n = 0
+    while time.process_time() - cpu < 0.4:
+        n += 1
+    json.dump({"wall": time.monotonic() - wall, "cpu": time.process_time() - cpu},
+              open(sys.argv[1], "w"))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+while True:
+    pass
+"""
+
+
+def checkpoint_under_signals(tmp_path, spawn, sidecar, name: str,
+                             prestop: bool) -> dict[str, float]:
+    """Hold the checkpointer at 0.2 core by signals, then terminate it as the kubelet
+    does (preStop hook first, if `prestop`, then SIGTERM); the handler's figures."""
+    out = tmp_path / f"{name}.json"
+    proc = spawn([sys.executable, "-c", CHECKPOINTER, str(out)])
+    side = sidecar("targets: {cpu: {peak: 200m}}\nmaxSlowdown: 8\nenforcement: Signals\n",
+                   proc.pid, shared=tmp_path / f"shared-{name}")
+    wait_for(lambda: stopped([proc.pid]), timeout=20, interval=0.005,
+             what="the sidecar stopping the workload")
+    if prestop:
+        assert get(side.url + "/prestop")[0] == 200
+        # Nothing stopped from the hook's answer on, and no quota published to pace by.
+        for _ in range(50):
+            assert stopped([proc.pid]) == [], "stopped after the preStop hook"
+            time.sleep(0.01)
+        settings = json.loads((tmp_path / f"shared-{name}" / "settings.json").read_text())
+        assert settings["cpu_quota_cores"] is None, settings
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    side.proc.send_signal(signal.SIGTERM)
+    side.proc.wait(timeout=10)
+    return json.loads(out.read_text())
+
+
+def test_the_prestop_hook_ends_throttling_so_a_checkpoint_is_saved_at_full_speed(
+        tmp_path, spawn, sidecar):
+    """The kubelet calls the workload containers' preStop hook (GET /prestop on the
+    sidecar) before it sends them SIGTERM: the handler that saves the checkpoint runs
+    unthrottled. Without the hook (the baseline, same run) signals duty-cycle it."""
+    held = checkpoint_under_signals(tmp_path, spawn, sidecar, "held", prestop=False)
+    freed = checkpoint_under_signals(tmp_path, spawn, sidecar, "freed", prestop=True)
+    print(f"checkpoint handler: under signals {held}; after preStop {freed}")
+    assert held["wall"] > 2 * held["cpu"], held  # the baseline really is held back
+    assert freed["wall"] < 1.5 * freed["cpu"], freed

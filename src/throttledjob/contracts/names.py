@@ -22,3 +22,6 @@ ENV_USER_PYTHONPATH = "THROTTLEDJOB_USER_PYTHONPATH"
 # per cooperating process (workload -> sidecar), named PROGRESS_PREFIX + PID + ".json".
 SETTINGS_FILE = "settings.json"
 PROGRESS_PREFIX = "progress-"
+# Sidecar -> guard: before the signal enforcer stops the workload it writes which pids it
+# stops and until when (sidecar/lease.py); the guard resumes them if that moment passes.
+STOP_LEASE_FILE = "stop-lease.json"

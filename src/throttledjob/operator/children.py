@@ -22,6 +22,7 @@ from . import cpu_limits
 from .crd import (
     API_VERSION,
     DEFAULT_INJECT,
+    GUARD_CONTAINER,
     INJECT_CONTAINER,
     INJECT_VOLUME,
     KIND,
@@ -80,6 +81,20 @@ def workload_uid(pod: Mapping[str, Any]) -> int | None:
 
 
 
+def _as_workload(uid: int | None) -> dict[str, Any]:
+    """The security context of the containers that signal the workload: its UID, no
+    capability, nothing writable but their volumes (Pod Security "restricted")."""
+    run_as = DEFAULT_SIDECAR_UID if uid is None else uid
+    return {
+        "runAsNonRoot": run_as != 0,
+        "runAsUser": run_as,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def build_sidecar(settings: OperatorSettings, uid: int | None) -> dict[str, Any]:
     """The sidecar as a native sidecar: an init container with restartPolicy Always.
 
@@ -92,15 +107,7 @@ def build_sidecar(settings: OperatorSettings, uid: int | None) -> dict[str, Any]
     anyway (no ambient set). So signals are sent as the workload's own UID: same UID is
     what kill(2) needs, without CAP_KILL.
     """
-    run_as = DEFAULT_SIDECAR_UID if uid is None else uid
-    security = {
-        "runAsNonRoot": run_as != 0,
-        "runAsUser": run_as,
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    security = _as_workload(uid)
     probe = {"httpGet": {"path": "/healthz", "port": METRICS_PORT_NAME},
              "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3}
     return {
@@ -123,6 +130,37 @@ def build_sidecar(settings: OperatorSettings, uid: int | None) -> dict[str, Any]
         "volumeMounts": [{"name": SHARED_VOLUME, "mountPath": SHARED_DIR},
                          {"name": POLICY_VOLUME, "mountPath": POLICY_DIR, "readOnly": True}],
     }
+
+
+def build_guard(settings: OperatorSettings, uid: int | None) -> dict[str, Any]:
+    """The guard (`throttledjob guard`): a native sidecar of its own that resumes the
+    workload when a stop the sidecar announced (its stop lease) ends and the workload is
+    still stopped, i.e. the sidecar died inside it. A container apart, so an OOM kill or
+    a crash loop of the sidecar does not take it along; same UID as the workload, no
+    capability, the shared directory read-only: it can send SIGCONT and nothing else
+    (docs/reliability.md)."""
+    return {
+        "name": GUARD_CONTAINER,
+        "image": settings.sidecar_image,
+        "imagePullPolicy": "IfNotPresent",
+        "restartPolicy": "Always",
+        "args": ["guard", "--shared-dir", SHARED_DIR],
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "resources": {"requests": {"cpu": "5m", "memory": "16Mi"},
+                      "limits": {"memory": "32Mi"}},
+        "securityContext": _as_workload(uid),
+        "volumeMounts": [{"name": SHARED_VOLUME, "mountPath": SHARED_DIR, "readOnly": True}],
+    }
+
+
+def stand_down_hook(container: dict[str, Any]) -> None:
+    """A preStop hook on a workload container that ends throttling before the kubelet
+    sends it SIGTERM (GET /prestop on the sidecar's port), so a workload that saves a
+    checkpoint on SIGTERM does it unthrottled, never stopped or paced. A container with
+    its own preStop hook keeps it (there can be one): then the workload is held until
+    the sidecar itself is stopped, after the workload's containers."""
+    lifecycle = container.setdefault("lifecycle", {})
+    lifecycle.setdefault("preStop", {"httpGet": {"path": "/prestop", "port": METRICS_PORT}})
 
 
 def inject_mode(spec: Mapping[str, Any]) -> str:
@@ -217,16 +255,20 @@ def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
                                         {"name": ENV_CONTAINER, "value": c["name"]}])
         c.setdefault("volumeMounts", []).append({"name": SHARED_VOLUME,
                                                  "mountPath": SHARED_DIR})
+        stand_down_hook(c)
     # First init container: a native sidecar starts before the later init containers
     # and the workload, so the settings file exists when the workload starts.
-    sidecar = build_sidecar(settings, workload_uid(pod))
+    uid = workload_uid(pod)
+    sidecar = build_sidecar(settings, uid)
     # Enforcement Quota: the kernel holds the target with the workload's CPU limits, unless
     # a request is over its share (validation.quota_warning says so; signals hold it).
     target = cpu_limits.quota_target(policy_doc)
     if target is not None and not cpu_limits.request_over_limit(pod["containers"], target):
         limit = cpu_limits.apply(pod["containers"], target)
         sidecar["env"] = [{"name": ENV_CPU_LIMIT, "value": f"{limit:g}"}]
-    ours = [sidecar]
+    # The guard after the sidecar: it starts once the sidecar's startup probe passed,
+    # still before any workload container.
+    ours = [sidecar, build_guard(settings, uid)]
     volumes = [
         {"name": SHARED_VOLUME, "emptyDir": {"sizeLimit": settings.shared_dir_size_limit}},
         {"name": POLICY_VOLUME, "configMap": {"name": configmap_name(name),

@@ -31,10 +31,11 @@ CRD_FILE = Path("charts/throttledjob/crds") / f"{GROUP}_{PLURAL}.yaml"
 # Names the operator injects into the pod; a user's template must not use them.
 SIDECAR_CONTAINER = "throttledjob-sidecar"
 INJECT_CONTAINER = "throttledjob-inject"
+GUARD_CONTAINER = "throttledjob-guard"
 SHARED_VOLUME = "throttledjob-shared"
 POLICY_VOLUME = "throttledjob-policy"
 INJECT_VOLUME = "throttledjob-python"
-RESERVED_CONTAINERS = (SIDECAR_CONTAINER, INJECT_CONTAINER)
+RESERVED_CONTAINERS = (SIDECAR_CONTAINER, GUARD_CONTAINER, INJECT_CONTAINER)
 INJECT_MODES = ["Auto", "None"]
 # Opt-in: the init container and PYTHONPATH change every pod, and only Python programs
 # that import torch gain anything (see docs/operator.md, "Zero-code injection").

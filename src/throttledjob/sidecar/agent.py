@@ -10,6 +10,7 @@ snapshot, the `--report`, the status line) get, so none reaches into the agent.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -157,6 +158,9 @@ class Agent:
         self._settings_error: str | None = None
         self._enforcer_armed = False
         self.result = self._result(self.started, 0.0)
+        # Held by a control cycle and by stand_down, which comes from the HTTP thread.
+        self.lock = threading.Lock()
+        self.stood_down = False
 
     def start(self) -> None:
         """Arm the actuators before the workload runs its first instruction."""
@@ -194,7 +198,24 @@ class Agent:
             self._enforcer.set(None, 0.0)
         resume(self.tree.pids())
 
+    def stand_down(self) -> None:
+        """The pod is terminating (the workload's preStop hook asked): throttle nothing
+        from now on, so a workload that checkpoints on SIGTERM does so at full speed.
+        Every process is resumed, signals disarmed, the OS levers restored and settings
+        without a quota published before this returns; later policy edits are ignored.
+        The kernel's quota (a CPU limit in the pod spec) is not ours to lift."""
+        with self.lock:
+            self.set_policy(Policy(interval_seconds=self.policy.interval_seconds))
+            self.stood_down = True
+            self.os_levers.restore()
+            self.release()
+            self._actuate(None, self.clock())
+
     def cycle(self) -> CycleResult:
+        with self.lock:
+            return self._cycle()
+
+    def _cycle(self) -> CycleResult:
         began = time.perf_counter()
         now = self.clock()
         self.tree.refresh()
@@ -324,7 +345,10 @@ class Agent:
         return self._enforcer.paused_seconds if self._enforcer else 0.0
 
     def set_policy(self, policy: Policy) -> None:
-        """Apply an edited policy (a live ConfigMap change) from the next cycle on."""
+        """Apply an edited policy (a live ConfigMap change) from the next cycle on; none
+        once the agent stood down."""
+        if self.stood_down:
+            return
         old = self.policy
         self.policy = policy
         if self._explorable(old) != self._explorable(policy):

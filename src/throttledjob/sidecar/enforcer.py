@@ -7,12 +7,14 @@ to a quota (a kernel CPU quota) fits beside `SignalEnforcer` without touching th
 `SignalEnforcer` runs the same token bucket as the runtime's pacing
 (throttledjob.runtime.budget), evaluated every `tick` seconds on the tree's CPU time, as
 cpulimit does. Every process it stops is resumed when it stops itself, whatever the exit
-path.
+path; in a pod, each stop is announced first by a stop lease (lease.py) so that the guard
+resumes it on time even if this process dies inside it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -21,8 +23,11 @@ from typing import Protocol
 
 from throttledjob.runtime.budget import CpuBudget
 
+from .lease import StopLease, write_lease
 from .processes import ProcessTree, resume
 from .quota import ThrottleStats
+
+log = logging.getLogger("throttledjob.sidecar")
 
 
 class Enforcer(Protocol):
@@ -54,8 +59,13 @@ class SignalEnforcer:
     """A daemon thread that holds a process tree's CPU rate to a quota by stopping it."""
 
     def __init__(self, tree: ProcessTree, tick: float = 0.02, burst_seconds: float = 0.05,
-                 refresh_every: float = 0.1, process_group: int | None = None) -> None:
+                 refresh_every: float = 0.1, process_group: int | None = None,
+                 lease_path: str | None = None) -> None:
         self.tree = tree
+        # Where each stop is announced before it is made (a pod's guard reads it); a stop
+        # that cannot be announced is not made.
+        self.lease_path = lease_path
+        self.lease_error: str | None = None
         # Also stop the whole group (local mode: the command's session): a child forked
         # since the last scan is stopped with its parent instead of running free.
         self.process_group = process_group
@@ -116,8 +126,12 @@ class SignalEnforcer:
                 with self._lock:
                     pause = self.budget.pause_for(self.tree.cpu_seconds(), now)
                 if pause > 0.0:
-                    pause = min(pause, self.tick * 5)
-                    self._stopped = self.tree.signal(signal.SIGSTOP)
+                    pause = min(pause, self.max_stop_seconds)
+                    pids = self.tree.pids()
+                    if not self._announce(StopLease(time.monotonic() + pause, tuple(pids))):
+                        self._quit.wait(self.tick)
+                        continue
+                    self._stopped = self.tree.signal(signal.SIGSTOP, pids)
                     self._signal_group(signal.SIGSTOP)
                     self._quit.wait(pause)
                     self._resume()
@@ -126,6 +140,27 @@ class SignalEnforcer:
                     self._quit.wait(self.tick)
         finally:
             self._resume()
+
+    @property
+    def max_stop_seconds(self) -> float:
+        """The longest single stop: what a dead enforcer's stop can last (the guard's
+        bound is this plus its slack and poll)."""
+        return self.tick * 5
+
+    def _announce(self, lease: StopLease) -> bool:
+        """Write the lease for the stop about to be made; False: it could not be, and
+        the stop must not be made (fail open)."""
+        if self.lease_path is None:
+            return True
+        try:
+            write_lease(self.lease_path, lease)
+        except OSError as e:
+            if self.lease_error is None:
+                log.warning("throttledjob: cannot write the stop lease, not stopping: %s", e)
+            self.lease_error = str(e)
+            return False
+        self.lease_error = None
+        return True
 
     def _resume(self) -> None:
         stopped, self._stopped = self._stopped, []

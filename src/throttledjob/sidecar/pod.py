@@ -4,7 +4,9 @@ The workload is every process of the pod's shared process namespace but the side
 own and pid 1 ('pause'); `--root-pid` narrows it to one process tree (tests, or a pod
 without a shared namespace where the workload is known by other means). The policy is
 a projected ConfigMap, reloaded live. Whatever the exit, nothing is left stopped: on
-start it resumes a workload a dead predecessor left stopped, on exit it resumes all.
+start it resumes a workload a dead predecessor left stopped, on exit it resumes all, and
+if it dies inside a stop the pod's guard (guard.py) resumes the workload when the stop's
+lease ends. GET /prestop (the workload containers' preStop hook) stands it down for good.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .enforcer import SignalEnforcer
 from .exporter import Exporter, log_to_stderr
 from .gpu import GpuAgent, open_backend
 from .gpu.simulate import follow
+from .lease import lease_path
 from .policy_watch import PolicyWatcher
 from .processes import ProcessTree, cgroup_of, pod_cgroup, resume
 
@@ -61,9 +64,10 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     follow(gpu)  # simulated GPUs see what the agent does to the workload
     # The containers' own limits, read live through the workload's processes (a pod only).
     kernel = ContainerQuota(tree) if tree.scoped else None
-    agent = Agent(policy, tree, shared_dir, _enforcer(tree, policy), gpu=gpu,
+    agent = Agent(policy, tree, shared_dir, _enforcer(tree, policy, shared_dir), gpu=gpu,
                   container_quota=kernel)
     exporter = Exporter(host, port).attach(agent, _cpu_telemetry(tree, root_pid))
+    exporter.server.on_prestop = lambda: _stand_down(agent)
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -103,7 +107,8 @@ def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exp
         live = _live_limit(agent, limit)
         if new is not None or live != limit:
             written, limit = new or written, live
-            _apply_policy(agent, tree, written.under_cpu_limit(_holding(agent, limit)))
+            _apply_policy(agent, tree, written.under_cpu_limit(_holding(agent, limit)),
+                          agent.settings_dir)
             exporter.set_interval(agent.policy.interval_seconds)
             log.info("throttledjob: policy %s", "reloaded from " + watcher.path if new
                      else f"under the workload's CPU limit, now {limit} cores")
@@ -140,17 +145,26 @@ def _holding(agent: Agent, limit: float | None) -> float | None:
     return limit
 
 
-def _apply_policy(agent: Agent, tree: ProcessTree, policy: Policy) -> None:
+def _apply_policy(agent: Agent, tree: ProcessTree, policy: Policy, shared_dir: str) -> None:
+    if agent.stood_down:
+        return
     if policy.uses_signals and not agent.has_enforcer:
-        agent.use_enforcer(_enforcer(tree, policy))
+        agent.use_enforcer(_enforcer(tree, policy, shared_dir))
     agent.set_policy(policy)
 
 
-def _enforcer(tree: ProcessTree, policy: Policy) -> SignalEnforcer | None:
+def _stand_down(agent: Agent) -> None:
+    log.info("throttledjob: the pod is terminating (preStop): throttling ends")
+    agent.stand_down()
+
+
+def _enforcer(tree: ProcessTree, policy: Policy, shared_dir: str) -> SignalEnforcer | None:
     # Scanning every process 50 times a second costs CPU: only when signals may be used.
     if not tree.scoped:  # never stop a process that may not be the workload's
         return None
-    return SignalEnforcer(tree) if policy.uses_signals else None
+    # Each stop announced in the shared directory, where the guard reads it.
+    return SignalEnforcer(tree, lease_path=lease_path(shared_dir)) \
+        if policy.uses_signals else None
 
 
 def _cpu_telemetry(tree: ProcessTree, root_pid: int | None) -> str:

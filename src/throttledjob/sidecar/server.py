@@ -1,4 +1,6 @@
-"""One HTTP port: GET /metrics (Prometheus text), /healthz, /readyz and /status (JSON).
+"""One HTTP port: GET /metrics (Prometheus text), /healthz, /readyz and /status (JSON);
+in a pod also GET /prestop, the workload containers' preStop hook (the kubelet calls it
+before it sends them SIGTERM): throttling ends before the answer.
 
 A stdlib ThreadingHTTPServer on a daemon thread: small, no framework, and a slow
 scraper cannot stall the control loop (it only reads the latest snapshot).
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -64,6 +67,8 @@ class MetricsServer:
         self.interval_seconds = interval_seconds
         self.registry = make_registry(holder)
         self.ready = False
+        # Set in a pod: stands the agent down (pod.py); None: /prestop is not served.
+        self.on_prestop: Callable[[], None] | None = None
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -109,6 +114,9 @@ class MetricsServer:
             else:
                 body = json.dumps(status_document(snap), indent=1).encode() + b"\n"
                 self._send(req, 200, body, "application/json")
+        elif path == "/prestop" and self.on_prestop is not None:
+            self.on_prestop()
+            self._send(req, 200, b"throttling ended: the pod is terminating\n")
         else:
             self._send(req, 404, b"not found: try /metrics, /healthz, /readyz, /status\n")
 
