@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from conftest import HUNGRY, wait_for
+from throttledjob.sidecar.summary import cpu_peak_bound
 
 
 def run(throttledjob_cmd, args, tmp_path, **kwargs):
@@ -67,7 +68,9 @@ def test_the_kernel_quota_is_the_default_and_holds_the_target(throttledjob_cmd, 
     assert report["enforcement"] == "quota"
     assert report["controller"]["enforcer"].startswith("kernel quota (cgroup v")
     samples = report["cpu_recent_samples"]
-    assert samples and max(samples) <= 0.5 * 1.05  # the kernel holds every second
+    # The kernel holds every second, within its own slack (a plain 0.5-core quota read
+    # up to 0.525 here: bench/quota_spread.py --cores 0.5).
+    assert samples and max(samples) <= cpu_peak_bound(0.5), samples
     assert report["controller"]["levers_used"] == ["quota"]
     # Held back, as the kernel's throttling counters say (2 busy workers at 0.5 cores).
     assert report["controller"]["signal_paused_seconds"] > 0

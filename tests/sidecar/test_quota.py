@@ -27,6 +27,7 @@ from throttledjob.sidecar.quota import (
     detect,
     sweep_orphans,
 )
+from throttledjob.sidecar.summary import cpu_peak_bound
 
 DETECTED = detect()
 # Where the suite runs as root (CI), a missing quota is a failure, not a skip.
@@ -108,7 +109,7 @@ def test_kernel_quota_holds_two_busy_processes(busy, target: float) -> None:
         elapsed = time.monotonic() - started
         share = (after.nr_throttled - before.nr_throttled) / max(
             1, after.nr_periods - before.nr_periods)
-        assert used <= 1.05 * target, (used, target)
+        assert used <= cpu_peak_bound(target), (used, target)  # the kernel's own slack
         if share >= 0.9:
             assert used >= 0.95 * target, (used, target, share)
         if free >= 1.1 * target:
@@ -168,7 +169,7 @@ def test_children_forked_after_start_are_held(busy) -> None:
         before = q.stats()
         used = cores(parent.pid, 2.0)
         after = q.stats()
-        assert after.nr_throttled > before.nr_throttled and used <= 1.05 * 0.5, used
+        assert after.nr_throttled > before.nr_throttled and used <= cpu_peak_bound(0.5), used
         if after.nr_throttled - before.nr_throttled >= 0.9 * (after.nr_periods - before.nr_periods):
             assert used >= 0.95 * 0.5, used
     assert not os.path.exists(q.path)

@@ -14,7 +14,8 @@ Rules (each in one place, so the two outputs cannot disagree):
   a setting while it is in force (threads and batch scale as published, the explorer's
   or the policy's; rate limit; nice; CPU affinity; GPU memory fraction; a GPU power cap
   under the board's limit); named and ordered as contracts.status.LEVERS;
-- target met: the recent p99 of every target within TARGET_TOLERANCE of it.
+- target met: the recent p99 of every target within TARGET_TOLERANCE of it; for CPU, or
+  within KERNEL_SLACK_CORES, whichever is larger (cpu_peak_bound).
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ from .stats import PeakSummary
 # A target counts as met while the p99 of recent 1-second samples is within this much
 # of it: the same tolerance the benchmarks give the CPU controller.
 TARGET_TOLERANCE = 0.05
+# A CPU quota held by the kernel (CFS bandwidth), seen through 1-second samples, reads a
+# little over the quota: a window is not aligned to the 100 ms periods, a period's quota
+# is handed to each CPU in 5 ms slices, and the counters move at the scheduler's tick.
+# Measured over a plain quota (bench/quota_spread.py, docs/benchmarks.md): up to 0.014
+# cores over at 1 core and 0.025 at 0.5 core. Nothing keeps a 1-second peak tighter than
+# the kernel itself: the CPU target is met within this much, or TARGET_TOLERANCE of it.
+KERNEL_SLACK_CORES = 0.05
 # The share of wall time counted as held back at most: keeps the slowdown finite (100 at
 # most, as for maxSlowdown) when the levers' clocks and the agent's disagree slightly.
 MAX_PAUSED_SHARE = 0.99
@@ -85,10 +93,19 @@ def summarize(result: CycleResult) -> RunSummary:
                                     MAX_PAUSED_SHARE * wall)),
         throttle_level=min(1.0, max(0.0, result.status.pause_fraction)),
         levers=tuple(name for name in LEVERS if used[name]),
-        target_met=(_met(result.cpu.recent_p99, p.cpu_peak_cores)
+        target_met=(_cpu_met(result.cpu.recent_p99, p.cpu_peak_cores)
                     and _met(util.recent_p99, util_target)
                     and _met(power.recent_p99, p.gpu_peak_power_watts)),
     )
+
+
+def cpu_peak_bound(target: float) -> float:
+    """The highest 1-second CPU peak (cores) that still meets a target of `target`."""
+    return target + max(TARGET_TOLERANCE * target, KERNEL_SLACK_CORES)
+
+
+def _cpu_met(observed: float | None, target: float | None) -> bool:
+    return target is None or observed is None or observed <= cpu_peak_bound(target)
 
 
 def _met(observed: float | None, target: float | None) -> bool:
