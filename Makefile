@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.run-installed
 
-.PHONY: demo test lint unit tools checkov bench install install-run clean cluster cluster-down
+.PHONY: demo test lint unit fast tools checkov bench install install-run clean cluster cluster-down
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,11 @@ unit: install tools checkov
 	$(VENV)/bin/pytest
 
 test: lint unit
+
+# The tier without Kubernetes (no Go build, no cluster): a few minutes, for a quick loop.
+fast: install tools checkov
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -m "not cluster"
 
 bench: install tools
 	$(PY) bench/run.py
