@@ -124,15 +124,13 @@ class SignalEnforcer:
                     self._quit.wait(self.refresh_every)
                     continue
                 with self._lock:
-                    pause = self.budget.pause_for(self.tree.cpu_seconds(), now)
-                if pause > 0.0:
+                    # Decided and made under the lock: once set(None) returns (the pod's
+                    # preStop), no new stop begins.
+                    pause = self.budget.pause_for(self.tree.cpu_seconds(), now) \
+                        if self.budget.rate_cores else 0.0
                     pause = min(pause, self.max_stop_seconds)
-                    pids = self.tree.pids()
-                    if not self._announce(StopLease(time.monotonic() + pause, tuple(pids))):
-                        self._quit.wait(self.tick)
-                        continue
-                    self._stopped = self.tree.signal(signal.SIGSTOP, pids)
-                    self._signal_group(signal.SIGSTOP)
+                    stopping = pause > 0.0 and self._stop(pause)
+                if stopping:
                     self._quit.wait(pause)
                     self._resume()
                     self.budget.record_pause(time.monotonic() - now)
@@ -146,6 +144,15 @@ class SignalEnforcer:
         """The longest single stop: what a dead enforcer's stop can last (the guard's
         bound is this plus its slack and poll)."""
         return self.tick * 5
+
+    def _stop(self, pause: float) -> bool:
+        """Announce a stop of `pause` seconds and make it; False: not made."""
+        pids = self.tree.pids()
+        if not self._announce(StopLease(time.monotonic() + pause, tuple(pids))):
+            return False
+        self._stopped = self.tree.signal(signal.SIGSTOP, pids)
+        self._signal_group(signal.SIGSTOP)
+        return True
 
     def _announce(self, lease: StopLease) -> bool:
         """Write the lease for the stop about to be made; False: it could not be, and
