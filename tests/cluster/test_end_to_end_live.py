@@ -38,6 +38,7 @@ from throttledjob.operator.status import condition
 from throttledjob.sidecar import guard
 from throttledjob.sidecar.container_quota import read_limit
 from throttledjob.sidecar.lease import lease_path, read_lease
+from throttledjob.sidecar.processes import alive
 from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
 
@@ -727,9 +728,9 @@ def container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:
                  if c["name"] == name), {})
 
 
-def host_pids(real_node: Any, container_id: str) -> list[int]:
-    """The processes of one container, as the node sees them."""
-    cgroup = real_node.container_cgroup(container_id, "pids")
+def host_pids(cgroup: Path | None) -> list[int]:
+    """The processes of one container (its cgroup, found once: the search is slow), as
+    the node sees them; none once it is gone."""
     try:
         return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()] if cgroup \
             else []
@@ -755,17 +756,18 @@ def running_sidecar(kubectl: Kubectl, namespace: str, selector: str,
 
 def left_stopped(real_node: Any, pod: dict[str, Any], side: str, work: str,
                  kill: Any) -> tuple[float, float] | None:
-    """Wait until the workload is stopped, `kill` the sidecar, and time how long the
-    workload stays stopped: (seconds after the sidecar was seen dead, seconds after the
-    end of the stop its lease announced). None when the sidecar died while the workload
-    ran (the stop ended first): nothing to measure."""
-    workload = host_pids(real_node, work)
+    """Wait until the workload is stopped, `kill` the sidecar (given its pids), and time
+    how long the workload stays stopped: (seconds after the sidecar was seen dead,
+    seconds after the end of the stop its lease announced). None when the sidecar died
+    while the workload ran (the stop ended first): nothing to measure."""
+    workload = host_pids(real_node.container_cgroup(work, "pids"))
+    sidecar = real_node.container_cgroup(side, "pids")
     deadline = time.monotonic() + 60
     while not any(guard.stopped(p) for p in workload):
         assert time.monotonic() < deadline, "the sidecar never stopped the workload"
         time.sleep(0.001)
-    kill()
-    while host_pids(real_node, side):
+    kill(host_pids(sidecar))
+    while host_pids(sidecar):
         assert time.monotonic() < deadline, "the sidecar did not die"
         time.sleep(0.001)
     died = time.monotonic()
@@ -805,9 +807,8 @@ def test_a_sidecar_killed_inside_a_stop_never_leaves_the_workload_stopped(
     while len(killed) < 5:
         assert restarts < 10, killed
         pod, side, work = running_sidecar(kubectl, namespace, selector, restarts)
-        sidecar = host_pids(real_node, side)
 
-        def kill(pids: list[int] = sidecar) -> None:
+        def kill(pids: list[int]) -> None:
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
@@ -822,11 +823,11 @@ def test_a_sidecar_killed_inside_a_stop_never_leaves_the_workload_stopped(
         memory = real_node.container_cgroup(side, "memory")
         url = f"http://{pod['status']['podIP']}:9400/metrics"
 
-        def squeeze(memory: Path = memory, url: str = url, side: str = side) -> None:
+        def squeeze(pids: list[int], memory: Path = memory, url: str = url) -> None:
             usage = int((memory / "memory.usage_in_bytes").read_text())
             (memory / "memory.limit_in_bytes").write_text(str(usage + 4096))
             for _ in range(50):
-                if not host_pids(real_node, side):
+                if not any(alive(p) for p in pids):
                     return
                 with contextlib.suppress(OSError):
                     urllib.request.urlopen(url, timeout=0.2).read()

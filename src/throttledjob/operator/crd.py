@@ -100,7 +100,7 @@ def _gpu_target() -> dict[str, Any]:
 
 
 def throttle_schema() -> dict[str, Any]:
-    """`spec.throttle`: the policy the sidecar reads (sidecar/policy.py)."""
+    """`spec.throttle`: the policy the sidecar reads (contracts/policy.py)."""
     return {
         "type": "object",
         "description": "What to hold the workload to, and how.",
