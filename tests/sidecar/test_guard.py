@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import wait_for
@@ -229,3 +230,25 @@ def test_five_sidecar_deaths_inside_a_stop_each_leave_it_stopped_within_the_boun
         assert guard.wait(timeout=10) == 0
     assert "resumed" in guard.stderr.read()  # it says what it did
     assert not any(stopped(p) for p in pids)
+
+
+def test_the_sidecar_never_counts_the_guard_as_the_workload(tmp_path) -> None:
+    """In a pod the guard shares the workload's process namespace and cgroup: found
+    among the workload, it would be stopped with it (it was, on the real node, until the
+    guard named itself). Both run under a shell here, as in a container: the sidecar's
+    own children are never the workload."""
+    guard_cmd = f"{VENV_BIN / 'throttledjob'} guard --shared-dir {tmp_path}"
+    shell = subprocess.Popen(["sh", "-c", f"sleep 600 & {guard_cmd}; wait"],
+                             start_new_session=True)
+    try:
+        def both() -> list[psutil.Process] | None:
+            kids = psutil.Process(shell.pid).children()
+            names = sorted(k.name() for k in kids)
+            return kids if names == ["sleep", "tj-guard"] else None
+        kids = wait_for(both, what="the sleeper and the named guard")
+        sleeper, guard = sorted(kids, key=lambda k: k.name())
+        everyone = ProcessTree()  # the namespace's processes, as a pod's sidecar sees them
+        assert sleeper.pid in everyone.pids() and guard.pid not in everyone.pids()
+    finally:
+        os.killpg(shell.pid, signal.SIGTERM)
+        shell.wait(timeout=10)

@@ -18,12 +18,15 @@ stopped. Stdlib only: the whole process is a few MiB.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
+
+from throttledjob.contracts.names import GUARD_PROCESS_NAME
 
 from .lease import StopLease, lease_path, read_lease
 
@@ -113,9 +116,25 @@ class Guard:
         return resume_stopped(lease.pids) if lease else []
 
 
+def name_this_process(name: str = GUARD_PROCESS_NAME) -> bool:
+    """Set this process's name (/proc/PID/comm), by which the sidecar tells the guard
+    from the workload in the pod's shared process namespace; False where it cannot."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return False
+    return prctl(_PR_SET_NAME, name.encode(), 0, 0, 0) == 0
+
+
+_PR_SET_NAME = 15
+
+
 def run_guard(shared_dir: str, stop: threading.Event | None = None,
               poll: float = POLL_SECONDS, slack: float = SLACK_SECONDS) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not name_this_process():
+        log.warning("throttledjob guard: cannot set the process name %s: the sidecar may "
+                    "count the guard as workload", GUARD_PROCESS_NAME)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -14,6 +14,8 @@ import threading
 
 import psutil
 
+from throttledjob.contracts.names import GUARD_PROCESS_NAME
+
 _PAUSE_NAMES = ("pause", "/pause")
 
 
@@ -75,7 +77,9 @@ class ProcessTree:
         try:
             if p.ppid() in self.exclude:  # the sidecar's own helpers
                 return False
-            return not (p.pid == 1 and p.name() in _PAUSE_NAMES)
+            name = p.name()
+            # The pod's guard (guard.py) resumes the workload: never stopped with it.
+            return name != GUARD_PROCESS_NAME and not (p.pid == 1 and name in _PAUSE_NAMES)
         except psutil.Error:
             return False
 
