@@ -28,7 +28,7 @@ from throttledjob.sidecar.guard import (
     run_guard,
     stopped,
 )
-from throttledjob.sidecar.lease import StopLease, lease_path, read_lease, write_lease
+from throttledjob.sidecar.lease import LeaseWriter, StopLease, lease_path, read_lease
 from throttledjob.sidecar.processes import ProcessTree
 
 from .conftest import VENV_BIN
@@ -59,15 +59,29 @@ def guard_thread(path: str):
     return stop, t
 
 
+def write_lease(path: str, lease: StopLease) -> None:
+    """One lease, as a sidecar just started writes its first (over whatever is there)."""
+    writer = LeaseWriter(path)
+    writer.write(lease)
+    writer.close()
+
+
 def test_a_lease_round_trips_and_junk_is_no_lease(tmp_path) -> None:
     path = lease_path(str(tmp_path))
     assert read_lease(path) is None  # none written
-    write_lease(path, StopLease(12.5, (7, 8)))
-    assert read_lease(path) == StopLease(12.5, (7, 8))
-    # The directory is the workload's too: what it writes there is not a lease.
-    for junk in ('{"until": "soon", "pids": [7]}', '{"until": 1, "pids": [1]}',
-                 '{"until": 1, "pids": "7"}', "[]", "not json"):
-        (tmp_path / "stop-lease.json").write_text(junk)
+    writer = LeaseWriter(path)
+    writer.write(StopLease(12.5, (7, 8, 1234567)))
+    assert read_lease(path) == StopLease(12.5, (7, 8, 1234567))
+    writer.write(StopLease(13.25, (7,)))  # shorter: the rest is blanked
+    assert read_lease(path) == StopLease(13.25, (7,))
+    writer.close()
+    write_lease(path, StopLease(14.0, ()))  # a new writer over a longer line
+    assert read_lease(path) == StopLease(14.0, ())
+    # A write caught half done (the SEQs differ), and what the workload may write in a
+    # directory it shares: no lease.
+    for junk in ("3 14.5 7,8 2", "1 soon 7 1", "1 14.5 1 1", "1 nan 7 1", "1 14.5 7",
+                 "", "not a lease at all"):
+        Path(path).write_text(junk)
         assert read_lease(path) is None, junk
     os.unlink(path)
     os.mkfifo(path)  # a FIFO must not block the guard

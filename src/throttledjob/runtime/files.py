@@ -38,9 +38,9 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLO
     | getattr(os, "O_CLOEXEC", 0)
 
 
-def read_json_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> Any:
-    """Read and parse a regular JSON file of at most `max_bytes`, without following a
-    symlink or blocking on a FIFO; raises ValueError or OSError."""
+def read_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """Read a regular file of at most `max_bytes`, without following a symlink or
+    blocking on a FIFO; raises ValueError or OSError."""
     fd = os.open(path, _OPEN_FLAGS)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -48,7 +48,13 @@ def read_json_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> Any:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path}: larger than {max_bytes} bytes")
-    return json.loads(data, parse_constant=_refuse_constant)
+    return data
+
+
+def read_json_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """Read and parse a regular JSON file of at most `max_bytes` (as read_bounded);
+    raises ValueError or OSError."""
+    return json.loads(read_bounded(path, max_bytes), parse_constant=_refuse_constant)
 
 
 def _refuse_constant(name: str) -> Any:

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from throttledjob.runtime.budget import CpuBudget
 
-from .lease import StopLease, write_lease
+from .lease import LeaseWriter, StopLease
 from .processes import ProcessTree, resume
 from .quota import ThrottleStats
 
@@ -64,7 +64,7 @@ class SignalEnforcer:
         self.tree = tree
         # Where each stop is announced before it is made (a pod's guard reads it); a stop
         # that cannot be announced is not made.
-        self.lease_path = lease_path
+        self.lease = LeaseWriter(lease_path) if lease_path else None
         self.lease_error: str | None = None
         # Also stop the whole group (local mode: the command's session): a child forked
         # since the last scan is stopped with its parent instead of running free.
@@ -106,6 +106,8 @@ class SignalEnforcer:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
         self._resume()
+        if self.lease:
+            self.lease.close()
 
     def _run(self) -> None:
         next_refresh = time.monotonic() + self.refresh_every
@@ -157,10 +159,10 @@ class SignalEnforcer:
     def _announce(self, lease: StopLease) -> bool:
         """Write the lease for the stop about to be made; False: it could not be, and
         the stop must not be made (fail open)."""
-        if self.lease_path is None:
+        if self.lease is None:
             return True
         try:
-            write_lease(self.lease_path, lease)
+            self.lease.write(lease)
         except OSError as e:
             if self.lease_error is None:
                 log.warning("throttledjob: cannot write the stop lease, not stopping: %s", e)
