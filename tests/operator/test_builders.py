@@ -12,7 +12,12 @@ import kopf
 import pytest
 import yaml
 
-from throttledjob.contracts.names import ENV_CONTAINER, ENV_CPU_LIMIT, ENV_DIR
+from throttledjob.contracts.names import (
+    ENV_CONTAINER,
+    ENV_CPU_LIMIT,
+    ENV_DIR,
+    GUARD_PROCESS_NAME,
+)
 from throttledjob.contracts.policy import Enforcement, Policy, parse_policy
 from throttledjob.operator import crd
 from throttledjob.operator.children import (
@@ -160,7 +165,8 @@ def test_the_guard_runs_apart_as_the_workload_and_can_only_read_the_lease() -> N
     pod = pod_of(job)
     sidecar, guard = pod["initContainers"][:2]
     assert guard["name"] == crd.GUARD_CONTAINER and guard["restartPolicy"] == "Always"
-    assert guard["args"] == ["guard", "--shared-dir", SHARED_DIR]
+    assert guard["command"] == [GUARD_PROCESS_NAME]  # its process name from the start
+    assert guard["args"] == ["--shared-dir", SHARED_DIR]
     # Same UID as the sidecar (the workload's: kill(2) needs it), nothing more.
     assert guard["securityContext"] == sidecar["securityContext"]
     assert guard["securityContext"]["runAsUser"] == 1000

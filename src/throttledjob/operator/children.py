@@ -144,7 +144,10 @@ def build_guard(settings: OperatorSettings, uid: int | None) -> dict[str, Any]:
         "image": settings.sidecar_image,
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
-        "args": ["guard", "--shared-dir", SHARED_DIR],
+        # Named tj-guard from its first instruction: the sidecar never counts it as the
+        # workload, not even while it starts (contracts.names.GUARD_PROCESS_NAME).
+        "command": ["tj-guard"],
+        "args": ["--shared-dir", SHARED_DIR],
         "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
         "resources": {"requests": {"cpu": "5m", "memory": "16Mi"},
                       "limits": {"memory": "32Mi"}},

@@ -22,6 +22,7 @@ import ctypes
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -118,7 +119,9 @@ class Guard:
 
 def name_this_process(name: str = GUARD_PROCESS_NAME) -> bool:
     """Set this process's name (/proc/PID/comm), by which the sidecar tells the guard
-    from the workload in the pod's shared process namespace; False where it cannot."""
+    from the workload in the pod's shared process namespace; False where it cannot. (In
+    a pod it has that name already: its command is `tj-guard`. Not so `throttledjob
+    guard`, named after its script until this runs.)"""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux
@@ -127,6 +130,13 @@ def name_this_process(name: str = GUARD_PROCESS_NAME) -> bool:
 
 
 _PR_SET_NAME = 15
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`tj-guard --shared-dir DIR`: the operator's command for the guard container."""
+    from throttledjob.cli import main as cli
+
+    return cli(["guard", *(sys.argv[1:] if argv is None else argv)])
 
 
 def run_guard(shared_dir: str, stop: threading.Event | None = None,
