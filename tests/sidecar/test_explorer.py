@@ -401,6 +401,8 @@ class RecordingEnforcer:
     def close(self) -> None:
         pass
 
+    error = None
+
     def kernel_throttling(self) -> None:
         return None
 

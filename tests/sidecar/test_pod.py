@@ -174,9 +174,16 @@ def test_unwritable_shared_dir_is_reported_and_the_loop_keeps_running(tmp_path, 
     cycles = metric(side.url, "throttledjob_cycles_total")
     wait_for(lambda: metric(side.url, "throttledjob_cycles_total") > cycles, timeout=10,
              what="more cycles")
-    # Signals still work without the shared directory: the target is still held.
-    wait_for(lambda: side.status()["observed"]["cpuCores"] < 1.3, timeout=15,
-             what="CPU held")
+    # No stop the guard could not resume: without the shared directory there is no stop
+    # lease, so signals fail open (the workload runs free) and say why.
+    st = wait_for(lambda: (s := side.status()) and any(
+        e.startswith("signals: cannot write the stop lease") for e in s["errors"]) and s,
+        timeout=20, what="the stop lease's error")
+    assert metric(side.url, "throttledjob_problem", kind="signals") == 1
+    pids = tree(proc.pid)
+    for _ in range(200):  # a second: held at 1 core of 2, it would be stopped half of it
+        assert stopped(pids) == [], "stopped without a stop lease"
+        time.sleep(0.005)
 
 
 def test_gpu_lost_mid_run_degrades_to_cpu_only_and_says_so_once(workload, sidecar):

@@ -61,7 +61,7 @@ def test_100k_cycles_leak_neither_memory_nor_descriptors(tmp_path):
                     assert b"throttledjob_gpu_power_watts" in r.read()
         grown = me.memory_info().rss - rss
         assert grown < 2 * 1024 * 1024, f"resident memory grew {grown / 1024:.0f} KiB"
-        assert me.num_fds() == fds
+        assert me.num_fds() <= fds  # none grew (a scrape's socket may close meanwhile)
         assert agent.result.cpu.count >= CYCLES - 1
     finally:
         exporter.close()

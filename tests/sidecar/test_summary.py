@@ -35,6 +35,8 @@ class Enforcer:
     def close(self) -> None:
         pass
 
+    error = None
+
     def kernel_throttling(self) -> None:
         return None
 

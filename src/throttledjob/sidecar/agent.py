@@ -177,6 +177,11 @@ class Agent:
         self._running = True
 
     @property
+    def enforcer_error(self) -> str | None:
+        """Why the enforcer fails open now, or None."""
+        return self._enforcer.error if self._enforcer else None
+
+    @property
     def has_enforcer(self) -> bool:
         return self._enforcer is not None
 

@@ -54,6 +54,10 @@ class Enforcer(Protocol):
     def kernel_throttling(self) -> ThrottleStats | None:
         """The kernel's CFS throttling counters, where the kernel does the holding."""
 
+    @property
+    def error(self) -> str | None:
+        """Why it fails open now (holds nothing back), or None."""
+
 
 class SignalEnforcer:
     """A daemon thread that holds a process tree's CPU rate to a quota by stopping it."""
@@ -65,7 +69,8 @@ class SignalEnforcer:
         # Where each stop is announced before it is made (a pod's guard reads it); a stop
         # that cannot be announced is not made.
         self.lease = LeaseWriter(lease_path) if lease_path else None
-        self.lease_error: str | None = None
+        # Why it holds nothing back now (a stop it could not announce), or None.
+        self.error: str | None = None
         # Also stop the whole group (local mode: the command's session): a child forked
         # since the last scan is stopped with its parent instead of running free.
         self.process_group = process_group
@@ -164,11 +169,10 @@ class SignalEnforcer:
         try:
             self.lease.write(lease)
         except OSError as e:
-            if self.lease_error is None:
-                log.warning("throttledjob: cannot write the stop lease, not stopping: %s", e)
-            self.lease_error = str(e)
+            self.error = (f"cannot write the stop lease ({e.strerror or e}): nothing is "
+                          "stopped that the guard could not resume")
             return False
-        self.lease_error = None
+        self.error = None
         return True
 
     def _resume(self) -> None:

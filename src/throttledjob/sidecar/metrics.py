@@ -26,6 +26,9 @@ from .gpu.backend import THROTTLE_REASONS
 from .snapshot import Snapshot, SnapshotHolder
 
 P = "throttledjob_"
+# The kinds of problem the sidecar reports (exporter.report); signals: a stop it could
+# not announce to the guard, so it holds nothing back.
+PROBLEM_KINDS = ("policy", "progress", "settings", "gpu", "processes", "signals")
 GPU_LABELS = ["gpu", "UUID"]
 
 
@@ -228,11 +231,11 @@ def _health(s: Snapshot) -> Iterator[Metric]:
                       "in seconds.", s.time)
     yield from _gauge("start_time_seconds", "Unix time the sidecar started, in seconds.",
                       h.started)
-    errors = CounterMetricFamily(P + "errors", "Problems met, by kind (policy, progress, "
-                                 "settings, gpu, processes).", labels=["kind"])
+    errors = CounterMetricFamily(P + "errors", "Problems met, by kind "
+                                 f"({', '.join(PROBLEM_KINDS)}).", labels=["kind"])
     problems = GaugeMetricFamily(P + "problem", "1 while a problem of this kind is in force "
                                  "(see /status for the message).", labels=["kind"])
-    for kind in ("policy", "progress", "settings", "gpu", "processes"):
+    for kind in PROBLEM_KINDS:
         errors.add_metric([kind], h.errors_total.get(kind, 0))
         problems.add_metric([kind], float(kind in h.problems))
     yield errors

@@ -119,6 +119,7 @@ def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exp
         exporter.set_cpu_telemetry(_cpu_telemetry(tree, root_pid))
         try:
             agent.cycle()
+            exporter.report("signals", agent.enforcer_error)
             failures = 0
         except Exception as e:  # a bug must not leave the workload stopped or kill the pod
             failures += 1
