@@ -14,7 +14,6 @@ resumes it on time even if this process dies inside it.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import threading
@@ -26,8 +25,6 @@ from throttledjob.runtime.budget import CpuBudget
 from .lease import LeaseWriter, StopLease
 from .processes import ProcessTree, resume
 from .quota import ThrottleStats
-
-log = logging.getLogger("throttledjob.sidecar")
 
 
 class Enforcer(Protocol):
