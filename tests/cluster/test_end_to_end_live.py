@@ -782,13 +782,17 @@ def left_stopped(real_node: Any, pod: dict[str, Any], side: str, work: str,
     while the workload ran (the stop ended first): nothing to measure."""
     workload = host_pids(real_node.container_cgroup(work, "pids"))
     sidecar = real_node.container_cgroup(side, "pids")
-    deadline = time.monotonic() + 60
+    started = time.monotonic()
     while not any(guard.stopped(p) for p in workload):
-        assert time.monotonic() < deadline, "the sidecar never stopped the workload"
+        assert time.monotonic() < started + 60, "the sidecar never stopped the workload"
         time.sleep(0.001)
+    if time.monotonic() - started > 5:  # seen once in CI: not understood yet, say so
+        print(f"the restarted sidecar first stopped the workload after "
+              f"{time.monotonic() - started:.1f} s")
     kill(host_pids(sidecar))
+    killed = time.monotonic()  # its own deadline: the wait above may have used the first
     while host_pids(sidecar):
-        assert time.monotonic() < deadline, "the sidecar did not die"
+        assert time.monotonic() < killed + 30, "the sidecar did not die"
         time.sleep(0.001)
     died = time.monotonic()
     if not any(guard.stopped(p) for p in workload):
