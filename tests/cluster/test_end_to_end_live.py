@@ -847,13 +847,25 @@ def test_a_sidecar_killed_inside_a_stop_never_leaves_the_workload_stopped(
         url = f"http://{pod['status']['podIP']}:9400/metrics"
 
         def squeeze(pids: list[int], memory: Path = memory, url: str = url) -> None:
-            usage = int((memory / "memory.usage_in_bytes").read_text())
-            (memory / "memory.limit_in_bytes").write_text(str(usage + 4096))
-            for _ in range(50):
-                if not any(alive(p) for p in pids):
-                    return
+            # The limit goes to what the sidecar's anonymous memory holds: its charged
+            # page cache (the image's files it read) is reclaimed first, where a limit
+            # just above the usage let the kernel reclaim cache for every allocation
+            # and never OOM-kill (seen in CI). Should it still survive for 15 s, a
+            # SIGKILL ends it: the kubelet then says Error, and it is tried again.
+            stat = dict(line.split() for line in (memory / "memory.stat").read_text()
+                        .splitlines())
+            for limit in (int(stat["rss"]) + 65536,
+                          int((memory / "memory.usage_in_bytes").read_text()) + 4096):
+                with contextlib.suppress(OSError):  # EBUSY: nothing left to reclaim
+                    (memory / "memory.limit_in_bytes").write_text(str(limit))
+                    break
+            deadline = time.monotonic() + 15
+            while any(alive(p) for p in pids) and time.monotonic() < deadline:
                 with contextlib.suppress(OSError):
                     urllib.request.urlopen(url, timeout=0.2).read()
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         held = left_stopped(real_node, pod, side, work, squeeze)
         restarts += 1
         # The kubelet's word that it was the OOM killer (tried again if it says not).
