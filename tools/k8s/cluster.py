@@ -44,6 +44,12 @@ ROOT = HERE.parent.parent
 NODE_NAME = "kwok-node-0"
 SERVICE_CIDR = "10.96.0.0/16"
 ADMIN = "admin"
+# The cluster's weight on the machine's CPU (cgroup v1 cpu.shares; a lone process has
+# 1024): its daemons and a real node's pods get the machine as a real node's do, and a
+# build or a second test run beside it takes a ninth of a core, not half the machine.
+# With the default weight, one busy process on the host left the node's pods one core
+# of two (measured: 0.95 cores; with this weight, 1.55 beside a Go build).
+CPU_SHARES = 8192
 # What ServiceAccounts do, as the API server saw and judged it: tests compare the calls
 # the operator made with what its RBAC grants.
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
@@ -196,7 +202,7 @@ class Cluster:
         pod_ip = "127." + ".".join(str(secrets.randbelow(254) + 1) for _ in range(3))
         (self.dir / "state.json").write_text(json.dumps(
             {"server": server, "token": token, "node_token": node_token, "ports": ports,
-             "pod_ip": pod_ip, "pids": {}}))
+             "pod_ip": pod_ip, "pids": {}, "cgroup": _cpu_cgroup()}))
         (self.dir / "kwok-stages.yaml").write_text(
             (HERE / "kwok-stages.yaml").read_text().replace("POD_IP", pod_ip))
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
@@ -260,9 +266,11 @@ class Cluster:
         if state.exists():
             if self.state.get("node"):
                 node_module().teardown(self)
-            pids = json.loads(state.read_text()).get("pids", {})
-            for pid in reversed(list(pids.values())):
+            saved = json.loads(state.read_text())
+            for pid in reversed(list(saved.get("pids", {}).values())):
                 _terminate(pid)
+            if saved.get("cgroup"):
+                _remove_cgroup(saved["cgroup"])
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def audit(self, username: str) -> list[dict[str, Any]]:
@@ -310,6 +318,10 @@ class Cluster:
                                 start_new_session=True, cwd=self.dir)
         log.close()
         state = json.loads((self.dir / "state.json").read_text())
+        if state.get("cgroup"):  # the machine's cpu hierarchy, beside the node's pods
+            with contextlib.suppress(OSError):  # it may have exited already
+                (_cpu_mount() / state["cgroup"].lstrip("/") / "system" / "cgroup.procs"
+                 ).write_text(str(proc.pid))
         state["pids"][name] = proc.pid
         state.setdefault("args", {})[name] = args
         if program:
@@ -352,6 +364,38 @@ class Cluster:
                     for c in (node.get("status") or {}).get("conditions") or [])
         # The node-lifecycle controller lifts the not-ready taint once it sees the lease.
         return ready and not (node.get("spec") or {}).get("taints")
+
+
+def _cpu_mount() -> Path | None:
+    """The cgroup v1 cpu controller's hierarchy, where the machine has one."""
+    return next((m for m in node_module().cgroup_mounts()
+                 if "cpu" in m.name.split(",") and (m / "cpu.shares").exists()), None)
+
+
+def _cpu_cgroup() -> str:
+    """A cgroup of CPU_SHARES for a new cluster, its daemons in `system` under it: its
+    path, or "" where it cannot be made (no cgroup v1 cpu controller, not root)."""
+    mount = _cpu_mount()
+    if mount is None:
+        return ""
+    path = f"/tj-cluster-{secrets.token_hex(3)}"
+    try:
+        (mount / path.lstrip("/") / "system").mkdir(parents=True)
+        (mount / path.lstrip("/") / "cpu.shares").write_text(str(CPU_SHARES))
+    except OSError:
+        _remove_cgroup(path)
+        return ""
+    return path
+
+
+def _remove_cgroup(path: str) -> None:
+    """Remove the cluster's cgroup (and what a node made under it) in every hierarchy,
+    deepest first; its processes are gone by now."""
+    for mount in node_module().cgroup_mounts():
+        top = mount / path.lstrip("/")
+        for sub, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(sub)
 
 
 def _alive(pid: int) -> bool:

@@ -306,7 +306,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """
 
 
-def _cgroup_mounts() -> list[Path]:
+def cgroup_mounts() -> list[Path]:
     """Every cgroup hierarchy (v1 controllers and the unified one beside them)."""
     out = []
     for line in Path("/proc/self/mounts").read_text().splitlines():
@@ -342,7 +342,9 @@ class RealNode:
         for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "certs"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         suffix = secrets.token_hex(3)
-        node = {"bridge": f"tj{suffix}", "cgroup_root": f"/tj-node-{suffix}",
+        # Inside the cluster's own cgroup (cluster.CPU_SHARES), beside its daemons.
+        node = {"bridge": f"tj{suffix}",
+                "cgroup_root": f"{state.get('cgroup', '')}/tj-node-{suffix}",
                 "subnet": f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(256)}.0/24",
                 "sysctls": {k: Path("/proc/sys", k).read_text().strip() for k in SYSCTLS},
                 "logs_dir_existed": CONTAINER_LOGS.exists(),
@@ -370,8 +372,8 @@ class RealNode:
 
         # The kubelet's cgroups go under a root of this node's own, in every hierarchy, so
         # two nodes never share /kubepods and teardown knows what to remove.
-        for mount in _cgroup_mounts():
-            (mount / node["cgroup_root"].lstrip("/")).mkdir(exist_ok=True)
+        for mount in cgroup_mounts():
+            (mount / node["cgroup_root"].lstrip("/")).mkdir(parents=True, exist_ok=True)
         # RBAC only (no Node authorizer): the node's user gets the system:node role.
         with contextlib.suppress(urllib.error.HTTPError):
             self.cluster.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
@@ -463,7 +465,7 @@ class RealNode:
         None when there is none (not started yet, or gone)."""
         cid = container_id.rpartition("://")[2]
         root = self.cluster.state["node"]["cgroup_root"].lstrip("/")
-        for mount in _cgroup_mounts():
+        for mount in cgroup_mounts():
             if controller in mount.name.split(","):
                 return next((mount / root).rglob(cid), None)
         return None
@@ -511,7 +513,7 @@ def teardown(cluster: Any) -> None:
                         str(sock).encode() in argv:
                     leftovers.add(int(proc.name))
     cgroup_root = node.get("cgroup_root")
-    cgroup_dirs = [m / cgroup_root.lstrip("/") for m in _cgroup_mounts()] if cgroup_root else []
+    cgroup_dirs = [m / cgroup_root.lstrip("/") for m in cgroup_mounts()] if cgroup_root else []
     for top in cgroup_dirs:
         for procs in top.rglob("cgroup.procs") if top.exists() else ():
             with contextlib.suppress(OSError):
