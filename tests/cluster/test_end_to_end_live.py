@@ -774,6 +774,20 @@ def shared_dir(real_node: Any, pod: dict[str, Any]) -> Path:
             / "kubernetes.io~empty-dir" / "throttledjob-shared")
 
 
+def sidecar_said(real_node: Any, pod: dict[str, Any]) -> str:
+    """The sidecar's /status and its log's tail, to tell why it did what it did."""
+    try:
+        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9400/status",
+                                    timeout=2) as answer:
+            status = answer.read().decode()
+    except OSError as e:
+        status = f"no /status: {e}"
+    meta = pod["metadata"]
+    log = real_node.pod_log(meta["namespace"], meta["name"], meta["uid"],
+                            "throttledjob-sidecar")
+    return f"/status {status[:3000]}; log: {log[-3000:]}"
+
+
 def left_stopped(real_node: Any, pod: dict[str, Any], side: str, work: str,
                  kill: Any) -> tuple[float, float] | None:
     """Wait until the workload is stopped, `kill` the sidecar (given its pids), and time
@@ -784,11 +798,12 @@ def left_stopped(real_node: Any, pod: dict[str, Any], side: str, work: str,
     sidecar = real_node.container_cgroup(side, "pids")
     started = time.monotonic()
     while not any(guard.stopped(p) for p in workload):
-        assert time.monotonic() < started + 60, "the sidecar never stopped the workload"
+        assert time.monotonic() < started + 60, \
+            f"the sidecar never stopped the workload: {sidecar_said(real_node, pod)}"
         time.sleep(0.001)
-    if time.monotonic() - started > 5:  # seen once in CI: not understood yet, say so
+    if time.monotonic() - started > 5:  # seen in CI: not understood yet, say all we know
         print(f"the restarted sidecar first stopped the workload after "
-              f"{time.monotonic() - started:.1f} s")
+              f"{time.monotonic() - started:.1f} s: {sidecar_said(real_node, pod)}")
     kill(host_pids(sidecar))
     killed = time.monotonic()  # its own deadline: the wait above may have used the first
     while host_pids(sidecar):
