@@ -104,15 +104,16 @@ def test_a_real_pod_failing_reports_its_exit_code_and_output(real_node: Any, kub
 
 
 def test_the_node_and_its_control_plane_share_one_weighted_cgroup(real_node: Any) -> None:
-    """The node's pods and every daemon of the cluster sit under the cluster's own cpu
-    cgroup (cluster.CPU_SHARES), so a busy process beside the suite takes a ninth of a
-    core from the node's pods, not half the machine."""
+    """The node's pods, every daemon of the cluster and this test run sit under the
+    cluster's own cpu cgroup (cluster.CPU_SHARES), so a busy process beside the suite
+    takes a ninth of a core from them, not half the machine."""
     state = k8s.Cluster(real_node.cluster.dir).state
     mount = next(m for m in node_mod.cgroup_mounts() if "cpu" in m.name.split(","))
     top = mount / state["cgroup"].lstrip("/")
     assert state["cgroup"] and int((top / "cpu.shares").read_text()) == k8s.CPU_SHARES
     daemons = {int(p) for p in (top / "system" / "cgroup.procs").read_text().split()}
     assert {state["pids"][d] for d in ("kube-apiserver", "etcd", "kubelet")} <= daemons
+    assert os.getpid() in daemons  # this test run too (conftest.adopted)
     # The kubelet's pods (kubepods, made by the kubelet itself) under it too.
     pods = state["node"]["cgroup_root"]
     assert pods.startswith(state["cgroup"] + "/"), pods

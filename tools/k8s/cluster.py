@@ -307,6 +307,35 @@ class Cluster:
             _terminate(pid)
         (self.dir / "state.json").write_text(json.dumps(state))
 
+    def adopt(self, pid: int) -> str | None:
+        """Run `pid` (a test runner) at the cluster's weight on the CPU, beside its
+        daemons (CPU_SHARES): its kubectl calls and samplers must keep up with the node
+        they watch, whatever else the machine runs. Returns the cpu cgroup it left, for
+        `release`; None where the cluster has no cgroup."""
+        mount, cgroup = _cpu_mount(), self.state.get("cgroup")
+        if mount is None or not cgroup:
+            return None
+        left = next((line.split(":", 2)[2] for line in
+                     Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                     if "cpu" in line.split(":")[1].split(",")), "/")
+        return left if self._move(pid, f"{cgroup}/system") else None
+
+    @staticmethod
+    def release(pid: int, cgroup: str) -> None:
+        """Move `pid` back to the cpu cgroup `adopt` took it from (before `down`, which
+        cannot remove a cgroup that still holds it)."""
+        Cluster._move(pid, cgroup)
+
+    @staticmethod
+    def _move(pid: int, cgroup: str) -> bool:
+        """Move `pid` into `cgroup` of the cpu hierarchy; False when it cannot be."""
+        mount = _cpu_mount()
+        try:
+            (mount / cgroup.lstrip("/") / "cgroup.procs").write_text(str(pid))
+        except (OSError, TypeError):  # gone already, or no cpu hierarchy
+            return False
+        return True
+
     def wait(self, ready: Any, timeout: float, what: str) -> None:
         """Poll `ready()` until true; fails early with the log of a component that died."""
         self._wait(ready, timeout, what)
@@ -318,10 +347,8 @@ class Cluster:
                                 start_new_session=True, cwd=self.dir)
         log.close()
         state = json.loads((self.dir / "state.json").read_text())
-        if state.get("cgroup"):  # the machine's cpu hierarchy, beside the node's pods
-            with contextlib.suppress(OSError):  # it may have exited already
-                (_cpu_mount() / state["cgroup"].lstrip("/") / "system" / "cgroup.procs"
-                 ).write_text(str(proc.pid))
+        if state.get("cgroup"):
+            self._move(proc.pid, f"{state['cgroup']}/system")
         state["pids"][name] = proc.pid
         state.setdefault("args", {})[name] = args
         if program:
