@@ -6,7 +6,6 @@ else one of the session's own, built from source on first use and removed at the
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -41,8 +40,7 @@ REAL_NODE_START_TIMEOUT = 600.0  # a cold start builds the images (about 5 minut
 def cluster() -> Iterator[Any]:
     shared = k8s.Cluster(ROOT / ".cluster")
     if shared.running():
-        with adopted(shared):
-            yield shared
+        yield shared
         return
     require_tool("go")
     require_tool("openssl")
@@ -50,17 +48,17 @@ def cluster() -> Iterator[Any]:
     own = k8s.Cluster(Path(tempfile.mkdtemp(prefix="throttledjob-cluster-")))
     try:
         own.up()
-        with adopted(own):
-            yield own
+        yield own
     finally:
         own.down()
 
 
-@contextlib.contextmanager
-def adopted(cluster: Any) -> Iterator[None]:
-    """This test run at the cluster's weight on the CPU (Cluster.adopt): with a busy
-    process beside the suite, its samplers and kubectl calls fell behind the pods they
-    watch (a 9-second pod ended before its first sample)."""
+@pytest.fixture(scope="module", autouse=True)
+def at_the_clusters_weight(cluster: Any) -> Iterator[None]:
+    """The cluster's tests run at the cluster's weight on the CPU (Cluster.adopt): with
+    a busy process beside the suite, their samplers and kubectl calls fell behind the
+    pods they watch (a 9-second pod ended before its first sample). Only these: the
+    tests of local mode start their workloads where they were."""
     left = cluster.adopt(os.getpid())
     try:
         yield

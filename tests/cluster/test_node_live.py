@@ -113,7 +113,7 @@ def test_the_node_and_its_control_plane_share_one_weighted_cgroup(real_node: Any
     assert state["cgroup"] and int((top / "cpu.shares").read_text()) == k8s.CPU_SHARES
     daemons = {int(p) for p in (top / "system" / "cgroup.procs").read_text().split()}
     assert {state["pids"][d] for d in ("kube-apiserver", "etcd", "kubelet")} <= daemons
-    assert os.getpid() in daemons  # this test run too (conftest.adopted)
+    assert os.getpid() in daemons  # this test too (conftest.at_the_clusters_weight)
     # The kubelet's pods (kubepods, made by the kubelet itself) under it too.
     pods = state["node"]["cgroup_root"]
     assert pods.startswith(state["cgroup"] + "/"), pods
