@@ -146,13 +146,16 @@ def test_the_slowdown_budget_raises_the_quota_it_would_pass(busy) -> None:
     wait_for_children(parent.pid, 2)
     time.sleep(0.5)  # both children past their start-up, busy
     with CgroupQuota(parent.pid, DETECTED.backend) as q:
+        free = cores(parent.pid, 0.5)  # what the machine gives it now, unlimited
         q.set(0.3, 0.5)
         assert not q.pause_capped  # the width is not known before the quota binds
         time.sleep(1.0)  # one control interval
         q.set(0.3, 0.5)
-        # The width is estimated from the kernel's counters (1.5-2 here): raised well above
-        # the 0.3 asked, never above what the budget needs.
-        assert q.pause_capped and 0.6 <= q.quota_cores <= 1.05, q.quota_cores
+        # The width is estimated from the kernel's counters (1.5-2 here; about 1 beside a
+        # busy process, which leaves the tree one core): raised well above the 0.3 asked,
+        # to about half what the tree gets, never above what the budget needs at width 2.
+        assert q.pause_capped and max(0.35, 0.7 * 0.5 * free) <= q.quota_cores <= 1.05, \
+            (q.quota_cores, free)
         q.set(1.5, 0.5)  # a quota the budget allows is set as asked
         assert not q.pause_capped and q.quota_cores == 1.5
 
