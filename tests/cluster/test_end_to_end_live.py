@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 import json
 import os
 import re
@@ -118,6 +119,7 @@ class CgroupSampler:
         self.times: list[float] = []  # Unix time of each sample in `cores`
         self.memory_bytes: list[int] = []
         self.quota_cores: float | None = None  # the kernel's CFS quota; None: unlimited
+        self._ran: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -177,13 +179,27 @@ class CgroupSampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        self._ran = self._ran_seconds()
+
+    def _ran_seconds(self) -> float | None:
+        """The container's run, start to finish, as the kubelet recorded it (None: not
+        finished): the samples may start late, a whole 3 s of a 9 s pod once beside a
+        busy process, when its status took that long to name the container."""
+        pods = self.kubectl.json("get", "pods", "-n", self.namespace, "-l", self.selector)
+        for pod in (pods or {}).get("items") or []:
+            for c in (pod.get("status") or {}).get("containerStatuses") or []:
+                ended = c.get("state", {}).get("terminated") or {}
+                if c["name"] == self.container and ended.get("finishedAt"):
+                    start, end = (datetime.datetime.fromisoformat(ended[k])
+                                  for k in ("startedAt", "finishedAt"))
+                    return (end - start).total_seconds()
+        return None
 
     @property
     def seconds(self) -> float:
-        """How long it ran: from its first busy second to its last (a cgroup may outlive
-        its processes a little)."""
-        busy = [t for t, c in zip(self.times, self.cores, strict=True) if c > 0.05]
-        return busy[-1] - busy[0] + 1 if busy else 0.0
+        """How long the container ran, to the second (the kubelet's timestamps)."""
+        assert self._ran is not None, f"{self.container} has not finished (or no stop())"
+        return self._ran
 
     def p99(self) -> float:
         """Nearest rank, as the sidecar reads it: with fewer than 100 samples, the
@@ -409,9 +425,12 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
         assert 1.2 < observed.get("slowdown", 0) < 4, observed
     # TargetMet tells the sidecar's own p99 against the target (with its 5% tolerance): a
     # 10-second run has ten samples, so one start-up second over it shows.
+    # The status shows peaks to 3 decimals: at the bound itself (1.05 read where the
+    # sidecar had 1.0504, CI), the shown figure cannot tell met from not.
     met = observed["cpuPeakCores"] <= cpu_peak_bound(TARGET_CORES)
-    assert (condition(status, "TargetMet") or {}).get("status") == str(met), (
-        condition(status, "TargetMet"), observed)
+    if abs(observed["cpuPeakCores"] - cpu_peak_bound(TARGET_CORES)) > 0.0005:
+        assert (condition(status, "TargetMet") or {}).get("status") == str(met), (
+            condition(status, "TargetMet"), observed)
     assert (condition(status, "Complete") or {}).get("status") == "True", status
     table = kubectl("get", "tj", "-n", namespace, name).stdout
     assert name in table and "Succeeded" in table, table

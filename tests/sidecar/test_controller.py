@@ -152,7 +152,7 @@ def test_peak_stats_match_a_sorted_list():
     for v in values:
         stats.add(v)
     ordered = sorted(values)
-    assert stats.p99 == pytest.approx(ordered[989], abs=0.002)
+    assert ordered[989] <= stats.p99 <= ordered[989] + 0.001  # never under the truth
     assert stats.max == max(values)
     assert stats.mean == pytest.approx(statistics.mean(values))
     stats.add(float("nan"))
