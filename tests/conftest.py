@@ -28,6 +28,18 @@ def require_tool(name: str) -> str:
     pytest.skip(message)
 
 
+def stopped(pid: int) -> bool:
+    """The process is in job-control stop (state T), as SIGSTOP leaves it; one traced
+    (t) or gone is not. Read straight from /proc: tests poll it every millisecond."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    # The command name may hold spaces or parentheses: the state follows the last ')'.
+    return data[data.rfind(b")") + 2:data.rfind(b")") + 3] == b"T"
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0,
              interval: float = 0.02, what: str = "condition") -> object:
     """Poll until `predicate()` is truthy; fail with `what` after `timeout` seconds."""

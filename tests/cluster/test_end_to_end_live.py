@@ -34,7 +34,7 @@ import promserver
 import pytest
 import yaml
 
-from conftest import ROOT, wait_for
+from conftest import ROOT, stopped, wait_for
 from throttledjob.operator.children import SHARED_DIR
 from throttledjob.operator.status import condition
 from throttledjob.sidecar import guard
@@ -816,7 +816,7 @@ def left_stopped(real_node: Any, pod: dict[str, Any], side: str, work: str,
     workload = host_pids(real_node.container_cgroup(work, "pids"))
     sidecar = real_node.container_cgroup(side, "pids")
     started = time.monotonic()
-    while not any(guard.stopped(p) for p in workload):
+    while not any(stopped(p) for p in workload):
         assert time.monotonic() < started + 60, \
             f"the sidecar never stopped the workload: {sidecar_said(real_node, pod)}"
         time.sleep(0.001)
@@ -829,9 +829,9 @@ def left_stopped(real_node: Any, pod: dict[str, Any], side: str, work: str,
         assert time.monotonic() < killed + 30, "the sidecar did not die"
         time.sleep(0.001)
     died = time.monotonic()
-    if not any(guard.stopped(p) for p in workload):
+    if not any(stopped(p) for p in workload):
         return None
-    while any(guard.stopped(p) for p in workload):
+    while any(stopped(p) for p in workload):
         assert time.monotonic() < died + 30, "the workload was left stopped"
         time.sleep(0.001)
     resumed = time.monotonic()

@@ -10,18 +10,11 @@ import time
 
 import psutil
 
-from conftest import wait_for
+from conftest import stopped, wait_for
 from throttledjob.sidecar.enforcer import Enforcer, SignalEnforcer
 from throttledjob.sidecar.processes import ProcessTree
 
 BUSY = [sys.executable, "-c", "while True: pass"]
-
-
-def stopped(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
-    except psutil.NoSuchProcess:
-        return False
 
 
 def never_stopped_for(pid: int, seconds: float) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_for
+from conftest import stopped, wait_for
 from throttledjob.sidecar.enforcer import SignalEnforcer
 from throttledjob.sidecar.guard import (
     POLL_SECONDS,
@@ -27,7 +27,6 @@ from throttledjob.sidecar.guard import (
     Guard,
     held,
     run_guard,
-    stopped,
 )
 from throttledjob.sidecar.lease import LeaseWriter, StopLease, lease_path, read_lease
 from throttledjob.sidecar.processes import ProcessTree

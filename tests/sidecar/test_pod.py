@@ -24,7 +24,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import require_tool, wait_for
+from conftest import require_tool, stopped, wait_for
 
 from .conftest import HUNGRY, VENV_BIN, free_port, get, get_json
 
@@ -51,15 +51,8 @@ def metric(url: str, name: str, **labels: str) -> float | None:
     return None
 
 
-def stopped(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
-                out.append(pid)
-        except psutil.Error:
-            continue
-    return out
+def stopped_of(pids) -> list[int]:
+    return [pid for pid in pids if stopped(pid)]
 
 
 def tree(pid: int) -> list[int]:
@@ -113,16 +106,16 @@ def test_resumes_a_stopped_workload_on_start_and_everything_on_exit(workload, si
     proc = workload(*LONG)
     pids = wait_for(lambda: len(tree(proc.pid)) == 3 and tree(proc.pid), what="workers")
     os.killpg(proc.pid, signal.SIGSTOP)  # as a predecessor killed mid-pause leaves it
-    wait_for(lambda: len(stopped(pids)) == 3, what="workload stopped")
+    wait_for(lambda: len(stopped_of(pids)) == 3, what="workload stopped")
     side = sidecar("targets: {cpu: {peak: 200m}}\nmaxSlowdown: 4\nenforcement: Signals\n",
                    proc.pid)
-    wait_for(lambda: not stopped(pids), timeout=10, what="workload resumed on start")
+    wait_for(lambda: not stopped_of(pids), timeout=10, what="workload resumed on start")
     # Now the sidecar itself stops it most of the time (0.2 of 2 cores); exit must resume.
     wait_for(lambda: side.status() and "signals" in side.status()["levers"], timeout=15,
              what="signal enforcement")
     side.proc.send_signal(signal.SIGTERM)
     assert side.proc.wait(timeout=10) == 0
-    assert stopped(pids) == []
+    assert stopped_of(pids) == []
     assert proc.poll() is None  # the workload runs on
 
 
@@ -182,7 +175,7 @@ def test_unwritable_shared_dir_is_reported_and_the_loop_keeps_running(tmp_path, 
     assert metric(side.url, "throttledjob_problem", kind="signals") == 1
     pids = tree(proc.pid)
     for _ in range(200):  # a second: held at 1 core of 2, it would be stopped half of it
-        assert stopped(pids) == [], "stopped without a stop lease"
+        assert stopped_of(pids) == [], "stopped without a stop lease"
         time.sleep(0.005)
 
 
@@ -371,13 +364,13 @@ def checkpoint_under_signals(tmp_path, spawn, sidecar, name: str,
     proc = spawn([sys.executable, "-c", CHECKPOINTER, str(out)])
     side = sidecar("targets: {cpu: {peak: 200m}}\nmaxSlowdown: 8\nenforcement: Signals\n",
                    proc.pid, shared=tmp_path / f"shared-{name}")
-    wait_for(lambda: stopped([proc.pid]), timeout=20, interval=0.005,
+    wait_for(lambda: stopped_of([proc.pid]), timeout=20, interval=0.005,
              what="the sidecar stopping the workload")
     if prestop:
         assert get(side.url + "/prestop")[0] == 200
         # Nothing stopped from the hook's answer on, and no quota published to pace by.
         for _ in range(50):
-            assert stopped([proc.pid]) == [], "stopped after the preStop hook"
+            assert stopped_of([proc.pid]) == [], "stopped after the preStop hook"
             time.sleep(0.01)
         settings = json.loads((tmp_path / f"shared-{name}" / "settings.json").read_text())
         assert settings["cpu_quota_cores"] is None, settings

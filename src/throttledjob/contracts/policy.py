@@ -15,19 +15,19 @@ from typing import Any
 MAX_POLICY_BYTES = 64 * 1024
 
 
-class _Choice(str, Enum):
+class Choice(str, Enum):
     """A string choice that compares and prints as its value (StrEnum, on Python 3.10)."""
 
     def __str__(self) -> str:
         return self.value
 
 
-class Mode(_Choice):
+class Mode(Choice):
     ADAPTIVE = "adaptive"  # the controller and explorer move the levers
     FIXED = "fixed"  # the levers stay as the policy sets them
 
 
-class Enforcement(_Choice):
+class Enforcement(Choice):
     # The kernel's CPU quota (CFS bandwidth) on the workload's own cgroup holds the peak:
     # exact, no CPU of ours, nothing ever stopped; cooperative levers (threads, batch) are
     # still explored under it. Where no quota can be set, it falls back to BOTH.

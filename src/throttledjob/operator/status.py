@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from throttledjob.contracts.policy import _Choice as Choice  # a str-enum printing its value
+from throttledjob.contracts.policy import Choice
 from throttledjob.contracts.status import LEVERS, finite_number
 
 from .validation import SpecError

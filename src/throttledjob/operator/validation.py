@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from throttledjob.contracts.names import ENV_CONTAINER, ENV_DIR, ENV_USER_PYTHONPATH
-from throttledjob.contracts.policy import PolicyError, parse_cpu_quantity, parse_policy
-from throttledjob.contracts.policy import _Choice as Choice  # a str-enum printing its value
+from throttledjob.contracts.policy import Choice, PolicyError, parse_cpu_quantity, parse_policy
 
 from . import cpu_limits
 from .children import (

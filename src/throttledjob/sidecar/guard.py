@@ -37,18 +37,6 @@ POLL_SECONDS = 0.05
 SLACK_SECONDS = 0.05
 
 
-def stopped(pid: int) -> bool:
-    """The process is in job-control stop (state T), as SIGSTOP leaves it; a process
-    stopped by a tracer (t) or gone is not."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    # The command name may hold spaces or parentheses: the state follows the last ')'.
-    return data[data.rfind(b")") + 2:data.rfind(b")") + 3] == b"T"
-
-
 _STOP_SIGNALS = 1 << (signal.SIGSTOP - 1)
 
 
