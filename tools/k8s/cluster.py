@@ -330,9 +330,11 @@ class Cluster:
     def _move(pid: int, cgroup: str) -> bool:
         """Move `pid` into `cgroup` of the cpu hierarchy; False when it cannot be."""
         mount = _cpu_mount()
+        if mount is None:
+            return False
         try:
             (mount / cgroup.lstrip("/") / "cgroup.procs").write_text(str(pid))
-        except (OSError, TypeError):  # gone already, or no cpu hierarchy
+        except OSError:  # gone already
             return False
         return True
 
