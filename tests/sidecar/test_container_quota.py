@@ -11,7 +11,7 @@ import pytest
 from throttledjob.contracts.names import ENV_CONTAINER
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent
-from throttledjob.sidecar.container_quota import ContainerQuota
+from throttledjob.sidecar.container_quota import WIDTH_MEMORY_SECONDS, ContainerQuota
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.summary import summarize
 
@@ -261,7 +261,6 @@ def test_a_lift_is_given_back_once_the_workload_narrows_for_the_width_memory(
     narrow to 1.2 cores, under the lift: no throttled period measures a width any more,
     their use does, and after WIDTH_MEMORY_SECONDS the lift is 0.96 cores, under the
     target's: none is wanted (it was held at 1.6, a 25% peak over the target, before)."""
-    from throttledjob.sidecar.container_quota import WIDTH_MEMORY_SECONDS
 
     pod = Pod(tmp_path)
     pod.container("work", 100_000)
@@ -289,3 +288,62 @@ def test_a_lift_is_given_back_once_the_workload_narrows_for_the_width_memory(
             assert view.wanted_limit(1.0, 0.2) == 1.6
     assert view.wanted_limit(1.0, 0.2) is None
     assert view.demand_by_container() == {}  # (no container named: an older operator)
+
+
+def test_a_target_missed_for_the_budget_says_so_for_as_long_as_it_is_judged(
+        tmp_path: Path) -> None:
+    """TargetMet is judged on the recent minute of samples; the budget that caused a
+    miss is judged on the same minute. A workload held to 1 core that needs 1.6 (the
+    budget's lift) and then winds down: its last intervals want no lift, yet the peaks
+    of the lift are still in the window, and /status must keep saying why (it said
+    "converging" once the last interval alone no longer showed the budget)."""
+    from throttledjob.sidecar.stats import RECENT_SAMPLES
+
+    pod = Pod(tmp_path)
+    pod.container("work", 100_000)
+    pod.used("work", 0.0)
+    pod.process(10, "work")
+    now = [0.0]
+    view, tree = pod.view(clock=lambda: now[0])
+    policy = Policy(cpu_peak_cores=1.0, max_slowdown=1.25,
+                    enforcement=Enforcement.QUOTA).under_cpu_limit(1.0)
+    (tmp_path / "shared").mkdir()
+    agent = Agent(policy, tree, str(tmp_path / "shared"), clock=lambda: now[0],
+                  container_quota=view)
+    agent.start()
+
+    def second(t: int, used: float, throttled: int, seconds: float):
+        tree.cpu += used
+        now[0] = float(t)
+        pod.stat("work", periods=10 * t, throttled=throttled, seconds=seconds)
+        pod.used("work", tree.cpu)
+        result = agent.cycle()
+        return result, snapshot_of(result, Health())
+
+    for t in range(1, 6):  # two busy threads held to 1 core: 2x, past the 1.25 budget
+        result, snap = second(t, 1.0, 10 * t, t * 1.0)
+    assert result.status.budget_exhausted and status_document(snap)["budgetExhausted"]
+    pod.limit("work", 160_000)  # the operator lifted it
+    for t in range(6, 11):
+        result, snap = second(t, 1.6, 50, 5.0)
+    assert not status_document(snap)["targetMet"]  # 1.6-core seconds in the window
+    last_exhausted = 10
+    t = 10
+    while result.status.budget_exhausted:  # it winds down to 0.5 core: no lift wanted
+        t += 1
+        result, snap = second(t, 0.5, 50, 5.0)
+        if result.status.budget_exhausted:
+            last_exhausted = t
+    assert t < 10 + 2 * WIDTH_MEMORY_SECONDS
+    doc = status_document(snap)
+    while not doc["targetMet"]:  # the lift's 1.6-core seconds are still judged: say why
+        assert doc["budgetExhausted"], (t, doc)
+        t += 1
+        result, snap = second(t, 0.5, 50, 5.0)
+        doc = status_document(snap)
+    assert t == 10 + RECENT_SAMPLES  # the last lifted second has left the window
+    while t < last_exhausted + RECENT_SAMPLES + 1:  # the budget's word leaves it too
+        t += 1
+        result, snap = second(t, 0.5, 50, 5.0)
+    doc = status_document(snap)
+    assert doc["targetMet"] and not doc["budgetExhausted"], (t, doc)

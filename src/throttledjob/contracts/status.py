@@ -55,6 +55,8 @@ class Telemetry(TypedDict):
 class StatusDocument(TypedDict):
     version: int
     observed: Observed
+    # Both judged over the same recent window (the last minute of 1-second samples):
+    # budgetExhausted says the budget stood in a target's way within it.
     targetMet: bool
     budgetExhausted: bool
     # In a pod: the workload's summed CPU limit the slowdown budget needs, where the

@@ -29,7 +29,7 @@ from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, Pacing, pro
 from .os_levers import OsLevers
 from .processes import ProcessTree, alive, resume
 from .quota import ThrottleStats
-from .stats import PeakSummary, PeakTracker
+from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker
 
 if TYPE_CHECKING:
     from .gpu import GpuAgent, GpuState
@@ -96,6 +96,10 @@ class CycleResult:
     # Time a kernel quota that is not ours held the workload back (in a pod: the
     # containers' CPU limits, seen through ContainerQuota).
     kernel_paused_seconds: float = 0.0
+    # The budget stood in a target's way within the window over which the target is
+    # judged (stats.RECENT_SAMPLES seconds): a target missed in that window is missed
+    # because of the budget, even where the last interval alone no longer shows it.
+    budget_exhausted_recently: bool = False
 
 
 def cpu_controller(policy: Policy) -> CpuController | None:
@@ -141,6 +145,7 @@ class Agent:
         self.started = clock()
         self._cooperative_paused_seconds = 0.0
         self._budget_exhausted_seconds = 0.0
+        self._budget_exhausted_at: float | None = None  # the last such interval's end
         self._lever_cost_seconds = 0.0
         self._last_cpu = tree.cpu_seconds()
         self._last_time = self.started
@@ -284,14 +289,17 @@ class Agent:
                               or wanted is not None)
         if kernel_over_budget and not (decision and decision.budget_exhausted):
             self._budget_exhausted_seconds += elapsed
+        exhausted = (bool(decision and decision.budget_exhausted) or gpu_exhausted
+                     or kernel_over_budget)
+        if exhausted:
+            self._budget_exhausted_at = now
         self.status = CycleStatus(
             usage_cores=obs.usage_cores,
             quota_cores=quota,
             pause_fraction=max(obs.pause_fraction, kernel_pause),
             throttling=(bool(decision and decision.throttling) or bool(gpu_duty)
                         or kernel_pause > BINDING_PAUSE_FRACTION),
-            budget_exhausted=(bool(decision and decision.budget_exhausted) or gpu_exhausted
-                              or kernel_over_budget),
+            budget_exhausted=exhausted,
             cooperating_pids=cooperating,
             steps=steps,
             enforcer_armed=self._enforcer_armed,
@@ -319,6 +327,8 @@ class Agent:
             gpu=self.gpu.state() if self.gpu else None,
             lever_cost_seconds=self._lever_cost_seconds,
             kernel_paused_seconds=self._last_kernel_paused,
+            budget_exhausted_recently=(self._budget_exhausted_at is not None
+                                       and now - self._budget_exhausted_at < RECENT_SAMPLES),
         )
 
     def _container_quota_pause(self, elapsed: float) -> float:

@@ -70,6 +70,7 @@ class Snapshot:
     budget_exhausted_seconds: float
     levers: tuple[str, ...]
     target_met: bool
+    budget_exhausted: bool  # within the window target_met is judged over
     steps_per_second: float
     health: Health
     kernel_throttling: ThrottleStats | None = None
@@ -131,7 +132,8 @@ def snapshot_of(result: CycleResult, health: Health,
         throttle_level=run.throttle_level, slowdown=run.slowdown,
         paused_seconds=_paused_by_lever(run, result),
         budget_exhausted_seconds=result.budget_exhausted_seconds, levers=run.levers,
-        target_met=run.target_met, steps_per_second=steps_per_second,
+        target_met=run.target_met, budget_exhausted=run.budget_exhausted,
+        steps_per_second=steps_per_second,
         kernel_throttling=result.kernel_throttling,
         health=Health(health.started, health.cycles, health.last_cycle_duration,
                       dict(health.errors_total), dict(health.policy_reloads),
@@ -159,7 +161,7 @@ def status_document(s: Snapshot) -> StatusDocument:
             "steps": s.status.steps,
         },
         "targetMet": s.target_met,
-        "budgetExhausted": s.status.budget_exhausted,
+        "budgetExhausted": s.budget_exhausted,
         "cpuLimitWantedCores": s.status.cpu_limit_wanted_cores,
         "cpuDemandCores": dict(s.status.cpu_demand_cores),
         "levers": list(s.levers),

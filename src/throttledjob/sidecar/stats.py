@@ -11,6 +11,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# "Now", for a target: the last this many 1-second samples. Whether a target is met, and
+# whether the slowdown budget stood in its way, are both judged over this window.
+RECENT_SAMPLES = 60
+
 
 @dataclass
 class PeakStats:
@@ -79,7 +83,7 @@ class PeakTracker:
     1-second samples (whatever the control interval), kept over the run in a PeakStats
     and over the last `recent` samples for "is the target met now"."""
 
-    def __init__(self, resolution: float = 0.005, recent: int = 60) -> None:
+    def __init__(self, resolution: float = 0.005, recent: int = RECENT_SAMPLES) -> None:
         self.stats = PeakStats(resolution=resolution)
         self.recent: collections.deque[float] = collections.deque(maxlen=recent)
         self._amount = 0.0

@@ -15,7 +15,9 @@ Rules (each in one place, so the two outputs cannot disagree):
   or the policy's; rate limit; nice; CPU affinity; GPU memory fraction; a GPU power cap
   under the board's limit); named and ordered as contracts.status.LEVERS;
 - target met: the recent p99 of every target within TARGET_TOLERANCE of it; for CPU, or
-  within KERNEL_SLACK_CORES, whichever is larger (cpu_peak_bound).
+  within KERNEL_SLACK_CORES, whichever is larger (cpu_peak_bound);
+- budget exhausted: the budget stood in a target's way within the same recent window
+  (so a target missed in it is reported as missed for the budget, not as converging).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class RunSummary:
     throttle_level: float  # the last interval's held-back fraction, 0..1
     levers: tuple[str, ...]
     target_met: bool
+    budget_exhausted: bool
 
 
 def summarize(result: CycleResult) -> RunSummary:
@@ -96,6 +99,7 @@ def summarize(result: CycleResult) -> RunSummary:
         target_met=(_cpu_met(result.cpu.recent_p99, p.cpu_peak_cores)
                     and _met(util.recent_p99, util_target)
                     and _met(power.recent_p99, p.gpu_peak_power_watts)),
+        budget_exhausted=result.budget_exhausted_recently,
     )
 
 
