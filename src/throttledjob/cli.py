@@ -7,6 +7,7 @@ import os
 import sys
 
 from throttledjob import __version__
+from throttledjob.contracts.names import GPU_BACKENDS
 from throttledjob.contracts.policy import ENFORCEMENTS, MODES
 
 EXIT_USAGE = 2
@@ -127,7 +128,7 @@ def _add_sidecar_flags(p: argparse.ArgumentParser, metrics_port: int | None) -> 
     p.add_argument(host_flag, dest="metrics_host", metavar="ADDRESS",
                    default="127.0.0.1" if metrics_port is None else "0.0.0.0",
                    help="address to bind (default %(default)s)")
-    p.add_argument("--gpu-backend", choices=["auto", "nvml", "fake", "none"], default="auto",
+    p.add_argument("--gpu-backend", choices=GPU_BACKENDS, default="auto",
                    help="auto: NVML when present, else none; fake: simulated GPUs "
                         "(THROTTLEDJOB_FAKE_GPUS, THROTTLEDJOB_FAKE_GPU_TRACE) (default auto)")
     p.add_argument("--gpu-power-limit", action="store_true",
@@ -221,18 +222,17 @@ def _inject_lib(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 def _gpu_agent(prog: str, args: argparse.Namespace, policy):
     """The GPU agent for --gpu-backend, or an exit code when the backend cannot open."""
     from throttledjob.sidecar.exporter import log_to_stderr
-    from throttledjob.sidecar.gpu import GpuError, open_backend
-    from throttledjob.sidecar.gpu.agent import GpuAgent
+    from throttledjob.sidecar.gpu import GpuError, open_gpu_agent
 
     log_to_stderr()
     try:
-        backend, note = open_backend(args.gpu_backend)
+        agent = open_gpu_agent(args.gpu_backend, policy, args.gpu_power_limit)
     except GpuError as e:
         return _fail(prog, f"--gpu-backend {args.gpu_backend}: {e}")
-    if args.gpu_backend != "auto" or backend.kind != "none" or args.gpu_peak_util \
+    if args.gpu_backend != "auto" or agent.kind != "none" or args.gpu_peak_util \
             or args.gpu_peak_power:
-        sys.stderr.write(f"throttledjob: {note}\n")  # said once, at start
-    return GpuAgent(backend, policy, power_limit_lever=args.gpu_power_limit, note=note)
+        sys.stderr.write(f"throttledjob: {agent.note}\n")  # said once, at start
+    return agent
 
 
 def _sidecar(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

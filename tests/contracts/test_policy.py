@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from throttledjob.contracts.policy import (
-    Enforcement,
     Policy,
     PolicyError,
     load_policy_file,
@@ -103,19 +102,3 @@ def test_overrides_are_validated():
     with pytest.raises(PolicyError, match="maxSlowdown"):
         Policy().with_overrides(max_slowdown=0.5)
     assert Policy().with_overrides(cpu_peak_cores=2.0, mode=None).cpu_peak_cores == 2.0
-
-
-def test_in_a_pod_quota_holds_only_by_a_limit_at_or_under_the_target() -> None:
-    quota = Policy(cpu_peak_cores=1.5, enforcement=Enforcement.QUOTA)
-    # The operator's limits hold the target: the sidecar only paces reported steps.
-    assert quota.under_cpu_limit(1.5).enforcement is Enforcement.COOPERATIVE
-    assert quota.under_cpu_limit(0.9).enforcement is Enforcement.COOPERATIVE
-    # No limit (a request over its share), or a target lowered live under the running
-    # pod's limit: signals and pacing hold it.
-    assert quota.under_cpu_limit(None).enforcement is Enforcement.BOTH
-    assert quota.under_cpu_limit(2.0).enforcement is Enforcement.BOTH
-    assert Policy(enforcement=Enforcement.QUOTA).under_cpu_limit(1.0).enforcement \
-        is Enforcement.BOTH
-    # Other enforcements are the user's choice, limit or not.
-    for e in (Enforcement.SIGNALS, Enforcement.BOTH, Enforcement.COOPERATIVE):
-        assert Policy(cpu_peak_cores=1.0, enforcement=e).under_cpu_limit(1.0).enforcement is e

@@ -18,7 +18,7 @@ from throttledjob.contracts.names import (
     ENV_DIR,
     GUARD_PROCESS_NAME,
 )
-from throttledjob.contracts.policy import Enforcement, Policy, parse_policy
+from throttledjob.contracts.policy import parse_policy
 from throttledjob.operator import crd
 from throttledjob.operator.children import (
     DEFAULT_SIDECAR_UID,
@@ -474,8 +474,6 @@ def test_quota_sets_each_containers_limit_from_its_share_of_the_target() -> None
     for c in (a, b):
         assert c["resizePolicy"] == [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
     assert sidecar_env(job)[ENV_CPU_LIMIT] == "1.5"
-    assert Policy(cpu_peak_cores=1.5).under_cpu_limit(1.5).enforcement \
-        is Enforcement.COOPERATIVE
 
 
 def test_quota_splits_evenly_without_requests_and_keeps_a_lower_own_limit() -> None:

@@ -12,6 +12,7 @@ from throttledjob.contracts.names import ENV_CONTAINER
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.container_quota import WIDTH_MEMORY_SECONDS, ContainerQuota
+from throttledjob.sidecar.enforcement import pod_plan
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.summary import summarize
 
@@ -190,13 +191,14 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
     pod.process(10, "work")
     view, tree = pod.view()
     now = [0.0]
-    policy = Policy(cpu_peak_cores=1.0, max_slowdown=1.25,
-                    enforcement=Enforcement.QUOTA).under_cpu_limit(1.0)
-    assert policy.enforcement is Enforcement.COOPERATIVE
+    policy = Policy(cpu_peak_cores=1.0, max_slowdown=1.25, enforcement=Enforcement.QUOTA)
+    plan = pod_plan(policy, 1.0)
+    assert plan.enforcement is Enforcement.COOPERATIVE
     (tmp_path / "shared").mkdir()
     agent = Agent(policy, tree, str(tmp_path / "shared"), clock=lambda: now[0],
-                  container_quota=view)
-    blind = Agent(policy, FakeTree(), str(tmp_path / "shared"), clock=lambda: now[0])
+                  container_quota=view, plan=plan)
+    blind = Agent(policy, FakeTree(), str(tmp_path / "shared"), clock=lambda: now[0],
+                  plan=plan)
     agent.start()
     blind.start()
     throttled = 0
@@ -305,11 +307,10 @@ def test_a_target_missed_for_the_budget_says_so_for_as_long_as_it_is_judged(
     pod.process(10, "work")
     now = [0.0]
     view, tree = pod.view(clock=lambda: now[0])
-    policy = Policy(cpu_peak_cores=1.0, max_slowdown=1.25,
-                    enforcement=Enforcement.QUOTA).under_cpu_limit(1.0)
+    policy = Policy(cpu_peak_cores=1.0, max_slowdown=1.25, enforcement=Enforcement.QUOTA)
     (tmp_path / "shared").mkdir()
     agent = Agent(policy, tree, str(tmp_path / "shared"), clock=lambda: now[0],
-                  container_quota=view)
+                  container_quota=view, plan=pod_plan(policy, 1.0))
     agent.start()
 
     def second(t: int, used: float, throttled: int, seconds: float):

@@ -81,20 +81,20 @@ def test_the_kernel_quota_is_the_default_and_holds_the_target(throttledjob_cmd, 
     assert _our_cgroups() <= before  # its cgroup is gone
 
 
-def test_without_a_kernel_quota_it_falls_back_to_signals_and_says_why(monkeypatch):
+def test_without_a_kernel_quota_it_falls_back_to_signals_and_says_why():
     from throttledjob.contracts.policy import Enforcement, Policy
-    from throttledjob.sidecar import local
+    from throttledjob.sidecar.enforcement import local_enforcer, local_plan
     from throttledjob.sidecar.enforcer import SignalEnforcer
     from throttledjob.sidecar.processes import ProcessTree
-    from throttledjob.sidecar.quota import Detection, detect
+    from throttledjob.sidecar.quota import detect
 
     # What detect() says on a machine whose cgroups we may not write (a read-only mount).
-    monkeypatch.setattr(local, "detect", lambda: detect(root="/nonexistent-cgroupfs"))
-    enforcer, policy, note = local.choose_enforcer(Policy(cpu_peak_cores=1.0),
-                                                   ProcessTree(root_pid=os.getpid()), 1)
-    assert isinstance(enforcer, SignalEnforcer) and policy.enforcement is Enforcement.BOTH
-    assert note.startswith("signals and pacing (no kernel quota: ") and len(note) < 200
-    assert isinstance(detect(root="/nonexistent-cgroupfs"), Detection)
+    found = detect(root="/nonexistent-cgroupfs")
+    plan = local_plan(Policy(cpu_peak_cores=1.0), found)
+    enforcer = local_enforcer(plan, ProcessTree(root_pid=os.getpid()), 1, found)
+    assert isinstance(enforcer, SignalEnforcer) and plan.enforcement is Enforcement.BOTH
+    assert plan.reason.startswith("signals and pacing (no kernel quota: ")
+    assert len(plan.reason) < 200
 
 
 def test_signals_hold_an_uncooperative_program_to_the_target(throttledjob_cmd, tmp_path):

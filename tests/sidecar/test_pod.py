@@ -312,30 +312,10 @@ def test_sidecar_requires_its_flags():
                                           ("inf", None), ("2 cores", None)])
 def test_the_workloads_cpu_limit_comes_from_the_operators_variable(value, limit) -> None:
     from throttledjob.contracts.names import ENV_CPU_LIMIT
-    from throttledjob.sidecar.pod import cpu_limit_from_env
+    from throttledjob.sidecar.enforcement import cpu_limit_from_env
 
     assert cpu_limit_from_env({ENV_CPU_LIMIT: value}) == limit
     assert cpu_limit_from_env({}) is None
-
-
-@pytest.mark.parametrize("limit, wanted, enforcement", [
-    (1.0, None, "cooperative"),   # the operator's limit at the target: the kernel holds it
-    (2.0, None, "both"),          # over the target (a live edit lowered it): signals too
-    (1.6, 1.6, "cooperative"),    # lifted for the budget, as the sidecar asked: no signals
-    (2.0, 1.6, "both"),           # more than the budget asked for: signals hold the rest
-])
-def test_a_limit_the_budget_lifted_still_counts_as_holding_the_target(
-        limit: float, wanted: float | None, enforcement: str) -> None:
-    from types import SimpleNamespace
-
-    from throttledjob.contracts.policy import Enforcement, Policy
-    from throttledjob.sidecar.agent import CycleStatus
-    from throttledjob.sidecar.pod import _holding
-
-    written = Policy(cpu_peak_cores=1.0, enforcement=Enforcement.QUOTA)
-    agent = SimpleNamespace(policy=written.under_cpu_limit(1.0),
-                            status=CycleStatus(cpu_limit_wanted_cores=wanted))
-    assert str(written.under_cpu_limit(_holding(agent, limit)).enforcement) == enforcement
 
 
 # A workload that saves a checkpoint on SIGTERM: about 0.4 s of CPU, then the file,

@@ -10,7 +10,7 @@ ENV_ON_STALE = "THROTTLEDJOB_ON_STALE"
 # "0"/"false"/"off": the injected start-up hook leaves the process alone.
 ENV_AUTOHOOK = "THROTTLEDJOB_AUTOHOOK"
 # Set on the sidecar by the operator: the CPU limits (cores, summed) it gave the workload
-# containers from the target, when the kernel's quota enforces it (Policy.under_cpu_limit).
+# containers from the target, when the kernel's quota enforces it (sidecar/enforcement.py).
 ENV_CPU_LIMIT = "THROTTLEDJOB_WORKLOAD_CPU_LIMIT_CORES"
 # Set on each workload container by the operator: its name, which the sidecar reads from
 # /proc/PID/environ to say how much CPU each container wanted (cpuDemandCores in /status).
@@ -29,3 +29,7 @@ STOP_LEASE_FILE = "stop-lease"
 # cgroup with the workload, and the sidecar must never count it as the workload (it
 # would stop the guard with everything else).
 GUARD_PROCESS_NAME = "tj-guard"
+
+# `--gpu-backend`: NVML where present else none (auto), NVML, simulated GPUs, none. Here
+# so that the command line offers them without importing the sidecar's GPU half.
+GPU_BACKENDS = ("auto", "nvml", "fake", "none")

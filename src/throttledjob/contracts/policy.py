@@ -30,7 +30,8 @@ class Mode(Choice):
 class Enforcement(Choice):
     # The kernel's CPU quota (CFS bandwidth) on the workload's own cgroup holds the peak:
     # exact, no CPU of ours, nothing ever stopped; cooperative levers (threads, batch) are
-    # still explored under it. Where no quota can be set, it falls back to BOTH.
+    # still explored under it. Where no quota can be set, it falls back to BOTH (the
+    # ladder, local and in a pod: sidecar/enforcement.py).
     QUOTA = "quota"
     COOPERATIVE = "cooperative"  # pacing by the runtime library at the workload's steps
     SIGNALS = "signals"  # SIGSTOP/SIGCONT duty cycling by the sidecar, for any program
@@ -83,24 +84,6 @@ class Policy:
     @property
     def enforced_by_the_kernel(self) -> bool:
         return self.enforcement is Enforcement.QUOTA
-
-    def without_kernel_quota(self) -> Policy:
-        """The policy where no kernel quota can be set: QUOTA falls back to BOTH."""
-        return replace(self, enforcement=Enforcement.BOTH) if self.enforced_by_the_kernel \
-            else self
-
-    def under_cpu_limit(self, limit_cores: float | None) -> Policy:
-        """The policy in a pod, where the kernel's quota is the workload containers' CPU
-        limit, set by the operator from the target when it built the Job. QUOTA is then
-        held by the kernel, and the sidecar only paces the steps the workload reports
-        (COOPERATIVE); with no such limit, or one above the target (a live edit lowered
-        it: the limit of a running pod stays), QUOTA falls back to BOTH."""
-        if not self.enforced_by_the_kernel:
-            return self
-        held = (limit_cores is not None and self.cpu_peak_cores is not None
-                and limit_cores <= self.cpu_peak_cores * (1 + 1e-6))
-        return replace(self, enforcement=Enforcement.COOPERATIVE if held
-                       else Enforcement.BOTH)
 
     @property
     def adaptive(self) -> bool:

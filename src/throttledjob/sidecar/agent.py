@@ -24,6 +24,7 @@ from throttledjob.runtime.progress import read_progress
 
 from .container_quota import ContainerQuota
 from .controller import BINDING_PAUSE_FRACTION, DEFAULT_MARGIN, CpuController, CpuObservation
+from .enforcement import Plan, plan_as_written
 from .enforcer import Enforcer
 from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, Pacing, probe_order
 from .os_levers import OsLevers
@@ -78,6 +79,7 @@ class CycleResult:
     time: float                     # the agent's clock at the cycle (monotonic seconds)
     wall_seconds: float             # since the agent started
     policy: Policy
+    plan: Plan                      # how the CPU target is held (sidecar/enforcement.py)
     status: CycleStatus
     cycle_seconds: float            # how long the cycle itself took
     cpu_seconds: float              # the workload's CPU time so far
@@ -102,14 +104,14 @@ class CycleResult:
     budget_exhausted_recently: bool = False
 
 
-def cpu_controller(policy: Policy) -> CpuController | None:
+def cpu_controller(policy: Policy, plan: Plan) -> CpuController | None:
     """The CPU controller for a policy. Its margin under the target keeps the 1-second
     peaks of pacing and signals under it; the kernel's quota holds every period to the
     quota itself, so there it aims at the target (the margin cost 2% against a plain
     limit at high targets, and bought nothing)."""
     if not policy.cpu_peak_cores:
         return None
-    margin = 0.0 if policy.enforced_by_the_kernel else DEFAULT_MARGIN
+    margin = 0.0 if plan.kernel_quota else DEFAULT_MARGIN
     return CpuController(policy.cpu_peak_cores, policy.adaptive, margin=margin)
 
 
@@ -117,8 +119,10 @@ class Agent:
     def __init__(self, policy: Policy, tree: ProcessTree, settings_dir: str,
                  enforcer: Enforcer | None = None, clock: Callable[[], float] = time.monotonic,
                  gpu: GpuAgent | None = None,
-                 container_quota: ContainerQuota | None = None) -> None:
+                 container_quota: ContainerQuota | None = None,
+                 plan: Plan | None = None) -> None:
         self.policy = policy
+        self.plan = plan or plan_as_written(policy)
         self.gpu = gpu
         # Called with each cycle's result (the metrics exporter publishes a snapshot).
         self.observers: list[Callable[[CycleResult], None]] = []
@@ -133,7 +137,7 @@ class Agent:
         self._last_kernel_paused = 0.0
         self._running = False
         self.clock = clock
-        self.controller = cpu_controller(policy)
+        self.controller = cpu_controller(policy, self.plan)
         # Cheaper cooperative levers than the quota, found online (sidecar/explorer.py);
         # made at the first reported step, when the levers the workload uses are known.
         self.explorer: Explorer | None = None
@@ -316,7 +320,8 @@ class Agent:
 
     def _result(self, now: float, cycle_seconds: float) -> CycleResult:
         return CycleResult(
-            time=now, wall_seconds=now - self.started, policy=self.policy, status=self.status,
+            time=now, wall_seconds=now - self.started, policy=self.policy, plan=self.plan,
+            status=self.status,
             cycle_seconds=cycle_seconds, cpu_seconds=self._last_cpu,
             processes=len(self.tree.pids()), cpu=self._cpu_peaks.summary(),
             signal_paused_seconds=self._signal_paused_seconds,
@@ -359,22 +364,22 @@ class Agent:
     def _signal_paused_seconds(self) -> float:
         return self._enforcer.paused_seconds if self._enforcer else 0.0
 
-    def set_policy(self, policy: Policy) -> None:
-        """Apply an edited policy (a live ConfigMap change) from the next cycle on; none
-        once the agent stood down."""
+    def set_policy(self, policy: Policy, plan: Plan | None = None) -> None:
+        """Apply an edited policy (a live ConfigMap change) and the plan that holds it
+        (None: as written) from the next cycle on; none once the agent stood down."""
         if self.stood_down:
             return
-        old = self.policy
-        self.policy = policy
-        if self._explorable(old) != self._explorable(policy):
+        old, old_plan = self.policy, self.plan
+        self.policy, self.plan = policy, plan or plan_as_written(policy)
+        if self._explorable(old, old_plan) != self._explorable(policy, self.plan):
             self.explorer, self._explorer_steps = None, None
         elif self.explorer and policy.cpu_peak_cores != old.cpu_peak_cores:
             self.explorer.set_target(policy.cpu_peak_cores)
         if self.explorer:
             self.explorer.max_slowdown = policy.max_slowdown
-        if (policy.cpu_peak_cores, policy.mode, policy.enforced_by_the_kernel) != (
-                old.cpu_peak_cores, old.mode, old.enforced_by_the_kernel):
-            self.controller = cpu_controller(policy)
+        if (policy.cpu_peak_cores, policy.mode, self.plan.kernel_quota) != (
+                old.cpu_peak_cores, old.mode, old_plan.kernel_quota):
+            self.controller = cpu_controller(policy, self.plan)
         if self.gpu:
             self.gpu.set_policy(policy)
 
@@ -399,16 +404,15 @@ class Agent:
 
     def _actuate(self, quota: float | None, now: float) -> float | None:
         """Publish the settings and arm the enforcer; returns the quota in force."""
-        p = self.policy
-        stop_pacing = p.enforcement is Enforcement.BOTH and self.levers.pacing == Pacing.STOP
+        p, plan = self.policy, self.plan
+        stop_pacing = plan.enforcement is Enforcement.BOTH and self.levers.pacing == Pacing.STOP
         if stop_pacing != self._stop_pacing and self.controller and not self._gpu_bound:
             quota = self.controller.restart()
         handing_over, self._stop_pacing = self._stop_pacing, stop_pacing
-        use_coop = p.uses_pacing and not stop_pacing
-        # The kernel's quota and signals-only hold the tree always; in BOTH, the enforcer
-        # holds it while the workload does not pace itself.
-        use_signals = p.enforcement in (Enforcement.SIGNALS, Enforcement.QUOTA) or (
-            p.enforcement is Enforcement.BOTH
+        use_coop = plan.pacing and not stop_pacing
+        # In Both, the enforcer holds the tree while the workload does not pace itself.
+        use_signals = plan.enforcer_always or (
+            plan.enforcement is Enforcement.BOTH
             and (stop_pacing or handing_over
                  or now - self._last_step_time > COOPERATION_TIMEOUT_INTERVALS
                  * p.interval_seconds))
@@ -454,21 +458,21 @@ class Agent:
         return Levers(self.policy.threads, self.policy.batch_scale)
 
     @staticmethod
-    def _explorable(p: Policy) -> bool:
+    def _explorable(p: Policy, plan: Plan) -> bool:
         """Levers are explored only where the runtime applies them and the user left
         them free: adaptive mode, a CPU target, not signals alone, no static levers."""
-        return bool(p.cpu_peak_cores and p.adaptive and p.enforcement is not Enforcement.SIGNALS
+        return bool(p.cpu_peak_cores and p.adaptive and plan.enforcement is not Enforcement.SIGNALS
                     and p.threads is None and p.batch_scale == 1.0)
 
     def _explore(self, obs: CpuObservation, steps: int, elapsed: float, records) -> None:
-        if not self._explorable(self.policy):
+        if not self._explorable(self.policy, self.plan):
             return
         done = 0 if self._explorer_steps is None else max(0, steps - self._explorer_steps)
         self._explorer_steps = steps
         if self.explorer is None:
             if not done:
                 return  # no step reported (yet): the policy's levers, as without explorer
-            stop = self._enforcer is not None and self.policy.enforcement is Enforcement.BOTH
+            stop = self._enforcer is not None and self.plan.enforcement is Enforcement.BOTH
             candidates = probe_order(_usable_cores(), self.policy.cpu_peak_cores, stop)
             if any(r.batch_size is not None for r in records):  # it uses tj.batch_size()
                 candidates += [Levers(batch_scale=0.5)]

@@ -21,8 +21,9 @@ from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent, CycleResult
-from .enforcer import Enforcer, SignalEnforcer
-from .gpu.simulate import follow
+from .enforcement import local_enforcer, local_plan, without_kernel_quota
+from .enforcer import Enforcer
+from .loop import run_loop
 from .processes import ProcessTree, resume
 from .quota import CgroupQuota, detect
 from .summary import summarize
@@ -63,23 +64,25 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         proc = subprocess.Popen(cmd, env=env, start_new_session=True,
                                 preexec_fn=_continue_on_parent_death())
         tree = ProcessTree(root_pid=proc.pid)
-        enforcer, policy, enforcer_note = choose_enforcer(policy, tree, proc.pid)
+        found = detect() if policy.enforcement is Enforcement.QUOTA else None
+        plan = local_plan(policy, found)
+        enforcer = local_enforcer(plan, tree, proc.pid, found)
         guardian = _start_guardian(proc.pid, enforcer)
-        agent = Agent(policy, tree, settings_dir, enforcer, gpu=gpu)
-        if gpu:
-            follow(gpu)  # simulated GPUs see what the agent does to the workload
+        agent = Agent(policy, tree, settings_dir, enforcer, gpu=gpu, plan=plan)
         if exporter:
             exporter.attach(agent, f"psutil: process tree of pid {proc.pid}").start()
         agent.start()
-        if isinstance(enforcer, CgroupQuota) and not enforcer.active:
+        if plan.kernel_quota and enforcer.error:
             # Detected usable, then refused (a race, a limit): signals take over.
-            enforcer, policy, enforcer_note = _without_kernel_quota(
-                policy, tree, proc.pid, f"the kernel quota failed: {enforcer.error}")
-            agent.set_policy(policy)
-            agent.use_enforcer(enforcer)
+            agent.set_policy(policy, without_kernel_quota(
+                f"the kernel quota failed: {enforcer.error}"))
+            agent.use_enforcer(local_enforcer(agent.plan, tree, proc.pid, None))
         previous_handlers = _forward_signals(proc, tree)
         loop_started, loop_cpu_started = time.monotonic(), _own_cpu_seconds()
-        exit_code = _loop(proc, agent, policy, status_stream)
+        host = LocalHost(proc, status_stream)
+        run_loop(agent, host)
+        agent.cycle()  # the last partial interval, for the statistics
+        exit_code = host.exit_code
         loop_wall = time.monotonic() - loop_started
         loop_cpu = _own_cpu_seconds() - loop_cpu_started
     finally:
@@ -97,7 +100,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         shutil.rmtree(settings_dir, ignore_errors=True)
     wall = time.monotonic() - started
     report = build_report(agent.result, wall, exit_code, agent.explorer_report(),
-                          gpu.report() if gpu else None, enforcer_note)
+                          gpu.report() if gpu else None)
     # The control loop's own cost in steady state, apart from start-up (imports, spawn).
     report["controller"]["loop_cpu_percent"] = round(100 * loop_cpu / max(1e-9, loop_wall), 3)
     if status_stream is not None:
@@ -109,58 +112,35 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
     return exit_code
 
 
-def choose_enforcer(policy: Policy, tree: ProcessTree,
-                    pgid: int) -> tuple[Enforcer | None, Policy, str]:
-    """The enforcement ladder: the kernel's quota where this machine lets us set one on
-    the command's own cgroup, else signals (and pacing). Returns the enforcer, the
-    policy it enforces and, for the report, which enforcer runs and why."""
-    if not policy.enforced_by_the_kernel:
-        enforcer = SignalEnforcer(tree, process_group=pgid) if policy.uses_signals else None
-        return enforcer, policy, _ENFORCERS[policy.enforcement]
-    found = detect()
-    if found.backend is None:
-        return _without_kernel_quota(policy, tree, pgid, f"no kernel quota: {found.reason}")
-    return (CgroupQuota(root_pid=pgid, backend=found.backend), policy,
-            f"kernel quota ({found.backend.describe()})")
+class LocalHost:
+    """The command around the loop: it ends when the command exits; each cycle shows a
+    status line on a terminal."""
 
+    def __init__(self, proc: subprocess.Popen, status_stream: TextIO | None) -> None:
+        self._wait = _exit_waiter(proc)
+        self._stream = status_stream if status_stream is not None and _is_tty(
+            status_stream) else None
+        self.exit_code = 0
 
-_ENFORCERS = {Enforcement.SIGNALS: "signals", Enforcement.BOTH: "signals and pacing",
-              Enforcement.COOPERATIVE: "pacing"}
+    def wait(self, timeout: float) -> bool:
+        code = self._wait(timeout)
+        if code is None:
+            return False
+        self.exit_code = 128 - code if code < 0 else code
+        return True
 
+    def before_cycle(self) -> None:
+        pass
 
-def _without_kernel_quota(policy: Policy, tree: ProcessTree, pgid: int,
-                          why: str) -> tuple[Enforcer, Policy, str]:
-    """Where the kernel holds nothing: signals and pacing (Both), saying why."""
-    return (SignalEnforcer(tree, process_group=pgid), policy.without_kernel_quota(),
-            f"signals and pacing ({why})")
+    def after_cycle(self, result: CycleResult) -> None:
+        if self._stream is not None:
+            self._stream.write("\r" + status_line(result) + "\033[K")
+            self._stream.flush()
 
-
-def _loop(proc: subprocess.Popen, agent: Agent, policy: Policy,
-          status_stream: TextIO | None) -> int:
-    tty = status_stream is not None and _is_tty(status_stream)
-    next_cycle = time.monotonic() + policy.interval_seconds
-    failed = False
-    wait = _exit_waiter(proc)
-    while True:
-        code = wait(max(0.0, next_cycle - time.monotonic()))
-        if code is not None:
-            break
-        next_cycle += policy.interval_seconds
-        if failed:
-            continue
-        try:
-            result = agent.cycle()
-        except Exception as e:  # fail open: a bug here must not hold the workload back
-            failed = True
-            agent.close()
-            sys.stderr.write(f"throttledjob: control loop failed, running unthrottled: {e!r}\n")
-            continue
-        if tty:
-            status_stream.write("\r" + status_line(result) + "\033[K")
-            status_stream.flush()
-    if not failed:
-        agent.cycle()  # the last partial interval, for the statistics
-    return 128 - code if code < 0 else code
+    def cycle_failed(self, error: Exception, in_a_row: int) -> None:
+        if in_a_row == 1:
+            sys.stderr.write(f"throttledjob: control cycle failed, workload released: "
+                             f"{error!r}\n")
 
 
 def _exit_waiter(proc: subprocess.Popen):
@@ -199,8 +179,7 @@ def status_line(result: CycleResult) -> str:
 
 
 def build_report(result: CycleResult, wall: float, exit_code: int,
-                 explorer: dict | None = None, gpu: dict | None = None,
-                 enforcer: str | None = None) -> dict:
+                 explorer: dict | None = None, gpu: dict | None = None) -> dict:
     """The --report JSON. The run's figures (peaks, time held back, slowdown, levers)
     come from sidecar/summary.py, as /status's do; `wall` is the command's own."""
     run = summarize(result)
@@ -221,7 +200,7 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
         # Units of work reported through the runtime library (step() or the auto-hook).
         "steps": result.status.steps,
         "max_slowdown": policy.max_slowdown,
-        "enforcement": policy.enforcement,
+        "enforcement": result.plan.enforcement,
         "mode": policy.mode,
         "controller": {
             "levers_used": list(run.levers),
@@ -234,8 +213,8 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
             "final_quota_cores": None if result.controller_quota is None
             else round(result.controller_quota, 3),
-            # Which enforcer held the workload, and why that one (choose_enforcer).
-            "enforcer": enforcer,
+            # Which enforcer held the workload, and why that one (sidecar/enforcement.py).
+            "enforcer": result.plan.reason,
             # The kernel quota's own counters (cpu.stat), where it held the workload.
             "kernel_throttling": None if k is None else {
                 "periods": k.nr_periods, "throttled_periods": k.nr_throttled,

@@ -73,7 +73,7 @@ def _gauge(name: str, doc: str, value: float | None, labels: dict[str, str] | No
 def _build_info(s: Snapshot) -> Iterator[Metric]:
     g = GaugeMetricFamily(P + "build_info", "Always 1; labels say what this sidecar runs.",
                           labels=["version", "mode", "enforcement", "gpu_telemetry"])
-    g.add_metric([__version__, s.policy.mode, s.policy.enforcement, s.gpu_telemetry], 1.0)
+    g.add_metric([__version__, s.policy.mode, s.plan.enforcement, s.gpu_telemetry], 1.0)
     yield g
 
 

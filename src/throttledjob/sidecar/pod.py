@@ -12,23 +12,18 @@ lease ends. GET /prestop (the workload containers' preStop hook) stands it down 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
-import time
-from collections.abc import Mapping
 
-from throttledjob.contracts.names import ENV_CPU_LIMIT
 from throttledjob.contracts.policy import Policy
 
-from .agent import Agent
+from .agent import Agent, CycleResult
 from .container_quota import ContainerQuota
-from .enforcer import SignalEnforcer
+from .enforcement import cpu_limit_from_env, pod_enforcer, pod_plan
 from .exporter import Exporter, log_to_stderr
-from .gpu import GpuAgent, open_backend
-from .gpu.simulate import follow
-from .lease import lease_path
+from .gpu import open_gpu_agent
+from .loop import run_loop
 from .policy_watch import PolicyWatcher
 from .processes import ProcessTree, cgroup_of, pod_cgroup, resume
 
@@ -41,14 +36,7 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     log_to_stderr()
     stop = stop or threading.Event()
     watcher = PolicyWatcher(policy_path)
-    # In a pod the kernel's quota is the workload's CPU limit, which the operator set from
-    # the target (or not): Quota holds by it, or falls back to signals and pacing.
-    limit = cpu_limit_from_env(os.environ)
     written = watcher.poll() or Policy()
-    policy = written.under_cpu_limit(limit)
-    if limit is not None:
-        log.info("throttledjob: the workload's CPU limit of %g cores is the kernel's quota",
-                 limit)
     if watcher.error:  # no valid policy yet: measure and export, throttle nothing
         log.warning("throttledjob: policy: %s", watcher.error)
     scope = None if root_pid is not None else pod_cgroup(cgroup_of("self"))
@@ -58,14 +46,17 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
                     "cgroup in /proc/self/cgroup): measuring every process in the "
                     "namespace, signalling none")
     resume(tree.pids())  # a predecessor killed mid-pause leaves the workload stopped
-    backend, note = open_backend(gpu_backend)
-    log.info("throttledjob: %s", note)
-    gpu = GpuAgent(backend, policy, power_limit_lever=gpu_power_limit, note=note)
-    follow(gpu)  # simulated GPUs see what the agent does to the workload
+    # In a pod the kernel's quota is the workload's CPU limit, which the operator set
+    # from the target (or not): sidecar/enforcement.py says what holds the target.
+    limit = cpu_limit_from_env(os.environ)
+    plan = pod_plan(written, limit, scoped=tree.scoped)
+    log.info("throttledjob: the CPU target is held by %s", plan.reason)
+    gpu = open_gpu_agent(gpu_backend, written, gpu_power_limit)
+    log.info("throttledjob: %s", gpu.note)
     # The containers' own limits, read live through the workload's processes (a pod only).
     kernel = ContainerQuota(tree) if tree.scoped else None
-    agent = Agent(policy, tree, shared_dir, _enforcer(tree, policy, shared_dir), gpu=gpu,
-                  container_quota=kernel)
+    agent = Agent(written, tree, shared_dir, pod_enforcer(plan, tree, shared_dir), gpu=gpu,
+                  container_quota=kernel, plan=plan)
     exporter = Exporter(host, port).attach(agent, _cpu_telemetry(tree, root_pid))
     exporter.server.on_prestop = lambda: _stand_down(agent)
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
@@ -74,7 +65,8 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
         exporter.start()
         log.info("throttledjob: sidecar serving http://%s:%d/metrics", host, exporter.port)
         agent.start()
-        _loop(agent, tree, watcher, exporter, stop, root_pid, written, limit)
+        run_loop(agent, PodHost(agent, tree, watcher, exporter, stop, root_pid, written,
+                                limit))
     finally:
         agent.close()  # resumes what the enforcer stopped, restores GPU power limits
         resume(tree.pids())
@@ -84,49 +76,56 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     return 0
 
 
-def cpu_limit_from_env(env: Mapping[str, str]) -> float | None:
-    """The workload containers' CPU limit the operator set from the target (cores), or
-    None: not set, or not a positive number (then signals hold the target)."""
-    try:
-        limit = float(env.get(ENV_CPU_LIMIT, ""))
-    except ValueError:
-        return None
-    return limit if math.isfinite(limit) and limit > 0 else None
+class PodHost:
+    """The pod around the loop: the policy's ConfigMap and the containers' CPU limit,
+    both live; problems and telemetry reported through the exporter."""
 
+    def __init__(self, agent: Agent, tree: ProcessTree, watcher: PolicyWatcher,
+                 exporter: Exporter, stop: threading.Event, root_pid: int | None,
+                 written: Policy, limit: float | None) -> None:
+        self.agent, self.tree, self.watcher, self.exporter = agent, tree, watcher, exporter
+        self.stop, self.root_pid = stop, root_pid
+        self.written, self.limit = written, limit
 
-def _loop(agent: Agent, tree: ProcessTree, watcher: PolicyWatcher, exporter: Exporter,
-          stop: threading.Event, root_pid: int | None, written: Policy,
-          limit: float | None) -> None:
-    next_cycle = time.monotonic()
-    failures = 0
-    while True:
-        next_cycle += agent.policy.interval_seconds
-        if stop.wait(max(0.0, next_cycle - time.monotonic())):
-            return
+    def wait(self, timeout: float) -> bool:
+        return self.stop.wait(timeout)
+
+    def before_cycle(self) -> None:
+        agent, exporter, watcher = self.agent, self.exporter, self.watcher
         new = watcher.poll()
-        live = _live_limit(agent, limit)
-        if new is not None or live != limit:
-            written, limit = new or written, live
-            _apply_policy(agent, tree, written.under_cpu_limit(_holding(agent, limit)),
-                          agent.settings_dir)
+        live = _live_limit(agent, self.limit)
+        if new is not None or live != self.limit:
+            self.written, self.limit = new or self.written, live
+            self._replan()
             exporter.set_interval(agent.policy.interval_seconds)
-            log.info("throttledjob: policy %s", "reloaded from " + watcher.path if new
-                     else f"under the workload's CPU limit, now {limit} cores")
+            log.info("throttledjob: policy %s; the CPU target is held by %s",
+                     "reloaded from " + watcher.path if new
+                     else f"under the workload's CPU limit, now {self.limit} cores",
+                     agent.plan.reason)
         exporter.set_policy_reloads(watcher.reloads)
         exporter.report("policy", watcher.error)
-        exporter.report("processes", None if tree.pids() else
-                         "no workload process visible: is shareProcessNamespace on?")
-        exporter.set_cpu_telemetry(_cpu_telemetry(tree, root_pid))
-        try:
-            agent.cycle()
-            exporter.report("signals", agent.enforcer_error)
-            failures = 0
-        except Exception as e:  # a bug must not leave the workload stopped or kill the pod
-            failures += 1
-            agent.release()
-            exporter.report("processes", f"control cycle failed: {e!r}")
-            if failures == 1:
-                log.exception("throttledjob: control cycle failed; workload released")
+        exporter.report("processes", None if self.tree.pids() else
+                        "no workload process visible: is shareProcessNamespace on?")
+        exporter.set_cpu_telemetry(_cpu_telemetry(self.tree, self.root_pid))
+
+    def after_cycle(self, result: CycleResult) -> None:
+        self.exporter.report("signals", self.agent.enforcer_error)
+
+    def cycle_failed(self, error: Exception, in_a_row: int) -> None:
+        self.exporter.report("processes", f"control cycle failed: {error!r}")
+        if in_a_row == 1:
+            log.error("throttledjob: control cycle failed; workload released",
+                      exc_info=error)
+
+    def _replan(self) -> None:
+        agent = self.agent
+        if agent.stood_down:
+            return
+        plan = pod_plan(self.written, self.limit, agent.status.cpu_limit_wanted_cores,
+                        self.tree.scoped)
+        if plan.enforcer and not agent.has_enforcer:  # a live edit turned signals on
+            agent.use_enforcer(pod_enforcer(plan, self.tree, agent.settings_dir))
+        agent.set_policy(self.written, plan)
 
 
 def _live_limit(agent: Agent, last: float | None) -> float | None:
@@ -136,36 +135,9 @@ def _live_limit(agent: Agent, last: float | None) -> float | None:
     return kernel.limit_cores() if kernel is not None and kernel.visible else last
 
 
-def _holding(agent: Agent, limit: float | None) -> float | None:
-    """The limit as the policy sees it: one the slowdown budget lifted (the sidecar's own
-    ask) holds the target as far as the budget allows, so it counts as the target's; no
-    signals are added to hold the rest."""
-    wanted, target = agent.status.cpu_limit_wanted_cores, agent.policy.cpu_peak_cores
-    if limit is not None and wanted is not None and target and limit <= wanted + 0.01:
-        return min(limit, target)
-    return limit
-
-
-def _apply_policy(agent: Agent, tree: ProcessTree, policy: Policy, shared_dir: str) -> None:
-    if agent.stood_down:
-        return
-    if policy.uses_signals and not agent.has_enforcer:
-        agent.use_enforcer(_enforcer(tree, policy, shared_dir))
-    agent.set_policy(policy)
-
-
 def _stand_down(agent: Agent) -> None:
     log.info("throttledjob: the pod is terminating (preStop): throttling ends")
     agent.stand_down()
-
-
-def _enforcer(tree: ProcessTree, policy: Policy, shared_dir: str) -> SignalEnforcer | None:
-    # Scanning every process 50 times a second costs CPU: only when signals may be used.
-    if not tree.scoped:  # never stop a process that may not be the workload's
-        return None
-    # Each stop announced in the shared directory, where the guard reads it.
-    return SignalEnforcer(tree, lease_path=lease_path(shared_dir)) \
-        if policy.uses_signals else None
 
 
 def _cpu_telemetry(tree: ProcessTree, root_pid: int | None) -> str:

@@ -19,6 +19,7 @@ from throttledjob.contracts.status import STATUS_VERSION, StatusDocument
 from throttledjob.runtime.progress import read_progress
 
 from .agent import CycleResult, CycleStatus
+from .enforcement import Plan
 from .gpu.backend import GpuReading
 from .quota import ThrottleStats
 from .stats import PeakSummary
@@ -55,6 +56,7 @@ class Health:
 class Snapshot:
     time: float
     policy: Policy
+    plan: Plan
     status: CycleStatus
     cpu_seconds: float
     processes: int
@@ -123,7 +125,7 @@ def snapshot_of(result: CycleResult, health: Health,
     run = summarize(result)
     gpu = result.gpu
     return Snapshot(
-        time=time.time(), policy=result.policy, status=result.status,
+        time=time.time(), policy=result.policy, plan=result.plan, status=result.status,
         cpu_seconds=result.cpu_seconds, processes=result.processes, cpu=run.cpu,
         gpu_telemetry=gpu.telemetry if gpu else "none",
         gpus=gpu.readings if gpu else (),
@@ -172,7 +174,7 @@ def status_document(s: Snapshot) -> StatusDocument:
             "gpuMemoryFraction": p.gpu_memory_fraction,
             "maxSlowdown": p.max_slowdown,
             "mode": str(p.mode),
-            "enforcement": str(p.enforcement),
+            "enforcement": str(s.plan.enforcement),
         },
         "errors": [f"{kind}: {message}" for kind, message in sorted(s.health.problems.items())],
         "telemetry": {"cpu": s.health.cpu_telemetry, "gpu": s.gpu_telemetry,

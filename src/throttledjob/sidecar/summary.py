@@ -71,7 +71,7 @@ def summarize(result: CycleResult) -> RunSummary:
     wall = max(1e-9, result.wall_seconds)
     util = gpu.utilization if gpu else PeakSummary()
     power = gpu.power if gpu else PeakSummary()
-    enforcer_lever = "quota" if p.enforced_by_the_kernel else "signals"
+    enforcer_lever = "quota" if result.plan.kernel_quota else "signals"
     used = {
         "quota": (enforcer_lever == "quota" and signal_paused > 0) or kernel_paused > 0,
         "signals": enforcer_lever == "signals" and signal_paused > 0,

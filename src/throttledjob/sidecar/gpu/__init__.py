@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import os
 
+from throttledjob.contracts.names import GPU_BACKENDS
+from throttledjob.contracts.policy import Policy
+
 from .agent import GpuAgent, GpuState
 from .backend import THROTTLE_REASONS, GpuBackend, GpuError, GpuReading, NullGpuBackend, select_gpus
 
 __all__ = ["BACKENDS", "THROTTLE_REASONS", "GpuAgent", "GpuBackend", "GpuError", "GpuReading",
-           "GpuState", "NullGpuBackend", "open_backend", "select_gpus"]
+           "GpuState", "NullGpuBackend", "open_backend", "open_gpu_agent", "select_gpus"]
 
-BACKENDS = ("auto", "nvml", "fake", "none")
+BACKENDS = GPU_BACKENDS
 
 
 def open_backend(name: str, environ: dict[str, str] | None = None) -> tuple[GpuBackend, str]:
@@ -50,3 +53,15 @@ def open_backend(name: str, environ: dict[str, str] | None = None) -> tuple[GpuB
             raise
         return NullGpuBackend(), f"GPU telemetry off: {e}; running CPU-only"
     return backend, f"GPU telemetry from NVML ({backend.device_count} GPUs)"
+
+
+def open_gpu_agent(backend: str, policy: Policy, power_limit_lever: bool = False) -> GpuAgent:
+    """The GPU agent both hosts run (the pod's sidecar, local mode): the backend named
+    by `--gpu-backend` (open_backend; its note is the agent's `note`), and simulated GPUs
+    made to see what the agent does to the workload. Raises GpuError."""
+    from .simulate import follow
+
+    opened, note = open_backend(backend)
+    agent = GpuAgent(opened, policy, power_limit_lever=power_limit_lever, note=note)
+    follow(agent)
+    return agent
