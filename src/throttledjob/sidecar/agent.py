@@ -1,10 +1,10 @@
-"""One control cycle, shared by local mode and the pod sidecar: measure, decide, actuate.
+"""One control cycle, shared by local mode and the pod sidecar: measure, decide, act.
 
-Each cycle reads the tree's CPU time and the runtime's progress records, asks the
-controller for a quota, writes the settings file for cooperating processes and arms
-the enforcer for those that do not cooperate. It returns a frozen `CycleResult` (also
-handed to every observer): the only view of the agent that readers (the /status
-snapshot, the `--report`, the status line) get, so none reaches into the agent.
+measure.py turns the interval's counters into a `Sample`; decide.py turns the sample into
+the rate the workload is held to; the explorer picks the cooperative levers; act.py
+publishes both (the settings file, the enforcer). Each cycle returns a frozen
+`CycleResult` (also handed to every observer): the only view of the agent that readers
+(the /status snapshot, the `--report`, the status line) get, so none reaches into it.
 """
 
 from __future__ import annotations
@@ -17,32 +17,22 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from throttledjob.contracts.policy import Enforcement, Policy
-from throttledjob.contracts.progress import MAX_PROGRESS_FILES
-from throttledjob.contracts.settings import SETTINGS_FILE, Settings
-from throttledjob.runtime.files import write_json_atomic
-from throttledjob.runtime.progress import read_progress
 
+from .act import Acted, Actuator, stop_pacing
 from .container_quota import ContainerQuota
-from .controller import BINDING_PAUSE_FRACTION, DEFAULT_MARGIN, CpuController, CpuObservation
+from .controller import BINDING_PAUSE_FRACTION
+from .decide import cpu_controller, decide
 from .enforcement import Plan, plan_as_written
 from .enforcer import Enforcer
-from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, Pacing, probe_order
+from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, probe_order
+from .measure import Meter, Sample
 from .os_levers import OsLevers
-from .processes import ProcessTree, alive, resume
+from .processes import ProcessTree, resume
 from .quota import ThrottleStats
 from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker
 
 if TYPE_CHECKING:
     from .gpu import GpuAgent, GpuState
-
-# With enforcement Both, the workload counts as cooperating while it has called step()
-# within this many control intervals; otherwise the signal enforcer takes over.
-COOPERATION_TIMEOUT_INTERVALS = 3
-
-
-# Processes whose steps are counted over a run (the sidecar keeps each one's last count):
-# bounded, whatever the shared directory holds.
-MAX_STEP_PIDS = 4 * MAX_PROGRESS_FILES
 
 
 @dataclass(frozen=True)
@@ -104,18 +94,12 @@ class CycleResult:
     budget_exhausted_recently: bool = False
 
 
-def cpu_controller(policy: Policy, plan: Plan) -> CpuController | None:
-    """The CPU controller for a policy. Its margin under the target keeps the 1-second
-    peaks of pacing and signals under it; the kernel's quota holds every period to the
-    quota itself, so there it aims at the target (the margin cost 2% against a plain
-    limit at high targets, and bought nothing)."""
-    if not policy.cpu_peak_cores:
-        return None
-    margin = 0.0 if plan.kernel_quota else DEFAULT_MARGIN
-    return CpuController(policy.cpu_peak_cores, policy.adaptive, margin=margin)
-
-
 class Agent:
+    """One control cycle: measure (measure.py) -> decide (decide.py) -> act (act.py),
+    then the run's totals. The GPU wing (gpu/agent.py) measures and decides its own
+    duty; its rate enters the CPU decision. The lever explorer (explorer.py) picks the
+    cooperative levers between decide and act."""
+
     def __init__(self, policy: Policy, tree: ProcessTree, settings_dir: str,
                  enforcer: Enforcer | None = None, clock: Callable[[], float] = time.monotonic,
                  gpu: GpuAgent | None = None,
@@ -126,46 +110,32 @@ class Agent:
         self.gpu = gpu
         # Called with each cycle's result (the metrics exporter publishes a snapshot).
         self.observers: list[Callable[[CycleResult], None]] = []
-        self._gpu_bound = False
         self.tree = tree
         self.settings_dir = settings_dir
         self._enforcer = enforcer
         # The kernel quota of the workload's containers, read only: it is reported (the
         # time it held the workload back, its counters), never fed to the controller,
-        # whose quota paces the steps; a limit it cannot move would wind it down.
+        # whose rate paces the steps; a limit it cannot move would wind it down.
         self.container_quota = container_quota
-        self._last_kernel_paused = 0.0
         self._running = False
         self.clock = clock
         self.controller = cpu_controller(policy, self.plan)
-        # Cheaper cooperative levers than the quota, found online (sidecar/explorer.py);
-        # made at the first reported step, when the levers the workload uses are known.
+        # Cheaper cooperative levers than pacing alone, found online (explorer.py); made
+        # at the first reported step, when the levers the workload uses are known.
         self.explorer: Explorer | None = None
         self._explorer_steps: int | None = None
         self.os_levers = OsLevers(policy.nice, policy.cpu_affinity)
-        self._cpu_peaks = PeakTracker()
-        self.status = CycleStatus()
-        self.seq = 0
         self.started = clock()
-        self._cooperative_paused_seconds = 0.0
+        self.meter = Meter(tree, settings_dir, self.started, container_quota)
+        self.actuator = Actuator(settings_dir)
+        self._acted = Acted(paced=False, enforcer_armed=False, error=None)
+        self._gpu_bound = False
+        self._last_step_time = -1e18
+        self._cpu_peaks = PeakTracker()
         self._budget_exhausted_seconds = 0.0
         self._budget_exhausted_at: float | None = None  # the last such interval's end
         self._lever_cost_seconds = 0.0
-        self._last_cpu = tree.cpu_seconds()
-        self._last_time = self.started
-        self._last_coop_paused: dict[int, float] = {}
-        self._last_step_time = -1e18
-        self._last_signal_paused = 0.0
-        self._steps_by_pid: dict[int, int] = {}
-        # Pacing was by stop in the last cycle: signals stay armed for one interval more
-        # when the explorer hands pacing back to the runtime, which picks the quota up
-        # only at its next settings check.
-        self._stop_pacing = False
-        # The runtime was given the quota in the last cycle (read by the next observation).
-        self._coop_pacing = False
-        # What the last actuation left: the settings file's error, whether signals hold.
-        self._settings_error: str | None = None
-        self._enforcer_armed = False
+        self.status = CycleStatus()
         self.result = self._result(self.started, 0.0)
         # Held by a control cycle and by stand_down, which comes from the HTTP thread.
         self.lock = threading.Lock()
@@ -174,12 +144,10 @@ class Agent:
     def start(self) -> None:
         """Arm the actuators before the workload runs its first instruction."""
         self.os_levers.apply(self.tree.pids())
-        if self.container_quota:  # what ran before us is not ours to count
-            self.container_quota.refresh()
-        quota = self.controller.quota if self.controller else None
-        self._actuate(quota, now=self.started)
-        self.status = replace(self.status, error=self._settings_error,
-                              enforcer_armed=self._enforcer_armed)
+        self.meter.baseline()
+        self._act(self.controller.quota if self.controller else None, self.started)
+        self.status = replace(self.status, error=self._acted.error,
+                              enforcer_armed=self._acted.enforcer_armed)
         self.result = self._result(self.started, 0.0)
         if self._enforcer:
             self._enforcer.start()
@@ -216,14 +184,14 @@ class Agent:
         """The pod is terminating (the workload's preStop hook asked): throttle nothing
         from now on, so a workload that checkpoints on SIGTERM does so at full speed.
         Every process is resumed, signals disarmed, the OS levers restored and settings
-        without a quota published before this returns; later policy edits are ignored.
+        without a rate published before this returns; later policy edits are ignored.
         The kernel's quota (a CPU limit in the pod spec) is not ours to lift."""
         with self.lock:
             self.set_policy(Policy(interval_seconds=self.policy.interval_seconds))
             self.stood_down = True
             self.os_levers.restore()
             self.release()
-            self._actuate(None, self.clock())
+            self._act(None, self.clock())
 
     def cycle(self) -> CycleResult:
         with self.lock:
@@ -232,82 +200,49 @@ class Agent:
     def _cycle(self) -> CycleResult:
         began = time.perf_counter()
         now = self.clock()
-        self.tree.refresh()
-        self.os_levers.apply(self.tree.pids())
-        cpu = self.tree.cpu_seconds()
-        elapsed = max(1e-6, now - self._last_time)
-        used = max(0.0, cpu - self._last_cpu)
-        self._last_cpu, self._last_time = cpu, now
-        self._cpu_peaks.add(used, elapsed)  # peaks are over 1-second samples
-
-        everyone = read_progress(self.settings_dir)
-        for r in everyone:  # the count survives the process that made it
-            if r.pid in self._steps_by_pid or len(self._steps_by_pid) < MAX_STEP_PIDS:
-                self._steps_by_pid[r.pid] = max(r.steps, self._steps_by_pid.get(r.pid, 0))
-        records = [r for r in everyone if alive(r.pid)]
-        cooperating = [r.pid for r in records]
-        coop_pause, coop_capped = self._cooperative_pause(records, elapsed)
-        signal_paused = self._signal_paused_seconds
-        sig_pause = (signal_paused - self._last_signal_paused) / elapsed
-        self._last_signal_paused = signal_paused
-        steps = sum(self._steps_by_pid.values())
-        if steps != self.status.steps:
+        sample = self.meter.measure(now, self._enforcer)
+        self._cpu_peaks.add(sample.used_seconds, sample.elapsed)  # 1-second samples
+        if sample.new_steps:
             self._last_step_time = now
-        kernel_pause = self._container_quota_pause(elapsed)
-
-        obs = CpuObservation(
-            usage_cores=used / elapsed,
-            pause_fraction=min(1.0, max(coop_pause, sig_pause)),
-            pause_capped=coop_capped or bool(self._enforcer and self._enforcer.pause_capped),
-            # Only peers given equal shares they use unequally can leave usage under the
-            # quota by the actuator's own bias; one paced process or the enforcer gets
-            # exactly its quota, so a shortfall while pacing is a partly idle interval.
-            may_under_deliver=self._coop_pacing and len(cooperating) >= 2,
-        )
-        gpu_duty = self.gpu.cycle(elapsed, obs.pause_fraction,
-                                  sorted({d for r in records for d in r.visible_devices}),
-                                  steps - self.status.steps) if self.gpu else None
-        # While the GPU quota is the one holding the workload back, the CPU controller must
-        # not read that pause as its own (it would wind its quota up meanwhile).
-        cpu_obs = replace(obs, pause_fraction=0.0, pause_capped=False) \
-            if self._gpu_bound else obs
-        decision = self.controller.update(cpu_obs) if self.controller else None
-        quota = decision.quota_cores if decision else None
-        gpu_quota = _gpu_quota(obs, gpu_duty)
-        self._gpu_bound = gpu_quota is not None and (quota is None or gpu_quota < quota)
-        if self._gpu_bound:
-            quota = gpu_quota
-        gpu_exhausted = bool(self.gpu and self.gpu.decision and self.gpu.decision.budget_exhausted)
-        if (decision and decision.budget_exhausted) or gpu_exhausted:
-            self._budget_exhausted_seconds += elapsed
+        gpu_duty = self.gpu.cycle(sample.elapsed, sample.pause_fraction, sample.devices,
+                                  sample.new_steps) if self.gpu else None
+        gpu_exhausted = bool(self.gpu and self.gpu.decision
+                             and self.gpu.decision.budget_exhausted)
+        decision = decide(sample, self.controller,
+                          pacing_by_peers=self._acted.paced and len(sample.records) >= 2,
+                          was_gpu_bound=self._gpu_bound, gpu_duty=gpu_duty,
+                          gpu_exhausted=gpu_exhausted)
+        self._gpu_bound = decision.gpu_bound
         # The interval ran under the levers chosen before it: charge what they cost.
-        cost = self._lever_slowdown()
-        self._lever_cost_seconds += (1 - obs.pause_fraction) * elapsed * (1 - 1 / cost)
-        self._explore(obs, steps, elapsed, records)
-        quota = self._actuate(quota, now)
+        self._lever_cost_seconds += ((1 - sample.pause_fraction) * sample.elapsed
+                                     * (1 - 1 / self._lever_slowdown()))
+        self._explore(sample)
+        rate = decision.rate_cores
+        if (stop_pacing(self.plan, self.levers) != self.actuator.stopping
+                and self.controller and not decision.gpu_bound):
+            # The trim corrected the last actuator's bias, not the next one's.
+            rate = self.controller.restart()
+        self._act(rate, now)
         # The containers' limit holds the workload back past the budget, or the budget
         # needs a limit over the target (it may have been lifted already): either way the
         # target is out of reach within maxSlowdown.
         wanted = self._wanted_limit()
-        kernel_over_budget = (kernel_pause > self.policy.max_pause_fraction + 0.01
+        kernel_over_budget = (sample.kernel_pause > self.policy.max_pause_fraction + 0.01
                               or wanted is not None)
-        if kernel_over_budget and not (decision and decision.budget_exhausted):
-            self._budget_exhausted_seconds += elapsed
-        exhausted = (bool(decision and decision.budget_exhausted) or gpu_exhausted
-                     or kernel_over_budget)
+        exhausted = decision.budget_exhausted or kernel_over_budget
         if exhausted:
+            self._budget_exhausted_seconds += sample.elapsed
             self._budget_exhausted_at = now
         self.status = CycleStatus(
-            usage_cores=obs.usage_cores,
-            quota_cores=quota,
-            pause_fraction=max(obs.pause_fraction, kernel_pause),
-            throttling=(bool(decision and decision.throttling) or bool(gpu_duty)
-                        or kernel_pause > BINDING_PAUSE_FRACTION),
+            usage_cores=sample.usage_cores,
+            quota_cores=rate,
+            pause_fraction=max(sample.pause_fraction, sample.kernel_pause),
+            throttling=decision.throttling or sample.kernel_pause > BINDING_PAUSE_FRACTION,
             budget_exhausted=exhausted,
-            cooperating_pids=cooperating,
-            steps=steps,
-            enforcer_armed=self._enforcer_armed,
-            error=self._settings_error,
+            cooperating_pids=sample.cooperating,
+            steps=sample.steps,
+            enforcer_armed=self._acted.enforcer_armed,
+            error=self._acted.error,
             gpu_duty=gpu_duty,
             cpu_limit_wanted_cores=wanted,
             cpu_demand_cores=(self.container_quota.demand_by_container()
@@ -318,33 +253,28 @@ class Agent:
             observer(self.result)
         return self.result
 
+    def _act(self, rate: float | None, now: float) -> None:
+        self._acted = self.actuator.act(
+            rate, self.policy, self.plan, self.levers, self._max_pause_fraction(),
+            self._enforcer, now - self._last_step_time, now)
+
     def _result(self, now: float, cycle_seconds: float) -> CycleResult:
         return CycleResult(
             time=now, wall_seconds=now - self.started, policy=self.policy, plan=self.plan,
             status=self.status,
-            cycle_seconds=cycle_seconds, cpu_seconds=self._last_cpu,
+            cycle_seconds=cycle_seconds, cpu_seconds=self.meter.cpu_seconds,
             processes=len(self.tree.pids()), cpu=self._cpu_peaks.summary(),
-            signal_paused_seconds=self._signal_paused_seconds,
-            cooperative_paused_seconds=self._cooperative_paused_seconds,
+            signal_paused_seconds=self._enforcer.paused_seconds if self._enforcer else 0.0,
+            cooperative_paused_seconds=self.meter.cooperative_paused_seconds,
             budget_exhausted_seconds=self._budget_exhausted_seconds, levers=self.levers,
             controller_quota=self.controller.quota if self.controller else None,
             kernel_throttling=self._kernel_throttling(),
             gpu=self.gpu.state() if self.gpu else None,
             lever_cost_seconds=self._lever_cost_seconds,
-            kernel_paused_seconds=self._last_kernel_paused,
+            kernel_paused_seconds=self.meter.kernel_paused_seconds,
             budget_exhausted_recently=(self._budget_exhausted_at is not None
                                        and now - self._budget_exhausted_at < RECENT_SAMPLES),
         )
-
-    def _container_quota_pause(self, elapsed: float) -> float:
-        """The share of the last interval the containers' kernel quota held the workload
-        back (0 without one)."""
-        if self.container_quota is None:
-            return 0.0
-        self.container_quota.refresh()
-        paused = self.container_quota.paused_seconds
-        pause, self._last_kernel_paused = (paused - self._last_kernel_paused) / elapsed, paused
-        return min(1.0, max(0.0, pause))
 
     def _wanted_limit(self) -> float | None:
         """The limit the budget needs (ContainerQuota.wanted_limit), with what the levers
@@ -359,10 +289,6 @@ class Agent:
         if ours is None and self.container_quota is not None:
             return self.container_quota.kernel_throttling()
         return ours
-
-    @property
-    def _signal_paused_seconds(self) -> float:
-        return self._enforcer.paused_seconds if self._enforcer else 0.0
 
     def set_policy(self, policy: Policy, plan: Plan | None = None) -> None:
         """Apply an edited policy (a live ConfigMap change) and the plan that holds it
@@ -392,54 +318,6 @@ class Agent:
         if self.gpu:
             self.gpu.close()
 
-    def _cooperative_pause(self, records, elapsed: float) -> tuple[float, bool]:
-        deltas = []
-        for r in records:
-            before = self._last_coop_paused.get(r.pid, r.paused_seconds)
-            deltas.append(max(0.0, r.paused_seconds - before))
-        self._last_coop_paused = {r.pid: r.paused_seconds for r in records}
-        self._cooperative_paused_seconds += max(deltas, default=0.0)
-        pause = max(deltas, default=0.0) / elapsed
-        return pause, any(r.pause_capped for r in records)
-
-    def _actuate(self, quota: float | None, now: float) -> float | None:
-        """Publish the settings and arm the enforcer; returns the quota in force."""
-        p, plan = self.policy, self.plan
-        stop_pacing = plan.enforcement is Enforcement.BOTH and self.levers.pacing == Pacing.STOP
-        if stop_pacing != self._stop_pacing and self.controller and not self._gpu_bound:
-            quota = self.controller.restart()
-        handing_over, self._stop_pacing = self._stop_pacing, stop_pacing
-        use_coop = plan.pacing and not stop_pacing
-        # In Both, the enforcer holds the tree while the workload does not pace itself.
-        use_signals = plan.enforcer_always or (
-            plan.enforcement is Enforcement.BOTH
-            and (stop_pacing or handing_over
-                 or now - self._last_step_time > COOPERATION_TIMEOUT_INTERVALS
-                 * p.interval_seconds))
-        self._coop_pacing = use_coop
-        self.seq += 1
-        max_pause = self._max_pause_fraction()
-        settings = Settings(
-            seq=self.seq, time=time.time(),
-            # Published even while signals hold the tree: a process that starts calling
-            # step() paces from its first call, with no unthrottled hand-over gap.
-            cpu_quota_cores=quota if use_coop else None,
-            max_pause_fraction=max_pause,
-            threads=self.levers.threads, batch_scale=self.levers.batch_scale,
-            rate_limit_per_second=p.rate_limit_per_second,
-            gpu_memory_fraction=p.gpu_memory_fraction, params=p.params,
-            stale_after_seconds=max(10.0, 5 * p.interval_seconds),
-        )
-        self._settings_error = None
-        try:
-            write_json_atomic(os.path.join(self.settings_dir, SETTINGS_FILE), settings.to_dict())
-        except OSError as e:
-            self._settings_error = f"cannot write settings: {e.strerror or e}"
-        if self._enforcer:
-            self._enforcer.set(quota if use_signals else None, max_pause)
-            self._enforcer_armed = bool(quota and use_signals)
-        return quota
-
     def _lever_slowdown(self) -> float:
         """What the levers in force cost by themselves (1: nothing, or not known)."""
         return (self.explorer.lever_slowdown() if self.explorer else None) or 1.0
@@ -464,9 +342,10 @@ class Agent:
         return bool(p.cpu_peak_cores and p.adaptive and plan.enforcement is not Enforcement.SIGNALS
                     and p.threads is None and p.batch_scale == 1.0)
 
-    def _explore(self, obs: CpuObservation, steps: int, elapsed: float, records) -> None:
+    def _explore(self, sample: Sample) -> None:
         if not self._explorable(self.policy, self.plan):
             return
+        steps = sample.steps
         done = 0 if self._explorer_steps is None else max(0, steps - self._explorer_steps)
         self._explorer_steps = steps
         if self.explorer is None:
@@ -474,13 +353,14 @@ class Agent:
                 return  # no step reported (yet): the policy's levers, as without explorer
             stop = self._enforcer is not None and self.plan.enforcement is Enforcement.BOTH
             candidates = probe_order(_usable_cores(), self.policy.cpu_peak_cores, stop)
-            if any(r.batch_size is not None for r in records):  # it uses tj.batch_size()
+            if any(r.batch_size is not None for r in sample.records):  # tj.batch_size()
                 candidates += [Levers(batch_scale=0.5)]
             if not candidates:
                 return
             self.explorer = Explorer(self.policy.cpu_peak_cores, candidates,
                                      max_slowdown=self.policy.max_slowdown)
-        self.explorer.update(LeverSample(obs.usage_cores, obs.pause_fraction, done, elapsed))
+        self.explorer.update(LeverSample(sample.usage_cores, sample.pause_fraction, done,
+                                         sample.elapsed))
 
     def explorer_report(self) -> dict | None:
         """What the explorer measured and chose (None when it never ran)."""
@@ -509,15 +389,3 @@ def _usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def _gpu_quota(obs: CpuObservation, duty: float | None) -> float | None:
-    """The GPU duty as a CPU quota: the workload's unthrottled CPU rate x (1 - duty).
-
-    Holding the feeding processes back is what idles the GPU, and the CPU token buckets
-    (runtime pacing, signal enforcer) are the actuators that already hold them back.
-    """
-    if not duty:
-        return None
-    demand = obs.usage_cores / max(0.05, 1.0 - obs.pause_fraction)
-    return max(0.01, demand * (1.0 - duty))

@@ -1,0 +1,84 @@
+"""Decide: from one interval's `Sample`, the pacing rate the actuators hold the workload
+to next, and whether the slowdown budget stands in a target's way.
+
+No I/O: the controllers keep their own state (sidecar/controller.py, gpu/), everything
+else comes in as arguments, so each rule is tested with hand-made samples
+(tests/sidecar/test_decide.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from throttledjob.contracts.policy import Policy
+
+from .controller import DEFAULT_MARGIN, CpuController, CpuObservation
+from .enforcement import Plan, plan_as_written
+from .measure import Sample
+
+
+@dataclass(frozen=True)
+class Decision:
+    # The CPU rate (cores) the pacing and the enforcer hold the workload to; None: none.
+    rate_cores: float | None
+    # The GPU target's rate is the lower one: the GPU, not the CPU target, holds it back.
+    gpu_bound: bool
+    throttling: bool
+    # A controller's actuators were held back by the budget while over its target.
+    budget_exhausted: bool
+
+
+def cpu_controller(policy: Policy, plan: Plan | None = None) -> CpuController | None:
+    """The CPU controller for a policy held by `plan` (None: as written). Its margin
+    under the target keeps the 1-second peaks of pacing and signals under it; a kernel
+    quota of ours holds every period to the rate itself, so there it aims at the target
+    (the margin cost 2% against a plain limit at high targets, and bought nothing)."""
+    if not policy.cpu_peak_cores:
+        return None
+    margin = 0.0 if (plan or plan_as_written(policy)).kernel_quota else DEFAULT_MARGIN
+    return CpuController(policy.cpu_peak_cores, policy.adaptive, margin=margin)
+
+
+def observation(sample: Sample, pacing_by_peers: bool, gpu_bound: bool) -> CpuObservation:
+    """The CPU controller's view of an interval. `pacing_by_peers`: the runtime paced
+    two or more processes in it; `gpu_bound`: the GPU's rate held the workload back in
+    it (the CPU controller must not read that pause as its own: it would wind up)."""
+    obs = CpuObservation(
+        usage_cores=sample.usage_cores,
+        pause_fraction=sample.pause_fraction,
+        pause_capped=sample.cooperative_capped or sample.enforcer_capped,
+        # Only peers given equal shares they use unequally can leave usage under the
+        # rate by the actuator's own bias; one paced process or the enforcer gets
+        # exactly its rate, so a shortfall while pacing is a partly idle interval.
+        may_under_deliver=pacing_by_peers,
+    )
+    return replace(obs, pause_fraction=0.0, pause_capped=False) if gpu_bound else obs
+
+
+def decide(sample: Sample, controller: CpuController | None, pacing_by_peers: bool,
+           was_gpu_bound: bool, gpu_duty: float | None, gpu_exhausted: bool) -> Decision:
+    """The rate for the next interval: the CPU controller's, or the GPU duty's as a CPU
+    rate where that is lower (gpu_rate)."""
+    obs = observation(sample, pacing_by_peers, was_gpu_bound)
+    cpu = controller.update(obs) if controller else None
+    rate = cpu.quota_cores if cpu else None
+    gpu = gpu_rate(sample, gpu_duty)
+    gpu_bound = gpu is not None and (rate is None or gpu < rate)
+    return Decision(
+        rate_cores=gpu if gpu_bound else rate,
+        gpu_bound=gpu_bound,
+        throttling=bool(cpu and cpu.throttling) or bool(gpu_duty),
+        budget_exhausted=bool(cpu and cpu.budget_exhausted) or gpu_exhausted,
+    )
+
+
+def gpu_rate(sample: Sample, duty: float | None) -> float | None:
+    """The GPU duty as a CPU rate: the workload's unthrottled CPU rate x (1 - duty).
+
+    Holding the feeding processes back is what idles the GPU, and the CPU token buckets
+    (runtime pacing, signal enforcer) are the actuators that already hold them back.
+    """
+    if not duty:
+        return None
+    demand = sample.usage_cores / max(0.05, 1.0 - sample.pause_fraction)
+    return max(0.01, demand * (1.0 - duty))

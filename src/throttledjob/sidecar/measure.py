@@ -1,0 +1,134 @@
+"""Measure: what one control interval saw of the workload, as one `Sample`.
+
+The `Meter` keeps the counters an interval is measured against (the tree's CPU time, the
+runtime's paused seconds per process, the steps each process reported, the enforcer's
+and the containers' held-back time) and turns their deltas into rates. It reads; it
+changes nothing (the agent's `act` does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from throttledjob.contracts.progress import MAX_PROGRESS_FILES, Progress
+from throttledjob.runtime.progress import read_progress
+
+from .container_quota import ContainerQuota
+from .enforcer import Enforcer
+from .processes import ProcessTree, alive
+
+# Processes whose steps are counted over a run (the meter keeps each one's last count):
+# bounded, whatever the shared directory holds.
+MAX_STEP_PIDS = 4 * MAX_PROGRESS_FILES
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One control interval of the workload."""
+
+    time: float                 # the agent's clock at the end of the interval
+    elapsed: float              # seconds since the last sample
+    cpu_seconds: float          # the tree's CPU time so far
+    used_seconds: float         # CPU seconds used in the interval
+    records: tuple[Progress, ...]  # the live processes that report steps
+    steps: int                  # steps reported over the run, by every process
+    new_steps: int              # of which in this interval
+    cooperative_pause: float    # the share of the interval the runtime paced itself
+    cooperative_capped: bool    # the runtime's budget refused a pause its quota wanted
+    signal_pause: float         # the share the enforcer held the tree back
+    enforcer_capped: bool       # the enforcer's budget refused a pause
+    kernel_pause: float         # the share the containers' own CPU limit held it back
+
+    @property
+    def usage_cores(self) -> float:
+        return self.used_seconds / self.elapsed
+
+    @property
+    def cooperating(self) -> list[int]:
+        return [r.pid for r in self.records]
+
+    @property
+    def pause_fraction(self) -> float:
+        """Held back by our actuators: pacing and the enforcer hold the same workload at
+        the same time, so the larger counts, not the sum."""
+        return min(1.0, max(self.cooperative_pause, self.signal_pause))
+
+    @property
+    def devices(self) -> list[str]:
+        """The GPUs the cooperating processes see (CUDA_VISIBLE_DEVICES)."""
+        return sorted({d for r in self.records for d in r.visible_devices})
+
+
+class Meter:
+    def __init__(self, tree: ProcessTree, settings_dir: str, now: float,
+                 container_quota: ContainerQuota | None = None) -> None:
+        self.tree = tree
+        self.settings_dir = settings_dir
+        self.container_quota = container_quota
+        self.started = now
+        self._last_time = now
+        self._last_cpu = tree.cpu_seconds()
+        self._steps_by_pid: dict[int, int] = {}
+        self._last_steps = 0
+        self._last_coop_paused: dict[int, float] = {}
+        self._last_signal_paused = 0.0
+        # Totals over the run, as measured (read by the run's summary).
+        self.cooperative_paused_seconds = 0.0
+        self.kernel_paused_seconds = 0.0
+
+    def baseline(self) -> None:
+        """What ran before the agent is not the agent's to count (the containers' quota
+        counters of an earlier process)."""
+        if self.container_quota:
+            self.container_quota.refresh()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self._last_cpu
+
+    def measure(self, now: float, enforcer: Enforcer | None) -> Sample:
+        self.tree.refresh()
+        cpu = self.tree.cpu_seconds()
+        elapsed = max(1e-6, now - self._last_time)
+        used = max(0.0, cpu - self._last_cpu)
+        self._last_cpu, self._last_time = cpu, now
+
+        everyone = read_progress(self.settings_dir)
+        for r in everyone:  # the count survives the process that made it
+            if r.pid in self._steps_by_pid or len(self._steps_by_pid) < MAX_STEP_PIDS:
+                self._steps_by_pid[r.pid] = max(r.steps, self._steps_by_pid.get(r.pid, 0))
+        records = tuple(r for r in everyone if alive(r.pid))
+        steps = sum(self._steps_by_pid.values())
+        new_steps, self._last_steps = steps - self._last_steps, steps
+        coop_pause = self._cooperative_pause(records, elapsed)
+        signal_paused = enforcer.paused_seconds if enforcer else 0.0
+        signal_pause = (signal_paused - self._last_signal_paused) / elapsed
+        self._last_signal_paused = signal_paused
+        return Sample(
+            time=now, elapsed=elapsed, cpu_seconds=cpu, used_seconds=used, records=records,
+            steps=steps, new_steps=new_steps, cooperative_pause=coop_pause,
+            cooperative_capped=any(r.pause_capped for r in records),
+            signal_pause=signal_pause,
+            enforcer_capped=bool(enforcer and enforcer.pause_capped),
+            kernel_pause=self._container_quota_pause(elapsed),
+        )
+
+    def _cooperative_pause(self, records: tuple[Progress, ...], elapsed: float) -> float:
+        deltas = []
+        for r in records:
+            before = self._last_coop_paused.get(r.pid, r.paused_seconds)
+            deltas.append(max(0.0, r.paused_seconds - before))
+        self._last_coop_paused = {r.pid: r.paused_seconds for r in records}
+        self.cooperative_paused_seconds += max(deltas, default=0.0)
+        return max(deltas, default=0.0) / elapsed
+
+    def _container_quota_pause(self, elapsed: float) -> float:
+        """The share of the interval the containers' kernel quota held the workload back
+        (0 without one)."""
+        if self.container_quota is None:
+            return 0.0
+        self.container_quota.refresh()
+        paused = self.container_quota.paused_seconds
+        pause = (paused - self.kernel_paused_seconds) / elapsed
+        self.kernel_paused_seconds = paused
+        return min(1.0, max(0.0, pause))
