@@ -3,6 +3,7 @@ accepts and refuses is tested on a real one (tests/cluster/test_crd_live.py)."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -10,11 +11,18 @@ from typing import Any
 
 import yaml
 
+from throttledjob.contracts.status import OBSERVED, OBSERVED_NAMES, Aggregate
 from throttledjob.operator import crd
+from throttledjob.operator.status import (
+    aggregate_observed,
+    status_job_created,
+    status_with_observed,
+)
 
 from .conftest import ROOT, cr_errors, k8s_validate, make_tj
 
 SCHEMA = crd.openapi_schema()
+NOW = "2026-01-01T00:00:00Z"
 
 
 def test_chart_crd_file_is_generated_from_the_source() -> None:
@@ -96,3 +104,46 @@ def test_status_schema_accepts_what_the_builders_write() -> None:
     assert cr_errors({**make_tj(), "status": st}) == []
     bad = {**make_tj(), "status": {**st, "phase": "Exploded"}}
     assert any("is not one of" in e for e in cr_errors(bad))
+
+
+def _observed_reports(pods: list[float]) -> list[dict[str, Any]]:
+    """One /status document per pod, every field of the table set to the pod's figure."""
+    def value(f: Any, v: float) -> float | int:
+        return int(v * 10) if f.type == "integer" and math.isfinite(v) else v
+
+    return [{"observed": {f.name: value(f, v) for f in OBSERVED},
+             "targetMet": True, "budgetExhausted": False, "levers": [], "errors": []}
+            for v in pods]
+
+
+def test_status_observed_is_the_tables_fields_the_operator_aggregates() -> None:
+    properties = SCHEMA["properties"]["status"]["properties"]["observed"]["properties"]
+    for f in OBSERVED:
+        if f.aggregate is Aggregate.POD:
+            # The API server would prune it: the operator must not write it either.
+            assert f.name not in properties, f.name
+            continue
+        node = properties[f.name]
+        assert (node["type"], node.get("nullable", False)) == (f.type, f.nullable), f.name
+        assert (node.get("minimum"), node.get("maximum")) == (f.minimum, f.maximum), f.name
+    observed = status_with_observed({}, _observed_reports([0.25, 0.5]), [], NOW)["observed"]
+    carried = {f.name for f in OBSERVED if f.aggregate is not Aggregate.POD}
+    assert carried <= set(observed) and not (set(OBSERVED_NAMES) - carried) & set(observed)
+
+
+def test_each_observed_field_is_folded_over_the_pods_as_the_table_says() -> None:
+    observed = aggregate_observed(_observed_reports([0.25, 0.5]), [], NOW)
+    for f in OBSERVED:
+        if f.aggregate is Aggregate.WORST:
+            assert observed[f.name] == 0.5, f.name
+        elif f.aggregate is Aggregate.SUM:
+            assert observed[f.name] == 2 + 5, f.name
+
+
+def test_observed_figures_out_of_the_crds_bounds_are_kept_within_them() -> None:
+    # A sidecar is another program: what it sends must not make the API server refuse
+    # the whole status patch.
+    for pods in ([1e6, -1e6], [-1e6], [math.nan]):
+        st = status_with_observed(status_job_created({}, "train", 1, NOW),
+                                  _observed_reports(pods), [], NOW)
+        assert cr_errors({**make_tj(), "status": st}) == [], pods

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from throttledjob.contracts.status import LEVERS
+from throttledjob.contracts.status import LEVERS, OBSERVED, Aggregate, ObservedField
 
 GROUP = "throttledjob.io"
 VERSION = "v1alpha1"
@@ -254,8 +254,16 @@ def condition_schema() -> dict[str, Any]:
     }
 
 
+def observed_schema(f: ObservedField) -> dict[str, Any]:
+    """The schema of one field of `status.observed`, from contracts.status.OBSERVED."""
+    bounds = {k: v for k, v in (("minimum", f.minimum), ("maximum", f.maximum))
+              if v is not None}
+    return {"type": f.type, **({"format": "int64"} if f.type == "integer" else {}),
+            **({"nullable": True} if f.nullable else {}), **bounds,
+            "description": f"{f.description} ({f.unit})."}
+
+
 def status_schema() -> dict[str, Any]:
-    nullable_num = {"type": "number", "nullable": True}
     return {
         "type": "object",
         "properties": {
@@ -270,18 +278,14 @@ def status_schema() -> dict[str, Any]:
             },
             "observed": {
                 "type": "object",
-                "description": "Read from the sidecars' /status (maxima over the pods).",
+                "description": "Read from the sidecars' /status: the worst pod's figures, "
+                               "the steps summed over the pods.",
                 "properties": {
-                    "cpuPeakCores": nullable_num, "cpuMaxCores": nullable_num,
-                    "gpuPeakUtilizationPercent": nullable_num,
-                    "gpuPeakPowerWatts": nullable_num,
-                    "throttleLevel": {"type": "number", "minimum": 0, "maximum": 1},
-                    "slowdown": {"type": "number", "minimum": 0},
+                    **{f.name: observed_schema(f) for f in OBSERVED
+                       if f.aggregate is not Aggregate.POD},
                     "levers": {"type": "array", "maxItems": len(LEVERS),
                                "items": {"type": "string", "enum": list(LEVERS)},
                                "description": "What held the peak in any pod"},
-                    "steps": {"type": "integer", "format": "int64", "minimum": 0,
-                              "description": "Units of work the workloads reported"},
                     "pods": {"type": "integer", "minimum": 0},
                     "lastReadTime": {"type": "string", "format": "date-time"},
                     "errors": {"type": "array", "maxItems": 16, "items": {"type": "string"}},
