@@ -73,6 +73,8 @@ BAD = [
     ("spec.throttle.targets", {}, "mode Adaptive needs a target"),
     ("spec.throttle.levers.threads", 1.5, "must be of type integer"),
     ("spec.throttle.levers.batchScale", 2, "should be less than or equal to 1"),
+    ("spec.throttle.levers.nice", 20, "should be less than or equal to 19"),
+    ("spec.throttle.levers.cpuAffinity", 0, "should be greater than or equal to 1"),
     ("spec.throttle.turbo", True, 'unknown field "spec.throttle.turbo"'),
     ("spec.throttle.parameters", {"lr": 0.1}, 'unknown field "spec.throttle.parameters"'),
     ("spec.parameters", {"lr": {"type": "Float", "value": 1}}, 'Unsupported value: "Float"'),

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from typing import Any
+
 import pytest
 
 from throttledjob.contracts.policy import (
+    POLICY_FIELDS,
     Policy,
     PolicyError,
     load_policy_file,
@@ -102,3 +107,60 @@ def test_overrides_are_validated():
     with pytest.raises(PolicyError, match="maxSlowdown"):
         Policy().with_overrides(max_slowdown=0.5)
     assert Policy().with_overrides(cpu_peak_cores=2.0, mode=None).cpu_peak_cores == 2.0
+
+
+def _at(path: str, value: Any) -> dict[str, Any]:
+    """A policy document with `value` at the dotted `path`."""
+    doc: dict[str, Any] = {}
+    node = doc
+    *groups, key = path.split(".")
+    for g in groups:
+        node = node.setdefault(g, {})
+    node[key] = value
+    return doc
+
+
+def test_the_table_is_every_field_of_the_policy_once():
+    attrs = [f.attr for f in POLICY_FIELDS]
+    # `params` is the operator's: spec.parameters' values, not a field of spec.throttle.
+    assert sorted(attrs) == sorted(f.name for f in dataclasses.fields(Policy)
+                                   if f.name != "params")
+    assert len({f.path for f in POLICY_FIELDS}) == len(POLICY_FIELDS)
+    for f in POLICY_FIELDS:
+        assert f.type in ("number", "integer", "choice", "cpu"), f.path
+        if f.type == "choice":
+            assert f.choices and f.default in f.choices, f.path
+        else:
+            assert f.minimum is not None and f.maximum is not None, f.path
+            assert f.minimum < f.maximum, f.path
+        assert f.description.endswith("."), f.path
+
+
+@pytest.mark.parametrize("f", [f for f in POLICY_FIELDS if f.type in ("number", "integer")],
+                         ids=lambda f: f.path)
+def test_each_number_is_accepted_at_its_bounds_and_refused_past_them(f):
+    for value in (f.minimum, f.maximum):
+        assert getattr(parse_policy(_at(f.path, value)), f.attr) == value
+    step = 1 if f.type == "integer" else 0
+    for value, toward in ((f.minimum - step, -math.inf), (f.maximum + step, math.inf)):
+        value = value if step else math.nextafter(value, toward)
+        with pytest.raises(PolicyError, match=rf"^{f.path}={value} is out of range"):
+            parse_policy(_at(f.path, value))
+    with pytest.raises(PolicyError, match=rf"^{f.path} must be a number, got 'x'"):
+        parse_policy(_at(f.path, "x"))
+    if f.type == "integer":
+        with pytest.raises(PolicyError, match=rf"^{f.path} must be a whole number"):
+            parse_policy(_at(f.path, f.minimum + 0.5))
+
+
+def test_nice_and_cpu_affinity_reach_the_policy():
+    p = parse_policy({"levers": {"nice": 10, "cpuAffinity": 2}})
+    assert (p.nice, p.cpu_affinity) == (10, 2)
+
+
+def test_a_choice_is_read_in_any_case_and_refused_by_its_name():
+    for f in (f for f in POLICY_FIELDS if f.type == "choice"):
+        for choice in f.choices:
+            assert getattr(parse_policy(_at(f.path, choice.upper())), f.attr) == choice
+        with pytest.raises(PolicyError, match=rf"^{f.path} must be one of"):
+            parse_policy(_at(f.path, None))

@@ -8,7 +8,13 @@ import math
 import pytest
 
 from throttledjob.contracts.policy import Enforcement, Mode, Policy, parse_policy
-from throttledjob.contracts.status import STATUS_VERSION, parse_status
+from throttledjob.contracts.status import (
+    OBSERVED,
+    OBSERVED_NAMES,
+    STATUS_VERSION,
+    observed_document,
+    parse_status,
+)
 
 
 @pytest.mark.parametrize("written, signals, pacing", [
@@ -58,3 +64,40 @@ def test_status_numbers_that_are_not_finite_become_none_and_flags_must_be_true()
 def test_unusable_status_documents_are_refused_by_name(doc, message):
     with pytest.raises(ValueError, match=message):
         parse_status(doc)
+
+
+def test_the_sidecars_observed_is_the_table_field_for_field():
+    import os
+    import tempfile
+
+    from throttledjob.sidecar.agent import Agent
+    from throttledjob.sidecar.processes import ProcessTree
+    from throttledjob.sidecar.snapshot import Health, status_document, take_snapshot
+
+    with tempfile.TemporaryDirectory() as d:
+        agent = Agent(Policy(cpu_peak_cores=1.0), ProcessTree(root_pid=os.getpid()), d, None)
+        observed = status_document(take_snapshot(agent, Health()))["observed"]
+    assert tuple(observed) == OBSERVED_NAMES
+    for f in OBSERVED:
+        value = observed[f.name]
+        if value is None:
+            assert f.nullable, f.name
+        elif f.type == "integer":
+            assert isinstance(value, int) and not isinstance(value, bool), f.name
+        else:
+            assert isinstance(value, (int, float)) and not isinstance(value, bool), f.name
+
+
+def test_an_observed_document_must_name_exactly_the_tables_fields():
+    full = dict.fromkeys(OBSERVED_NAMES, 1)
+    assert list(observed_document(dict(reversed(full.items())))) == list(OBSERVED_NAMES)
+    with pytest.raises(ValueError, match=r"\['steps'\] missing"):
+        observed_document({k: v for k, v in full.items() if k != "steps"})
+    with pytest.raises(ValueError, match=r"\['cpuMinCores'\] not in"):
+        observed_document({**full, "cpuMinCores": 0.1})
+
+
+def test_every_observed_number_that_is_not_finite_becomes_none():
+    numbers = [f.name for f in OBSERVED if f.type == "number"]
+    doc = parse_status({"observed": dict.fromkeys(numbers, math.inf)})
+    assert doc["observed"] == dict.fromkeys(numbers)

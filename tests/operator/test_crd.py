@@ -3,18 +3,35 @@ accepts and refuses is tested on a real one (tests/cluster/test_crd_live.py)."""
 
 from __future__ import annotations
 
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from throttledjob.contracts.policy import (
+    CPU_QUANTITY_PATTERN,
+    POLICY_FIELDS,
+    PolicyError,
+    parse_cpu_quantity,
+    parse_policy,
+)
+from throttledjob.contracts.status import OBSERVED, OBSERVED_NAMES, Aggregate
 from throttledjob.operator import crd
+from throttledjob.operator.status import (
+    aggregate_observed,
+    status_job_created,
+    status_with_observed,
+)
 
 from .conftest import ROOT, cr_errors, k8s_validate, make_tj
 
 SCHEMA = crd.openapi_schema()
+NOW = "2026-01-01T00:00:00Z"
 
 
 def test_chart_crd_file_is_generated_from_the_source() -> None:
@@ -96,3 +113,146 @@ def test_status_schema_accepts_what_the_builders_write() -> None:
     assert cr_errors({**make_tj(), "status": st}) == []
     bad = {**make_tj(), "status": {**st, "phase": "Exploded"}}
     assert any("is not one of" in e for e in cr_errors(bad))
+
+
+def _observed_reports(pods: list[float]) -> list[dict[str, Any]]:
+    """One /status document per pod, every field of the table set to the pod's figure."""
+    def value(f: Any, v: float) -> float | int:
+        return int(v * 10) if f.type == "integer" and math.isfinite(v) else v
+
+    return [{"observed": {f.name: value(f, v) for f in OBSERVED},
+             "targetMet": True, "budgetExhausted": False, "levers": [], "errors": []}
+            for v in pods]
+
+
+def test_status_observed_is_the_tables_fields_the_operator_aggregates() -> None:
+    properties = SCHEMA["properties"]["status"]["properties"]["observed"]["properties"]
+    for f in OBSERVED:
+        if f.aggregate is Aggregate.POD:
+            # The API server would prune it: the operator must not write it either.
+            assert f.name not in properties, f.name
+            continue
+        node = properties[f.name]
+        assert (node["type"], node.get("nullable", False)) == (f.type, f.nullable), f.name
+        assert (node.get("minimum"), node.get("maximum")) == (f.minimum, f.maximum), f.name
+    observed = status_with_observed({}, _observed_reports([0.25, 0.5]), [], NOW)["observed"]
+    carried = {f.name for f in OBSERVED if f.aggregate is not Aggregate.POD}
+    assert carried <= set(observed) and not (set(OBSERVED_NAMES) - carried) & set(observed)
+
+
+def test_each_observed_field_is_folded_over_the_pods_as_the_table_says() -> None:
+    observed = aggregate_observed(_observed_reports([0.25, 0.5]), [], NOW)
+    for f in OBSERVED:
+        if f.aggregate is Aggregate.WORST:
+            assert observed[f.name] == 0.5, f.name
+        elif f.aggregate is Aggregate.SUM:
+            assert observed[f.name] == 2 + 5, f.name
+
+
+def test_observed_figures_out_of_the_crds_bounds_are_kept_within_them() -> None:
+    # A sidecar is another program: what it sends must not make the API server refuse
+    # the whole status patch.
+    for pods in ([1e6, -1e6], [-1e6], [math.nan]):
+        st = status_with_observed(status_job_created({}, "train", 1, NOW),
+                                  _observed_reports(pods), [], NOW)
+        assert cr_errors({**make_tj(), "status": st}) == [], pods
+
+
+THROTTLE = SCHEMA["properties"]["spec"]["properties"]["throttle"]
+
+
+def _throttle_node(path: str) -> dict[str, Any]:
+    node = THROTTLE
+    for part in path.split("."):
+        node = node["properties"][part]
+    return node
+
+
+def _throttle_leaves(node: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, sub in node.get("properties", {}).items():
+        path = f"{prefix}{key}"
+        out += _throttle_leaves(sub, f"{path}.") if sub.get("type") == "object" else [path]
+    return out
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    throttle: dict[str, Any] = {}
+    node = throttle
+    *groups, key = path.split(".")
+    for g in groups:
+        node = node.setdefault(g, {})
+    node[key] = value
+    return throttle
+
+
+def test_spec_throttle_is_the_policy_table_and_inject() -> None:
+    assert sorted(_throttle_leaves(THROTTLE)) == sorted(
+        [f.path for f in POLICY_FIELDS] + ["inject"])
+    for f in POLICY_FIELDS:
+        node = _throttle_node(f.path)
+        assert node["description"] == f.description, f.path
+        if f.type in ("number", "integer"):
+            assert (node["type"], node["minimum"], node["maximum"]) == (
+                f.type, f.minimum, f.maximum), f.path
+        if f.type == "choice":
+            assert [c.lower() for c in node["enum"]] == list(f.choices), f.path
+        if f.crd_default:
+            assert parse_policy(_with(f.path, node["default"])) == parse_policy({}), f.path
+        else:
+            assert "default" not in node, f.path
+
+
+def _parser_accepts(throttle: dict[str, Any]) -> bool:
+    try:
+        parse_policy(throttle)
+    except PolicyError:
+        return False
+    return True
+
+
+def _crd_accepts(throttle: dict[str, Any]) -> bool:
+    return cr_errors(make_tj(throttle=throttle)) == []
+
+
+def test_the_crd_and_the_parser_agree_at_every_bound() -> None:
+    for f in POLICY_FIELDS:
+        if f.type in ("number", "integer"):
+            whole = f.type == "integer"
+            cases = [(f.minimum, True), (f.maximum, True),
+                     (f.minimum - 1 if whole else math.nextafter(f.minimum, -math.inf), False),
+                     (f.maximum + 1 if whole else math.nextafter(f.maximum, math.inf), False),
+                     ("1", False)] + ([(f.minimum + 0.5, False)] if whole else [])
+        elif f.type == "choice":
+            cases = [*((c.capitalize(), True) for c in f.choices), ("Sometimes", False)]
+        else:
+            continue  # a CPU quantity: its CEL rule, below
+        for value, accepted in cases:
+            throttle = _with(f.path, value)
+            assert (_crd_accepts(throttle), _parser_accepts(throttle)) == (
+                accepted, accepted), (f.path, value)
+
+
+def test_the_cpu_peak_rule_is_the_parsers_grammar_and_bounds() -> None:
+    (f,) = [f for f in POLICY_FIELDS if f.type == "cpu"]
+    (rule,) = _throttle_node(f.path)["x-kubernetes-validations"]
+    literal = re.search(r"matches\('(.*)'\)", rule["rule"]).group(1)
+    # A CEL string knows no escape `\.`: every backslash must come doubled.
+    assert "\\" not in literal.replace("\\\\", "")
+    assert literal.replace("\\\\", "\\") == CPU_QUANTITY_PATTERN
+    low, high = (int(n) for n in re.search(
+        r"self >= (\d+) && self <= (\d+)", rule["rule"]).groups())
+    assert parse_cpu_quantity(low) and parse_cpu_quantity(high)
+    for outside in (low - 1, high + 1):
+        with pytest.raises(PolicyError):
+            parse_cpu_quantity(outside)
+
+
+def test_nice_and_cpu_affinity_pass_the_crd_and_reach_the_sidecars_policy() -> None:
+    from throttledjob.operator.validation import policy_document
+
+    tj = make_tj(throttle={"targets": {"cpu": {"peak": "1"}},
+                           "levers": {"nice": 10, "cpuAffinity": 2}})
+    assert cr_errors(tj) == []
+    policy = parse_policy(policy_document(tj["spec"]))
+    assert (policy.nice, policy.cpu_affinity) == (10, 2)

@@ -100,7 +100,92 @@ class Policy:
         return _validate(merged)
 
 
-_CPU_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(m?)$")
+# Cores or millicores; also the CRD's grammar of targets.cpu.peak (operator/crd.py).
+CPU_QUANTITY_PATTERN = r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(m?)$"
+_CPU_QUANTITY = re.compile(CPU_QUANTITY_PATTERN)
+CPU_MIN_CORES = 0.01  # 10m
+CPU_MAX_CORES = 4096
+
+
+@dataclass(frozen=True)
+class PolicyField:
+    """One field of the policy, as `spec.throttle` and a policy file spell it."""
+
+    path: str  # camelCase, dotted: "levers.threads" is `threads` under `levers`
+    attr: str  # the Policy attribute it sets
+    # "number"; "integer" (a whole number); "choice" (one of `choices`, in any case);
+    # "cpu" (a Kubernetes CPU quantity, as cores).
+    type: str
+    description: str  # the CRD's, for `kubectl explain`
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    # The CRD writes the Policy's default into the object, so that `kubectl get` shows
+    # the value in force. Targets and levers stay absent unless set: absent is "none".
+    crd_default: bool = False
+
+    @property
+    def group(self) -> str:
+        """The dotted path of the mapping that holds it ("" at the top)."""
+        return self.path.rpartition(".")[0]
+
+    @property
+    def key(self) -> str:
+        return self.path.rpartition(".")[2]
+
+    @property
+    def default(self) -> Any:
+        """The Policy's default, which an absent field leaves in force."""
+        return Policy.__dataclass_fields__[self.attr].default
+
+
+# The one list of the policy's fields: parse_policy reads by it, _validate bounds by it,
+# and the CRD's schema of `spec.throttle` is generated from it (operator/crd.py).
+POLICY_FIELDS: tuple[PolicyField, ...] = (
+    PolicyField("targets.cpu.peak", "cpu_peak_cores", "cpu",
+                'Peak CPU as a Kubernetes quantity: 1500m or "1.5" or 2.',
+                CPU_MIN_CORES, CPU_MAX_CORES),
+    PolicyField("targets.gpu.peakUtilizationPercent", "gpu_peak_utilization_percent", "number",
+                "Peak GPU utilization, percent.", 1, 100),
+    PolicyField("targets.gpu.peakPowerWatts", "gpu_peak_power_watts", "number",
+                "Peak GPU board power, watts.", 1, 10000),
+    PolicyField("targets.gpu.memoryFraction", "gpu_memory_fraction", "number",
+                "Cap of the GPU memory each process may allocate, as a fraction.", 0.01, 1.0),
+    PolicyField("maxSlowdown", "max_slowdown", "number",
+                "Never slow the workload by more than this factor of its unthrottled wall "
+                "time; past it the status says the target is unreachable.",
+                1.0, 100.0, crd_default=True),
+    PolicyField("mode", "mode", "choice",
+                "Adaptive trims by feedback; Fixed holds static settings.",
+                choices=MODES, crd_default=True),
+    PolicyField("enforcement", "enforcement", "choice",
+                "Quota: the kernel's CPU quota holds the CPU target: the operator sets the "
+                "workload containers' CPU limits from it (requests stay; a request over its "
+                "share falls back to Both, with a QuotaUnavailable event). Cooperative: the "
+                "runtime library paces the workload. Signals: the sidecar "
+                "SIGSTOP/SIGCONT-cycles the workload's processes (shares the pod's process "
+                "namespace). Both: pacing while the workload calls step(), signals otherwise.",
+                choices=ENFORCEMENTS, crd_default=True),
+    PolicyField("intervalSeconds", "interval_seconds", "number", "Control interval, seconds.",
+                0.05, 3600.0, crd_default=True),
+    PolicyField("levers.threads", "threads", "integer",
+                "Cap of compute threads (torch, BLAS).", 1, 4096),
+    PolicyField("levers.batchScale", "batch_scale", "number",
+                "Fraction of the batch size to use.", 0.001, 1.0),
+    PolicyField("levers.rateLimitPerSecond", "rate_limit_per_second", "number",
+                "Most steps per second.", 1e-6, 1e9),
+    # The two the sidecar sets on the workload's processes itself (sidecar/os_levers.py),
+    # read when it starts: the agent keeps them for its life.
+    PolicyField("levers.nice", "nice", "integer",
+                "Niceness the sidecar gives the workload's processes (never lowered): "
+                "neighbours win contended cores. Set when the sidecar starts; a later edit "
+                "reaches new pods only.", 0, 19),
+    PolicyField("levers.cpuAffinity", "cpu_affinity", "integer",
+                "Pin the workload's processes to this many of the CPUs the sidecar may use "
+                "(a hard cap of that many cores, whatever the program); given back when the "
+                "sidecar stops. Set when the sidecar starts; a later edit reaches new pods "
+                "only.", 1, 4096),
+)
 
 
 def parse_cpu_quantity(value: Any, name: str = "cpu peak") -> float:
@@ -115,8 +200,9 @@ def parse_cpu_quantity(value: Any, name: str = "cpu peak") -> float:
             raise PolicyError(f"{name}: expected a CPU quantity like 1500m or 1.5, "
                               f"got {str(value)[:40]!r}")
         cores = float(m.group(1)) / (1000.0 if m.group(2) else 1.0)
-    if not math.isfinite(cores) or cores < 0.01 or cores > 4096:
-        raise PolicyError(f"{name}: {value!r} must be between 10m and 4096 cores")
+    if not math.isfinite(cores) or cores < CPU_MIN_CORES or cores > CPU_MAX_CORES:
+        raise PolicyError(f"{name}: {value!r} must be between {CPU_MIN_CORES * 1000:g}m and "
+                          f"{CPU_MAX_CORES} cores")
     return cores
 
 
@@ -124,37 +210,19 @@ def parse_policy(doc: Any) -> Policy:
     """Build a Policy from a decoded `spec.throttle` mapping; raises PolicyError."""
     if doc is None:
         doc = {}
-    _mapping(doc, "policy")
-    _known(doc, "policy", {"targets", "maxSlowdown", "mode", "enforcement", "intervalSeconds",
-                           "levers", "parameters"})
-    targets = _mapping(doc.get("targets") or {}, "targets")
-    _known(targets, "targets", {"cpu", "gpu"})
-    cpu = _mapping(targets.get("cpu") or {}, "targets.cpu")
-    _known(cpu, "targets.cpu", {"peak"})
-    gpu = _mapping(targets.get("gpu") or {}, "targets.gpu")
-    _known(gpu, "targets.gpu", {"peakUtilizationPercent", "peakPowerWatts", "memoryFraction"})
-    levers = _mapping(doc.get("levers") or {}, "levers")
-    _known(levers, "levers", {"threads", "batchScale", "rateLimitPerSecond", "nice",
-                              "cpuAffinity"})
+    groups = {"": _mapping(doc, "policy")}
+    _known(doc, "policy", _children("") | {"parameters"})
+    for path in _GROUPS:  # an absent (or empty) mapping is {}
+        parent, _, key = path.rpartition(".")
+        groups[path] = _mapping(groups[parent].get(key) or {}, path)
+        _known(groups[path], path, _children(path))
     params = _mapping(doc.get("parameters") or {}, "parameters")
-    policy = Policy(
-        cpu_peak_cores=None if cpu.get("peak") is None
-        else parse_cpu_quantity(cpu["peak"], "targets.cpu.peak"),
-        gpu_peak_utilization_percent=_num(gpu, "peakUtilizationPercent"),
-        gpu_peak_power_watts=_num(gpu, "peakPowerWatts"),
-        gpu_memory_fraction=_num(gpu, "memoryFraction"),
-        max_slowdown=_num(doc, "maxSlowdown", 1.25),
-        mode=Mode(_enum(doc, "mode", MODES, Mode.ADAPTIVE)),
-        enforcement=Enforcement(_enum(doc, "enforcement", ENFORCEMENTS, Enforcement.QUOTA)),
-        interval_seconds=_num(doc, "intervalSeconds", 1.0),
-        threads=_num(levers, "threads"),
-        batch_scale=_num(levers, "batchScale", 1.0),
-        rate_limit_per_second=_num(levers, "rateLimitPerSecond"),
-        nice=_num(levers, "nice"),
-        cpu_affinity=_num(levers, "cpuAffinity"),
-        params=_parameter_values(params),
-    )
-    return _validate(policy)
+    values = {}
+    for f in POLICY_FIELDS:
+        value = _field_value(f, groups[f.group])
+        if value is not _ABSENT:
+            values[f.attr] = value
+    return _validate(Policy(**values, params=_parameter_values(params)))
 
 
 def load_policy_file(path: str) -> Policy:
@@ -179,43 +247,23 @@ def load_policy_file(path: str) -> Policy:
         raise PolicyError(f"policy file {path}: {e}") from None
 
 
-_BOUNDS: dict[str, tuple[float, float]] = {
-    "gpu_peak_utilization_percent": (1, 100),
-    "gpu_peak_power_watts": (1, 10000),
-    "gpu_memory_fraction": (0.01, 1.0),
-    "max_slowdown": (1.0, 100.0),
-    "interval_seconds": (0.05, 3600.0),
-    "threads": (1, 4096),
-    "batch_scale": (0.001, 1.0),
-    "rate_limit_per_second": (1e-6, 1e9),
-    "nice": (0, 19),
-    "cpu_affinity": (1, 4096),
-}
-_CAMEL = {"gpu_peak_utilization_percent": "targets.gpu.peakUtilizationPercent",
-          "gpu_peak_power_watts": "targets.gpu.peakPowerWatts",
-          "gpu_memory_fraction": "targets.gpu.memoryFraction", "max_slowdown": "maxSlowdown",
-          "interval_seconds": "intervalSeconds", "threads": "levers.threads",
-          "batch_scale": "levers.batchScale", "rate_limit_per_second": "levers.rateLimitPerSecond",
-          "nice": "levers.nice", "cpu_affinity": "levers.cpuAffinity"}
-
-
 def _validate(p: Policy) -> Policy:
-    for attr, (low, high) in _BOUNDS.items():
-        value = getattr(p, attr)
+    numbers = [f for f in POLICY_FIELDS if f.type in ("number", "integer")]
+    for f in numbers:
+        value = getattr(p, f.attr)
         if value is None:
             continue
-        name = _CAMEL[attr]
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value):
-            raise PolicyError(f"{name} must be a finite number, got {value!r}")
-        if not low <= value <= high:
-            raise PolicyError(f"{name}={value} is out of range [{low}, {high}]")
-        if attr in ("threads", "nice", "cpu_affinity") and value != int(value):
-            raise PolicyError(f"{name} must be a whole number, got {value}")
-    if p.mode not in MODES:
-        raise PolicyError(f"mode must be one of {MODES}, got {p.mode!r}")
-    if p.enforcement not in ENFORCEMENTS:
-        raise PolicyError(f"enforcement must be one of {ENFORCEMENTS}, got {p.enforcement!r}")
+            raise PolicyError(f"{f.path} must be a finite number, got {value!r}")
+        if not f.minimum <= value <= f.maximum:
+            raise PolicyError(f"{f.path}={value} is out of range [{f.minimum}, {f.maximum}]")
+        if f.type == "integer" and value != int(value):
+            raise PolicyError(f"{f.path} must be a whole number, got {value}")
+    for f in POLICY_FIELDS:
+        if f.type == "choice" and getattr(p, f.attr) not in f.choices:
+            raise PolicyError(f"{f.path} must be one of {f.choices}, "
+                              f"got {getattr(p, f.attr)!r}")
     return p
 
 
@@ -247,18 +295,39 @@ def _known(doc: dict, name: str, allowed: set[str]) -> None:
                           f"(allowed: {', '.join(sorted(allowed))})")
 
 
-def _num(doc: dict, key: str, default: Any = None) -> Any:
-    value = doc.get(key, default)
+# The mappings that hold the fields ("targets", "targets.cpu", ...), parents first.
+_GROUPS = tuple(dict.fromkeys(
+    ".".join(f.path.split(".")[:depth]) for f in POLICY_FIELDS
+    for depth in range(1, f.path.count(".") + 1)))
+
+
+def _children(group: str) -> set[str]:
+    """The keys a mapping of the policy may hold: its fields and its sub-mappings."""
+    prefix = f"{group}." if group else ""
+    return {f.path[len(prefix):].split(".")[0] for f in POLICY_FIELDS
+            if f.path.startswith(prefix)}
+
+
+_ABSENT = object()  # a field not given: the Policy's default stays
+
+
+def _field_value(f: PolicyField, group: dict) -> Any:
+    """The value of `f` in its mapping, as the Policy holds it; bounds are _validate's."""
+    if f.type == "choice":
+        # Present means set: a null is refused, not read as the default.
+        if f.key not in group:
+            return _ABSENT
+        value = group[f.key]
+        if not isinstance(value, str) or value.lower() not in f.choices:
+            raise PolicyError(f"{f.path} must be one of "
+                              f"{', '.join(c.capitalize() for c in f.choices)}, "
+                              f"got {str(value)[:40]!r}")
+        return value.lower()
+    value = group.get(f.key)
     if value is None:
-        return default
+        return _ABSENT
+    if f.type == "cpu":
+        return parse_cpu_quantity(value, f.path)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PolicyError(f"{key} must be a number, got {str(value)[:40]!r}")
+        raise PolicyError(f"{f.path} must be a number, got {str(value)[:40]!r}")
     return value
-
-
-def _enum(doc: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
-    value = doc.get(key, default)
-    if not isinstance(value, str) or value.lower() not in allowed:
-        raise PolicyError(f"{key} must be one of {', '.join(a.capitalize() for a in allowed)}, "
-                          f"got {str(value)[:40]!r}")
-    return value.lower()

@@ -9,30 +9,89 @@ A document with no `version` is version 1 (sidecars before the field was added).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypedDict
+
+from throttledjob.contracts.policy import Choice
 
 STATUS_VERSION = 1
 # The levers a run may report as used, in this order (also the `lever` label of
 # throttledjob_lever_active).
 LEVERS = ("quota", "signals", "pacing", "threads", "batch", "rate_limit", "nice", "cpu_affinity",
           "gpu_memory_fraction", "gpu_power_limit")
-OBSERVED_NUMBERS = ("cpuPeakCores", "cpuMaxCores", "gpuPeakUtilizationPercent",
-                    "gpuMaxUtilizationPercent", "gpuPeakPowerWatts", "gpuMaxPowerWatts",
-                    "throttleLevel", "slowdown", "cpuCores")
 
 
-class Observed(TypedDict):
-    # p99 and maximum of the 1-second samples since the start (None: nothing measured).
-    cpuPeakCores: float | None
-    cpuMaxCores: float | None
-    gpuPeakUtilizationPercent: float | None
-    gpuMaxUtilizationPercent: float | None
-    gpuPeakPowerWatts: float | None
-    gpuMaxPowerWatts: float | None
-    throttleLevel: float  # 0 (no throttle) .. 1
-    slowdown: float  # estimated wall time / unthrottled wall time
-    cpuCores: float  # the last cycle's use
-    steps: int
+class Aggregate(Choice):
+    """How the operator folds the pods' figures of a field into the ThrottledJob's
+    `status.observed`."""
+
+    WORST = "worst"  # the largest pod's: a peak held anywhere is what the user asked about
+    SUM = "sum"  # counts that add up over the pods
+    POD = "pod"  # the pod's own figure only, never copied into the ThrottledJob
+
+
+@dataclass(frozen=True)
+class ObservedField:
+    """One figure of what a run observed: `observed` of the /status document, and (unless
+    `aggregate` is POD) of the ThrottledJob's `status.observed`."""
+
+    name: str
+    type: str  # "number" or "integer", as the CRD's schema spells it
+    unit: str
+    aggregate: Aggregate
+    description: str
+    nullable: bool = True  # None: nothing measured (no GPU, no sample yet)
+    minimum: float | None = None
+    maximum: float | None = None
+    # The ThrottledJob's figure where no pod gives one (only for fields never None).
+    default: float | None = None
+
+
+# The one list of what a run observed: the sidecar builds `observed` from it
+# (`observed_document`), `parse_status` reads it, the operator aggregates by it and the
+# CRD's schema of `status.observed` is generated from it. Samples are 1-second ones
+# since the sidecar's start; "peak" is their p99, "max" their maximum.
+OBSERVED: tuple[ObservedField, ...] = (
+    ObservedField("cpuPeakCores", "number", "cores", Aggregate.WORST,
+                  "p99 of the workload's CPU use, summed over its processes"),
+    ObservedField("cpuMaxCores", "number", "cores", Aggregate.WORST,
+                  "maximum of the workload's CPU use, summed over its processes"),
+    ObservedField("gpuPeakUtilizationPercent", "number", "percent", Aggregate.WORST,
+                  "p99 of the busiest watched GPU's utilization"),
+    ObservedField("gpuMaxUtilizationPercent", "number", "percent", Aggregate.POD,
+                  "maximum of the busiest watched GPU's utilization"),
+    ObservedField("gpuPeakPowerWatts", "number", "watts", Aggregate.WORST,
+                  "p99 of the busiest watched GPU's board power"),
+    ObservedField("gpuMaxPowerWatts", "number", "watts", Aggregate.POD,
+                  "maximum of the busiest watched GPU's board power"),
+    ObservedField("throttleLevel", "number", "fraction", Aggregate.WORST,
+                  "0 = untouched, 1 = the most the slowdown budget allows",
+                  nullable=False, minimum=0, maximum=1, default=0),
+    ObservedField("slowdown", "number", "factor", Aggregate.WORST,
+                  "estimated wall time over unthrottled wall time",
+                  nullable=False, minimum=0, default=1),
+    ObservedField("cpuCores", "number", "cores", Aggregate.POD,
+                  "the workload's CPU use in the last control interval", nullable=False),
+    ObservedField("steps", "integer", "steps", Aggregate.SUM,
+                  "units of work the workloads reported", nullable=False, minimum=0, default=0),
+)
+OBSERVED_NAMES = tuple(f.name for f in OBSERVED)
+OBSERVED_NUMBERS = tuple(f.name for f in OBSERVED if f.type == "number")
+# `observed` of a /status document: OBSERVED's names, each a number, a whole number or None.
+Observed = dict[str, float | int | None]
+
+
+def observed_document(values: Mapping[str, float | int | None]) -> Observed:
+    """`observed` for a /status document, in OBSERVED's order; raises ValueError when
+    the names are not exactly OBSERVED's (a field the operator or the CRD would lose, or
+    one they expect and would never get)."""
+    missing = [n for n in OBSERVED_NAMES if n not in values]
+    unknown = sorted(set(values) - set(OBSERVED_NAMES))
+    if missing or unknown:
+        raise ValueError(f"observed: {missing} missing, {unknown} not in "
+                         "contracts.status.OBSERVED")
+    return {n: values[n] for n in OBSERVED_NAMES}
 
 
 class Targets(TypedDict):

@@ -4,19 +4,22 @@
 (`python -m throttledjob.operator.crd --write`) and a test fails when the two differ, so
 the chart, the operator and the tests cannot drift apart.
 
-The `spec.throttle` part mirrors `throttledjob.contracts.policy.parse_policy` (the one
-implementation of the policy rules): the schema refuses at the API server what the
-policy parser would refuse later, with the same bounds, so `kubectl apply` fails fast.
+The `spec.throttle` part is generated from `throttledjob.contracts.policy.POLICY_FIELDS`,
+the table the policy parser reads by: the schema refuses at the API server what the
+parser would refuse later, with the same bounds, so `kubectl apply` fails fast. The
+schema of `status.observed` is generated from `throttledjob.contracts.status.OBSERVED`.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from throttledjob.contracts.status import LEVERS
+from throttledjob.contracts.policy import CPU_QUANTITY_PATTERN, POLICY_FIELDS, PolicyField
+from throttledjob.contracts.status import LEVERS, OBSERVED, Aggregate, ObservedField
 
 GROUP = "throttledjob.io"
 VERSION = "v1alpha1"
@@ -50,11 +53,6 @@ _GENERATED_HEADER = (
 )
 
 
-def _num(description: str, minimum: float, maximum: float, **extra: Any) -> dict[str, Any]:
-    return {"type": "number", "minimum": minimum, "maximum": maximum,
-            "description": description, **extra}
-
-
 def _rule(rule: str, message: str) -> dict[str, str]:
     return {"rule": rule, "message": message}
 
@@ -64,94 +62,92 @@ def _string_map(description: str) -> dict[str, Any]:
             "additionalProperties": {"type": "string"}}
 
 
-def _cpu_target() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "description": "CPU target of the workload's processes, summed.",
-        "required": ["peak"],
-        "properties": {"peak": {
-            "x-kubernetes-int-or-string": True,
-            "description": "Peak CPU as a Kubernetes quantity: 1500m or \"1.5\" or 2.",
-            "x-kubernetes-validations": [_rule(
-                # Same grammar and bounds as policy.parse_cpu_quantity (10m..4096 cores).
-                "type(self) == int ? (self >= 1 && self <= 4096) : "
-                "(self.matches('^([0-9]+(\\\\.[0-9]*)?|\\\\.[0-9]+)m?$') && size(self) <= 16)",
-                "peak must be a CPU quantity like 1500m or 1.5, between 10m and 4096")],
-        }},
-    }
+def _cpu_quantity_rule(f: PolicyField) -> dict[str, str]:
+    """The parser's grammar of a CPU quantity (the same regular expression, escaped for a
+    CEL string) and its bounds where the API server can check them: a whole number of
+    cores; a string's are the operator's to check (InvalidPolicy)."""
+    low, high = math.ceil(f.minimum or 0), math.floor(f.maximum or 0)
+    grammar = CPU_QUANTITY_PATTERN.replace("\\", "\\\\")
+    return _rule(f"type(self) == int ? (self >= {low} && self <= {high}) : "
+                 f"(self.matches('{grammar}') && size(self) <= 16)",
+                 f"{f.key} must be a CPU quantity like 1500m or 1.5, between "
+                 f"{(f.minimum or 0) * 1000:g}m and {f.maximum:g}")
 
 
-def _gpu_target() -> dict[str, Any]:
-    return {
-        "type": "object",
+def policy_field_schema(f: PolicyField) -> dict[str, Any]:
+    """The schema of one field of `spec.throttle`, from contracts.policy.POLICY_FIELDS:
+    what the API server refuses is what the policy parser would refuse later, so
+    `kubectl apply` fails fast."""
+    if f.type == "cpu":
+        node: dict[str, Any] = {"x-kubernetes-int-or-string": True,
+                                "x-kubernetes-validations": [_cpu_quantity_rule(f)]}
+    elif f.type == "choice":
+        # The parser takes any case; the API server keeps the one spelling it shows.
+        node = {"type": "string", "enum": [c.capitalize() for c in f.choices]}
+    else:
+        node = {"type": f.type, "minimum": f.minimum, "maximum": f.maximum}
+    node["description"] = f.description
+    if f.crd_default:
+        node["default"] = f.default.capitalize() if f.type == "choice" else f.default
+    return node
+
+
+def _policy_fields(group: str) -> list[PolicyField]:
+    return [f for f in POLICY_FIELDS if f.group == group]
+
+
+# The mappings of `spec.throttle` that hold the policy's fields, with what the API
+# server checks beyond each field (stricter than the parser, which takes any of them
+# absent or empty).
+_THROTTLE_GROUPS: dict[str, dict[str, Any]] = {
+    "targets": {"description": "Peak targets; the controller holds each at or under its value."},
+    "targets.cpu": {"description": "CPU target of the workload's processes, summed.",
+                    "required": ["peak"]},
+    "targets.gpu": {
         "description": "GPU targets of the GPUs the workload sees.",
-        "properties": {
-            "peakUtilizationPercent": _num("Peak GPU utilization, percent.", 1, 100),
-            "peakPowerWatts": _num("Peak GPU board power, watts.", 1, 10000),
-            "memoryFraction": _num(
-                "Cap of the GPU memory each process may allocate, as a fraction.", 0.01, 1),
-        },
         "x-kubernetes-validations": [_rule(
-            "has(self.peakUtilizationPercent) || has(self.peakPowerWatts) "
-            "|| has(self.memoryFraction)",
-            "targets.gpu needs at least one of peakUtilizationPercent, peakPowerWatts, "
-            "memoryFraction")],
-    }
+            " || ".join(f"has(self.{f.key})" for f in _policy_fields("targets.gpu")),
+            "targets.gpu needs at least one of "
+            + ", ".join(f.key for f in _policy_fields("targets.gpu")))],
+    },
+    "levers": {"description": "Static levers, applied as they are: threads, batchScale and "
+                              "rateLimitPerSecond by the runtime library in the workload; "
+                              "nice and cpuAffinity by the sidecar on the workload's "
+                              "processes."},
+}
 
 
 def throttle_schema() -> dict[str, Any]:
-    """`spec.throttle`: the policy the sidecar reads (contracts/policy.py)."""
-    return {
+    """`spec.throttle`: the policy the sidecar reads (contracts/policy.py), generated
+    from its table of fields, and `inject`, which only the operator reads."""
+    schema: dict[str, Any] = {
         "type": "object",
         "description": "What to hold the workload to, and how.",
-        "properties": {
-            "targets": {
-                "type": "object",
-                "description": "Peak targets; the controller holds each at or under its value.",
-                "properties": {"cpu": _cpu_target(), "gpu": _gpu_target()},
-            },
-            "maxSlowdown": _num(
-                "Never slow the workload by more than this factor of its unthrottled "
-                "wall time; past it the status says the target is unreachable.",
-                1, 100, default=1.25),
-            "mode": {"type": "string", "enum": ["Adaptive", "Fixed"], "default": "Adaptive",
-                     "description": "Adaptive trims by feedback; Fixed holds static settings."},
-            "enforcement": {
-                "type": "string", "enum": ["Quota", "Cooperative", "Signals", "Both"],
-                "default": "Quota",
-                "description": "Quota: the kernel's CPU quota holds the CPU target: the "
-                               "operator sets the workload containers' CPU limits from it "
-                               "(requests stay; a request over its share falls back to "
-                               "Both, with a QuotaUnavailable event). Cooperative: the "
-                               "runtime library paces the workload. Signals: the sidecar "
-                               "SIGSTOP/SIGCONT-cycles the workload's processes (shares the "
-                               "pod's process namespace). Both: pacing while the workload "
-                               "calls step(), signals otherwise."},
-            "intervalSeconds": _num("Control interval, seconds.", 0.05, 3600, default=1),
-            "inject": {
-                "type": "string", "enum": INJECT_MODES, "default": DEFAULT_INJECT,
-                "description": "Auto: an init container copies the runtime library into the "
-                               "pod and PYTHONPATH loads its torch auto-hook in every "
-                               "workload container (paced at each optimizer step, no code "
-                               "change; THROTTLEDJOB_AUTOHOOK=0 in a container turns it off). "
-                               "None: the pod is left as written. Read by the operator "
-                               "when it creates the Job; a later edit does not reach it."},
-            "levers": {
-                "type": "object",
-                "description": "Static cooperative levers, applied as they are.",
-                "properties": {
-                    "threads": {"type": "integer", "minimum": 1, "maximum": 4096,
-                                "description": "Cap of compute threads (torch, BLAS)."},
-                    "batchScale": _num("Fraction of the batch size to use.", 0.001, 1),
-                    "rateLimitPerSecond": _num("Most steps per second.", 1e-6, 1e9),
-                },
-            },
-        },
-        "x-kubernetes-validations": [_rule(
-            "self.mode != 'Adaptive' || (has(self.targets) && "
-            "(has(self.targets.cpu) || has(self.targets.gpu)))",
-            "mode Adaptive needs a target: set targets.cpu or targets.gpu")],
+        "properties": {},
     }
+    for f in POLICY_FIELDS:
+        node = schema
+        parts = f.path.split(".")
+        for depth in range(1, len(parts)):
+            group = ".".join(parts[:depth])
+            node = node["properties"].setdefault(
+                parts[depth - 1], {"type": "object", **_THROTTLE_GROUPS[group], "properties": {}})
+        node["properties"][f.key] = policy_field_schema(f)
+    # The operator reads it when it builds the pod and drops it from the sidecar's
+    # policy (validation.policy_document): not a field of the policy.
+    schema["properties"]["inject"] = {
+        "type": "string", "enum": INJECT_MODES, "default": DEFAULT_INJECT,
+        "description": "Auto: an init container copies the runtime library into the "
+                       "pod and PYTHONPATH loads its torch auto-hook in every "
+                       "workload container (paced at each optimizer step, no code "
+                       "change; THROTTLEDJOB_AUTOHOOK=0 in a container turns it off). "
+                       "None: the pod is left as written. Read by the operator "
+                       "when it creates the Job; a later edit does not reach it."}
+    schema["x-kubernetes-validations"] = [_rule(
+        "self.mode != 'Adaptive' || (has(self.targets) && "
+        "(has(self.targets.cpu) || has(self.targets.gpu)))",
+        "mode Adaptive needs a target: set targets.cpu or targets.gpu")]
+    return schema
 
 
 def parameters_schema() -> dict[str, Any]:
@@ -254,8 +250,16 @@ def condition_schema() -> dict[str, Any]:
     }
 
 
+def observed_schema(f: ObservedField) -> dict[str, Any]:
+    """The schema of one field of `status.observed`, from contracts.status.OBSERVED."""
+    bounds = {k: v for k, v in (("minimum", f.minimum), ("maximum", f.maximum))
+              if v is not None}
+    return {"type": f.type, **({"format": "int64"} if f.type == "integer" else {}),
+            **({"nullable": True} if f.nullable else {}), **bounds,
+            "description": f"{f.description} ({f.unit})."}
+
+
 def status_schema() -> dict[str, Any]:
-    nullable_num = {"type": "number", "nullable": True}
     return {
         "type": "object",
         "properties": {
@@ -270,18 +274,14 @@ def status_schema() -> dict[str, Any]:
             },
             "observed": {
                 "type": "object",
-                "description": "Read from the sidecars' /status (maxima over the pods).",
+                "description": "Read from the sidecars' /status: the worst pod's figures, "
+                               "the steps summed over the pods.",
                 "properties": {
-                    "cpuPeakCores": nullable_num, "cpuMaxCores": nullable_num,
-                    "gpuPeakUtilizationPercent": nullable_num,
-                    "gpuPeakPowerWatts": nullable_num,
-                    "throttleLevel": {"type": "number", "minimum": 0, "maximum": 1},
-                    "slowdown": {"type": "number", "minimum": 0},
+                    **{f.name: observed_schema(f) for f in OBSERVED
+                       if f.aggregate is not Aggregate.POD},
                     "levers": {"type": "array", "maxItems": len(LEVERS),
                                "items": {"type": "string", "enum": list(LEVERS)},
                                "description": "What held the peak in any pod"},
-                    "steps": {"type": "integer", "format": "int64", "minimum": 0,
-                              "description": "Units of work the workloads reported"},
                     "pods": {"type": "integer", "minimum": 0},
                     "lastReadTime": {"type": "string", "format": "date-time"},
                     "errors": {"type": "array", "maxItems": 16, "items": {"type": "string"}},

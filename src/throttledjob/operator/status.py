@@ -12,7 +12,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from throttledjob.contracts.policy import Choice
-from throttledjob.contracts.status import LEVERS, finite_number
+from throttledjob.contracts.status import (
+    LEVERS,
+    OBSERVED,
+    Aggregate,
+    ObservedField,
+    finite_number,
+)
 
 from .validation import SpecError
 
@@ -162,41 +168,45 @@ def status_from_job(status: Mapping[str, Any], job_status: Mapping[str, Any] | N
 
 def aggregate_observed(reports: list[Mapping[str, Any]], failures: list[str],
                        now: str) -> dict[str, Any]:
-    """`status.observed` from the sidecars' /status documents: the worst pod counts."""
-
-    def top(key: str) -> float | None:
-        # A sidecar is another program: skip what is not a finite number (NaN is valid
-        # to Python's json module but not to the API server, which would refuse the
-        # whole status patch).
-        values = []
-        for r in reports:
-            obs = r.get("observed")
-            v = finite_number(obs.get(key) if isinstance(obs, dict) else None)
-            if v is not None:
-                values.append(v)
-        return max(values) if values else None
-
+    """`status.observed` from the sidecars' /status documents: each field of
+    contracts.status.OBSERVED folded over the pods as its `aggregate` says, then what
+    held the peak, how many pods answered and what went wrong."""
+    pods = [obs for r in reports if isinstance(obs := r.get("observed"), dict)]
     errors = [*failures, *(e for r in reports if isinstance(r.get("errors"), list)
                            for e in r["errors"])]
-    # What held the peak, in any pod (in the sidecar's order), and the units of work the
-    # workloads reported (steps, optimizer steps): `kubectl get tj -o wide` shows both.
+    # What held the peak, in any pod (in the sidecar's order): `kubectl get tj -o wide`
+    # shows it beside the steps.
     used = {lever for r in reports if isinstance(r.get("levers"), list)
             for lever in r["levers"]}
-    steps = [obs.get("steps") for r in reports if isinstance(obs := r.get("observed"), dict)]
     return {
-        "cpuPeakCores": top("cpuPeakCores"),
-        "cpuMaxCores": top("cpuMaxCores"),
-        "gpuPeakUtilizationPercent": top("gpuPeakUtilizationPercent"),
-        "gpuPeakPowerWatts": top("gpuPeakPowerWatts"),
-        "throttleLevel": min(1.0, max(0.0, top("throttleLevel") or 0.0)),
-        "slowdown": max(0.0, top("slowdown") or 1.0),
+        **{f.name: _fold(f, [obs.get(f.name) for obs in pods]) for f in OBSERVED
+           if f.aggregate is not Aggregate.POD},
         "levers": [lever for lever in LEVERS if lever in used],
-        "steps": sum(n for n in steps if isinstance(n, int) and not isinstance(n, bool)
-                     and n >= 0),
         "pods": len(reports),
         "lastReadTime": now,
         "errors": [str(e)[:500] for e in errors][:16],
     }
+
+
+def _fold(f: ObservedField, values: list[Any]) -> float | int | None:
+    """One field over the pods. A sidecar is another program: what is not a finite
+    number (NaN is valid to Python's json module but not to the API server, which would
+    refuse the whole status patch), or for a count not a whole number >= 0, is skipped."""
+    if f.aggregate is Aggregate.SUM:
+        return sum(n for n in values if isinstance(n, int) and not isinstance(n, bool)
+                   and n >= 0)
+    numbers = [v for v in map(finite_number, values) if v is not None]
+    worst = max(numbers) if numbers else None
+    if not f.nullable:
+        # A figure every pod has: none, or a 0 (which a slowdown never is), reads as
+        # the default.
+        worst = worst or float(f.default or 0)
+    # Within the CRD's bounds, which would refuse the whole patch.
+    if worst is not None and f.minimum is not None:
+        worst = max(float(f.minimum), worst)
+    if worst is not None and f.maximum is not None:
+        worst = min(float(f.maximum), worst)
+    return worst
 
 
 def pending_resizes(pods: list[Mapping[str, Any]]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from throttledjob.contracts.names import PROGRESS_PREFIX
 from throttledjob.contracts.policy import Policy
-from throttledjob.contracts.status import STATUS_VERSION, StatusDocument
+from throttledjob.contracts.status import STATUS_VERSION, StatusDocument, observed_document
 from throttledjob.runtime.progress import read_progress
 
 from .agent import CycleResult, CycleStatus
@@ -148,7 +148,7 @@ def status_document(s: Snapshot) -> StatusDocument:
     p = s.policy
     return {
         "version": STATUS_VERSION,
-        "observed": {
+        "observed": observed_document({
             "cpuPeakCores": _round(s.cpu.p99),
             "cpuMaxCores": _round(s.cpu.max),
             "gpuPeakUtilizationPercent": None if s.gpu_util.p99 is None
@@ -161,7 +161,7 @@ def status_document(s: Snapshot) -> StatusDocument:
             "slowdown": round(s.slowdown, 3),
             "cpuCores": round(s.status.usage_cores, 3),
             "steps": s.status.steps,
-        },
+        }),
         "targetMet": s.target_met,
         "budgetExhausted": s.budget_exhausted,
         "cpuLimitWantedCores": s.status.cpu_limit_wanted_cores,
