@@ -1,0 +1,146 @@
+"""The three parts of a control cycle, each on its own: measure (a Meter over a tree and
+the shared directory), decide (hand-made samples), act (the settings file and the
+enforcer, as the plan says)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from throttledjob.contracts.policy import Enforcement, Policy
+from throttledjob.contracts.progress import Progress
+from throttledjob.contracts.settings import SETTINGS_FILE
+from throttledjob.runtime.progress import write_progress
+from throttledjob.sidecar.act import COOPERATION_TIMEOUT_INTERVALS, Actuator
+from throttledjob.sidecar.controller import CpuController
+from throttledjob.sidecar.decide import decide, gpu_rate
+from throttledjob.sidecar.enforcement import plan_as_written, pod_plan
+from throttledjob.sidecar.explorer import Levers, Pacing
+from throttledjob.sidecar.measure import Meter, Sample
+
+from .conftest import FakeTree
+
+
+def sample(usage: float = 1.0, coop: float = 0.0, signal: float = 0.0,
+           capped: bool = False, elapsed: float = 1.0) -> Sample:
+    return Sample(time=elapsed, elapsed=elapsed, cpu_seconds=usage * elapsed,
+                  used_seconds=usage * elapsed, records=(), steps=0, new_steps=0,
+                  cooperative_pause=coop, cooperative_capped=capped, signal_pause=signal,
+                  enforcer_capped=False, kernel_pause=0.0)
+
+
+class Enforcer:
+    """Records what the actuator asked of it."""
+
+    paused_seconds = 0.0
+    pause_capped = False
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float | None, float]] = []
+
+    def set(self, rate: float | None, max_pause: float) -> None:
+        self.calls.append((rate, max_pause))
+
+
+def test_the_meter_turns_counters_into_an_intervals_rates(tmp_path) -> None:
+    tree = FakeTree()
+    meter = Meter(tree, str(tmp_path), now=0.0)
+    me = os.getpid()  # a live process: only live processes' records count as cooperating
+    write_progress(str(tmp_path), Progress(pid=me, steps=10, paused_seconds=0.0))
+    tree.cpu = 1.5
+    first = meter.measure(2.0, None)
+    assert first.usage_cores == pytest.approx(0.75) and first.elapsed == 2.0
+    assert first.steps == first.new_steps == 10 and first.cooperating == [me]
+    assert first.cooperative_pause == 0.0  # the first record is the baseline
+    write_progress(str(tmp_path), Progress(pid=me, steps=25, paused_seconds=0.5))
+    enforcer = Enforcer()
+    enforcer.paused_seconds = 0.25
+    tree.cpu = 2.0
+    second = meter.measure(3.0, enforcer)
+    assert second.usage_cores == pytest.approx(0.5)
+    assert (second.steps, second.new_steps) == (25, 15)
+    assert second.cooperative_pause == pytest.approx(0.5)
+    assert second.signal_pause == pytest.approx(0.25)
+    assert second.pause_fraction == pytest.approx(0.5)  # the larger, not the sum
+    assert meter.cooperative_paused_seconds == pytest.approx(0.5)
+    # A process's count survives it: its file gone, its steps still count.
+    os.unlink(tmp_path / f"progress-{me}.json")
+    third = meter.measure(4.0, enforcer)
+    assert third.steps == 25 and third.new_steps == 0 and third.records == ()
+
+
+def test_a_decision_follows_the_controller_and_the_budget() -> None:
+    controller = CpuController(1.0, margin=0.0)
+    held = decide(sample(usage=1.3, coop=0.3), controller, pacing_by_peers=False,
+                  was_gpu_bound=False, gpu_duty=None, gpu_exhausted=False)
+    assert held.throttling and not held.budget_exhausted and not held.gpu_bound
+    assert held.rate_cores == pytest.approx(controller.quota) and held.rate_cores < 1.0
+    # The budget refused the pause the rate wanted while the workload was over target.
+    capped = decide(sample(usage=1.3, coop=0.2, capped=True), controller,
+                    pacing_by_peers=False, was_gpu_bound=False, gpu_duty=None,
+                    gpu_exhausted=False)
+    assert capped.budget_exhausted and capped.rate_cores == held.rate_cores  # no wind-down
+
+
+def test_the_gpu_duty_becomes_the_rate_where_it_is_the_lower_one() -> None:
+    # 1 core used while held back half the time: 2 cores wanted; a duty of 0.75 leaves
+    # a quarter of that, 0.5 core, under the CPU target's 1.0.
+    s = sample(usage=1.0, coop=0.5)
+    assert gpu_rate(s, 0.75) == pytest.approx(0.5)
+    d = decide(s, CpuController(1.0, margin=0.0), pacing_by_peers=False,
+               was_gpu_bound=False, gpu_duty=0.75, gpu_exhausted=True)
+    assert d.gpu_bound and d.rate_cores == pytest.approx(0.5) and d.budget_exhausted
+    # Without a CPU target the GPU's rate is the only one.
+    alone = decide(s, None, pacing_by_peers=False, was_gpu_bound=False, gpu_duty=0.75,
+                   gpu_exhausted=False)
+    assert alone.gpu_bound and alone.rate_cores == pytest.approx(0.5)
+    # While the GPU held the workload back, the CPU controller does not read that pause
+    # as its own: it leaves its rate where it was instead of winding it up.
+    controller = CpuController(1.0, margin=0.0)
+    decide(sample(usage=0.4, coop=0.6), controller, pacing_by_peers=True,
+           was_gpu_bound=True, gpu_duty=0.75, gpu_exhausted=False)
+    assert controller.quota == 1.0
+
+
+def read_settings(directory) -> dict:
+    return json.loads((directory / SETTINGS_FILE).read_text())
+
+
+def test_act_paces_or_holds_as_the_plan_says(tmp_path) -> None:
+    policy = Policy(cpu_peak_cores=1.0, enforcement=Enforcement.BOTH)
+    both = plan_as_written(policy)
+    actuator, enforcer = Actuator(str(tmp_path)), Enforcer()
+    # In Both, a workload that calls step() is paced, the enforcer disarmed ...
+    acted = actuator.act(0.9, policy, both, Levers(), 0.2, enforcer, idle_seconds=0.0,
+                         now=1.0)
+    assert acted.paced and not acted.enforcer_armed and enforcer.calls[-1] == (None, 0.2)
+    assert read_settings(tmp_path)["cpu_quota_cores"] == 0.9
+    # ... one silent for COOPERATION_TIMEOUT_INTERVALS is held by the enforcer, with the
+    # rate still published for the moment it calls step() again.
+    idle = COOPERATION_TIMEOUT_INTERVALS * policy.interval_seconds + 0.1
+    acted = actuator.act(0.9, policy, both, Levers(), 0.2, enforcer, idle, now=2.0)
+    assert acted.paced and acted.enforcer_armed and enforcer.calls[-1] == (0.9, 0.2)
+    # Stopping chosen by the explorer: the enforcer holds, nothing is paced, and it
+    # stays armed the interval after pacing comes back (the runtime's next check).
+    stop = Levers(pacing=Pacing.STOP)
+    acted = actuator.act(0.9, policy, both, stop, 0.2, enforcer, 0.0, now=3.0)
+    assert not acted.paced and acted.enforcer_armed
+    assert read_settings(tmp_path)["cpu_quota_cores"] is None
+    acted = actuator.act(0.9, policy, both, Levers(), 0.2, enforcer, 0.0, now=4.0)
+    assert acted.paced and acted.enforcer_armed
+    # In a pod under Quota the containers' limit holds: pacing only, no enforcer.
+    quota = Policy(cpu_peak_cores=1.0, enforcement=Enforcement.QUOTA)
+    acted = actuator.act(0.9, quota, pod_plan(quota, 1.0), Levers(), 0.2, None, 0.0, 5.0)
+    assert acted.paced and not acted.enforcer_armed
+    assert read_settings(tmp_path)["seq"] == 5
+
+
+def test_a_settings_file_that_cannot_be_written_is_an_error_not_a_crash(tmp_path) -> None:
+    policy = Policy(cpu_peak_cores=1.0, enforcement=Enforcement.SIGNALS)
+    enforcer = Enforcer()
+    acted = Actuator(str(tmp_path / "missing")).act(
+        0.9, policy, plan_as_written(policy), Levers(), 0.2, enforcer, 0.0, 1.0)
+    assert acted.error and acted.error.startswith("cannot write settings")
+    assert acted.enforcer_armed and enforcer.calls == [(0.9, 0.2)]  # signals still hold
