@@ -38,11 +38,11 @@ def test_the_sidecars_status_document_reads_back_unchanged():
     from throttledjob.contracts.policy import Policy
     from throttledjob.sidecar.agent import Agent
     from throttledjob.sidecar.processes import ProcessTree
-    from throttledjob.sidecar.snapshot import Health, status_document, take_snapshot
+    from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 
     with tempfile.TemporaryDirectory() as d:
         agent = Agent(Policy(cpu_peak_cores=1.0), ProcessTree(root_pid=os.getpid()), d, None)
-        doc = json.loads(json.dumps(status_document(take_snapshot(agent, Health()))))
+        doc = json.loads(json.dumps(status_document(snapshot_of(agent.result, Health()))))
     assert doc["version"] == STATUS_VERSION
     assert parse_status(doc) == doc
     assert doc["targets"]["enforcement"] == "quota" and doc["targets"]["mode"] == "adaptive"
@@ -72,11 +72,11 @@ def test_the_sidecars_observed_is_the_table_field_for_field():
 
     from throttledjob.sidecar.agent import Agent
     from throttledjob.sidecar.processes import ProcessTree
-    from throttledjob.sidecar.snapshot import Health, status_document, take_snapshot
+    from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 
     with tempfile.TemporaryDirectory() as d:
         agent = Agent(Policy(cpu_peak_cores=1.0), ProcessTree(root_pid=os.getpid()), d, None)
-        observed = status_document(take_snapshot(agent, Health()))["observed"]
+        observed = status_document(snapshot_of(agent.result, Health()))["observed"]
     assert tuple(observed) == OBSERVED_NAMES
     for f in OBSERVED:
         value = observed[f.name]

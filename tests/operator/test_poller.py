@@ -94,7 +94,7 @@ class MemoryKube:
         with self.lock:
             tj = self.tjs[(namespace, name)]
             old = dict(tj.get("status") or {})
-            tj["status"] = new = mutate(dict(old), tj)
+            tj["status"] = new = mutate(dict(old))
             return tj, old, new
 
 

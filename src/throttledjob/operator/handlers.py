@@ -104,7 +104,7 @@ def _refuse(kube: Kube, body: kopf.Body, error: SpecError,
     """A spec the operator will not run: status, a Warning event, no retry."""
     now = now_iso()
     kube.update_status(body.meta.namespace or "", body.meta.name or "",
-                       lambda st, _tj: status_invalid(st, error, generation, now))
+                       lambda st: status_invalid(st, error, generation, now))
     kopf.warn(body, reason=error.reason, message=str(error))
     raise kopf.PermanentError(f"{error.reason}: {error}")
 
@@ -113,7 +113,7 @@ def _set_condition(kube: Kube, body: kopf.Body, type_: Condition, ok: bool, reas
                    message: str, **status: Any) -> None:
     """One condition of the ThrottledJob (and any other status fields) for this generation."""
     now, generation = now_iso(), body.meta.get("generation")
-    kube.update_status(body.meta.namespace or "", body.meta.name or "", lambda st, _tj: {
+    kube.update_status(body.meta.namespace or "", body.meta.name or "", lambda st: {
         **st, **status, "conditions": set_condition(st.get("conditions"), type_, ok, reason,
                                                     message, now, generation)})
 
@@ -150,7 +150,7 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     now = now_iso()
     # The phase comes from the Job as it is now: after a restart the Job may be running
     # or finished already, and its events may have been handled before this.
-    kube.update_status(ns, name, lambda st, _tj: status_from_job(status_job_created(
+    kube.update_status(ns, name, lambda st: status_from_job(status_job_created(
         st, job["metadata"]["name"], generation, now), current.get("status"), now))
     if created:
         logger.info("created Job %s", job["metadata"]["name"])
@@ -265,7 +265,7 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
     now = now_iso()
     try:
         result = state.kube.update_status(
-            namespace, owner, lambda st, _tj: status_from_job(st, body.get("status"), now))
+            namespace, owner, lambda st: status_from_job(st, body.get("status"), now))
     except ApiError as e:
         # Event handlers are not retried by kopf; the poller's resync catches up.
         logger.warning("cannot update %s/%s from its Job: %s", namespace, owner, e)

@@ -167,9 +167,10 @@ class Kube:
         return list(doc.get("items") or [])
 
     def update_status(self, namespace: str, name: str,
-                      mutate: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]],
+                      mutate: Callable[[dict[str, Any]], dict[str, Any]],
                       ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
-        """Read-modify-write of a ThrottledJob's status, guarded by resourceVersion.
+        """Read-modify-write of a ThrottledJob's status, guarded by resourceVersion:
+        `mutate` makes the new status from a copy of the old one.
 
         Several writers (the create handler, the Job watcher, the sidecar timer) own
         different conditions of one list, and a merge patch replaces a list whole: the
@@ -181,7 +182,7 @@ class Kube:
             if tj is None:
                 return None
             old = dict(tj.get("status") or {})
-            new = mutate(dict(old), tj)
+            new = mutate(dict(old))
             if new == old:
                 return tj, old, new
             # Keys the new status drops must be nulled: a merge patch only adds.

@@ -87,7 +87,7 @@ def resync_from_job(state: OperatorState, namespace: str, name: str,
         return
     now = now_iso()
     state.kube.update_status(namespace, name,
-                             lambda st, _tj: status_from_job(st, job.get("status"), now))
+                             lambda st: status_from_job(st, job.get("status"), now))
 
 
 def read_sidecars(state: OperatorState, namespace: str, name: str,
@@ -119,7 +119,7 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         except StatusReadError as e:
             failures.append(f"pod {pod['metadata'].get('name')}: {e}")
     now = now_iso()
-    result = kube.update_status(namespace, name, lambda st, _tj: status_with_resizes(
+    result = kube.update_status(namespace, name, lambda st: status_with_resizes(
         status_with_observed(st, reports, failures, now), pending, now))
     if result:
         tj, old, new = result

@@ -55,6 +55,11 @@ class Enforcer(Protocol):
     def error(self) -> str | None:
         """Why it fails open now (holds nothing back), or None."""
 
+    def release_script(self) -> str:
+        """Shell commands that undo what it holds, for local mode's guardian to run if
+        this process dies (a kernel quota: lift it, remove its cgroup); "" where the
+        guardian's SIGCONT to the command's process group is enough."""
+
 
 class SignalEnforcer:
     """A daemon thread that holds a process tree's CPU rate to a quota by stopping it."""
@@ -94,6 +99,9 @@ class SignalEnforcer:
 
     def kernel_throttling(self) -> ThrottleStats | None:
         return None  # signals hold the tree; the kernel throttles nothing
+
+    def release_script(self) -> str:
+        return ""  # a stopped process needs only the guardian's SIGCONT
 
     @property
     def stopped(self) -> bool:

@@ -25,7 +25,7 @@ from .enforcement import local_enforcer, local_plan, without_kernel_quota
 from .enforcer import Enforcer
 from .loop import run_loop
 from .processes import ProcessTree, resume
-from .quota import CgroupQuota, detect
+from .quota import detect
 from .summary import summarize
 
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ def _start_guardian(pgid: int, enforcer: Enforcer | None) -> subprocess.Popen | 
     (which its parent-death signal covers), are never left stopped. Under a kernel quota
     it also lifts the quota and removes the cgroup, so nothing stays throttled.
     """
-    release = enforcer.release_script() if isinstance(enforcer, CgroupQuota) else ""
+    release = enforcer.release_script() if enforcer else ""
     try:
         return subprocess.Popen(
             ["/bin/sh", "-c", 'read _ignored; kill -s CONT -- "-$1" 2>/dev/null; eval "$2"',

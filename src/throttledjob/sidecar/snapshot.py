@@ -11,7 +11,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from throttledjob.contracts.names import PROGRESS_PREFIX
 from throttledjob.contracts.policy import Policy
@@ -24,9 +23,6 @@ from .gpu.backend import GpuReading
 from .quota import ThrottleStats
 from .stats import PeakSummary
 from .summary import RunSummary, summarize
-
-if TYPE_CHECKING:
-    from .agent import Agent
 
 
 @dataclass
@@ -105,11 +101,6 @@ class SnapshotHolder:
         elif self._steps is None:
             self._steps = (now, steps)
         return self._rate
-
-
-def take_snapshot(agent: Agent, health: Health, steps_per_second: float = 0.0) -> Snapshot:
-    """A snapshot of the agent's latest cycle (or of its state before the first one)."""
-    return snapshot_of(agent.result, health, steps_per_second)
 
 
 def _paused_by_lever(run: RunSummary, result: CycleResult) -> dict[str, float]:
