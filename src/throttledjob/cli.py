@@ -11,6 +11,11 @@ from throttledjob.contracts.names import GPU_BACKENDS
 from throttledjob.contracts.policy import ENFORCEMENTS, MODES
 
 EXIT_USAGE = 2
+# `run`'s flags that set a policy field: an error in one names the flag, not the field.
+RUN_FLAGS = {"max_slowdown": "--max-slowdown", "interval_seconds": "--interval",
+             "gpu_peak_utilization_percent": "--gpu-peak-util",
+             "gpu_peak_power_watts": "--gpu-peak-power",
+             "gpu_memory_fraction": "--gpu-memory-fraction"}
 EXIT_NOT_FOUND = 127
 
 
@@ -167,6 +172,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         base = load_policy_file(args.policy) if args.policy else Policy()
         policy = base.with_overrides(
+            names=RUN_FLAGS,
             cpu_peak_cores=None if args.cpu_peak is None
             else parse_cpu_quantity(args.cpu_peak, "--cpu-peak"),
             max_slowdown=args.max_slowdown, interval_seconds=args.interval,
@@ -175,7 +181,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             gpu_peak_power_watts=args.gpu_peak_power,
             gpu_memory_fraction=args.gpu_memory_fraction)
     except PolicyError as e:
-        return _fail(prog, _flag_names(str(e)))
+        return _fail(prog, str(e))
     gpu = _gpu_agent(prog, args, policy)
     if isinstance(gpu, int):
         return gpu
@@ -256,12 +262,3 @@ def _guard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from throttledjob.sidecar.guard import run_guard
 
     return run_guard(args.shared_dir)
-
-
-def _flag_names(message: str) -> str:
-    """Name flags as the user typed them when a flag, not a file, was wrong."""
-    return (message.replace("maxSlowdown", "--max-slowdown")
-            .replace("intervalSeconds", "--interval")
-            .replace("targets.gpu.peakUtilizationPercent", "--gpu-peak-util")
-            .replace("targets.gpu.peakPowerWatts", "--gpu-peak-power")
-            .replace("targets.gpu.memoryFraction", "--gpu-memory-fraction"))

@@ -250,6 +250,8 @@ def test_sigkill_of_the_tool_never_leaves_descendants_stopped(start_until_stoppe
     (["--cpu-peak", "1"], "missing command"),
     (["--policy", "{missing}", "--", "touch", "{marker}"], "cannot read policy file"),
     (["--policy", "{bad}", "--", "touch", "{marker}"], "unknown field 'cpu'"),
+    # A file's field is named as the file spells it, not as the flag that would set it.
+    (["--policy", "{slow}", "--", "touch", "{marker}"], "slow.yaml: maxSlowdown=0.5 is out"),
     (["--report", "{nodir}/r.json", "--", "touch", "{marker}"], "--report"),
 ])
 def test_bad_input_is_refused_in_one_line_before_starting(throttledjob_cmd, tmp_path, args,
@@ -257,7 +259,9 @@ def test_bad_input_is_refused_in_one_line_before_starting(throttledjob_cmd, tmp_
     marker = tmp_path / "marker"
     bad = tmp_path / "bad.yaml"
     bad.write_text("cpu: 1\n")
+    (tmp_path / "slow.yaml").write_text("maxSlowdown: 0.5\n")
     fill = {"marker": str(marker), "missing": str(tmp_path / "nope.yaml"), "bad": str(bad),
+            "slow": str(tmp_path / "slow.yaml"),
             "nodir": str(tmp_path / "no" / "such")}
     proc = subprocess.run([*throttledjob_cmd, "run", *[a.format(**fill) for a in args]],
                           capture_output=True, text=True, timeout=30)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -94,10 +95,13 @@ class Policy:
         """Pausing more than this fraction of wall time would exceed maxSlowdown."""
         return 1.0 - 1.0 / self.max_slowdown
 
-    def with_overrides(self, **changes: Any) -> Policy:
-        """A copy with the non-None `changes` applied and validated."""
-        merged = replace(self, **{k: v for k, v in changes.items() if v is not None})
-        return _validate(merged)
+    def with_overrides(self, names: Mapping[str, str] | None = None,
+                       **changes: Any) -> Policy:
+        """A copy with the non-None `changes` applied and validated; an error names a
+        changed field as `names` does (the command line's flags), else by its path."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        return _validate(replace(self, **given),
+                         {k: v for k, v in (names or {}).items() if k in given})
 
 
 # Cores or millicores; also the CRD's grammar of targets.cpu.peak (operator/crd.py).
@@ -247,22 +251,25 @@ def load_policy_file(path: str) -> Policy:
         raise PolicyError(f"policy file {path}: {e}") from None
 
 
-def _validate(p: Policy) -> Policy:
+def _validate(p: Policy, names: Mapping[str, str] | None = None) -> Policy:
+    """`p` if every field is within the table's bounds; `names`: what to call a field in
+    an error, by attribute (its path otherwise)."""
+    names = names or {}
     numbers = [f for f in POLICY_FIELDS if f.type in ("number", "integer")]
     for f in numbers:
-        value = getattr(p, f.attr)
+        value, name = getattr(p, f.attr), names.get(f.attr, f.path)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value):
-            raise PolicyError(f"{f.path} must be a finite number, got {value!r}")
+            raise PolicyError(f"{name} must be a finite number, got {value!r}")
         if not f.minimum <= value <= f.maximum:
-            raise PolicyError(f"{f.path}={value} is out of range [{f.minimum}, {f.maximum}]")
+            raise PolicyError(f"{name}={value} is out of range [{f.minimum}, {f.maximum}]")
         if f.type == "integer" and value != int(value):
-            raise PolicyError(f"{f.path} must be a whole number, got {value}")
+            raise PolicyError(f"{name} must be a whole number, got {value}")
     for f in POLICY_FIELDS:
         if f.type == "choice" and getattr(p, f.attr) not in f.choices:
-            raise PolicyError(f"{f.path} must be one of {f.choices}, "
+            raise PolicyError(f"{names.get(f.attr, f.path)} must be one of {f.choices}, "
                               f"got {getattr(p, f.attr)!r}")
     return p
 
