@@ -224,8 +224,8 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
     # 1.6 cores; the operator reads it from /status and resizes the pod.
     assert result.status.cpu_limit_wanted_cores == pytest.approx(1.6)
     assert status_document(snap)["cpuLimitWantedCores"] == pytest.approx(1.6)
-    # The pacing quota is what it would be without the kernel's word.
-    assert agent.controller.quota == blind.controller.quota
+    # The pacing rate is what it would be without the kernel's word.
+    assert agent.controller.rate == blind.controller.rate
     # Lifted to 1.6 cores, held back 20% of the time: within the budget, and still the
     # target is out of reach within it.
     pod.limit("work", 160_000)

@@ -39,10 +39,10 @@ class Plant:
 def drive(ctl: CpuController, plant: Plant, demands, cap: float = 0.9):
     usages, quotas, decisions = [], [], []
     for d in demands:
-        obs = plant.run(d, ctl.quota, cap)
+        obs = plant.run(d, ctl.rate, cap)
         decision = ctl.update(obs)
         usages.append(obs.usage_cores)
-        quotas.append(decision.quota_cores)
+        quotas.append(decision.rate_cores)
         decisions.append(decision)
     return usages, quotas, decisions
 
@@ -84,9 +84,9 @@ def test_reacts_to_a_load_step_within_two_intervals():
 def test_no_windup_during_idle_periods():
     ctl = CpuController(1.0)
     drive(ctl, Plant(), [2.0] * 20)
-    before = ctl.quota
+    before = ctl.rate
     drive(ctl, Plant(), [0.0] * 200)  # a long idle wait
-    assert ctl.quota == before
+    assert ctl.rate == before
     usages, _, _ = drive(ctl, Plant(), [2.0])  # the next burst is held at once
     assert usages[0] <= 1.0
 
@@ -96,11 +96,11 @@ def test_quota_winds_up_slowly_and_boundedly_while_something_else_holds_usage_do
     # Pacing binds, but a neighbour leaves the workload only 0.3 cores for a minute.
     for _ in range(60):
         ctl.update(CpuObservation(usage_cores=0.3, pause_fraction=0.2))
-    assert ctl.quota <= 1.5 * ctl.setpoint
+    assert ctl.rate <= 1.5 * ctl.setpoint
     # The neighbour leaves: the quota comes back down by a tenth of the setpoint a step.
     usages = []
     for _ in range(12):
-        usage = min(2.0, ctl.quota)
+        usage = min(2.0, ctl.rate)
         usages.append(usage)
         ctl.update(CpuObservation(usage_cores=usage, pause_fraction=0.5))
     assert usages[-1] <= 1.01 * ctl.setpoint
@@ -113,9 +113,9 @@ def test_partly_idle_intervals_under_signals_never_raise_the_quota():
     for _ in range(30):
         ctl.update(CpuObservation(usage_cores=0.5, pause_fraction=0.25,
                                   may_under_deliver=False))
-    assert ctl.quota == ctl.setpoint
+    assert ctl.rate == ctl.setpoint
     ctl.update(CpuObservation(usage_cores=1.2, pause_fraction=0.4, may_under_deliver=False))
-    assert ctl.quota < ctl.setpoint  # escaping usage still brings it down
+    assert ctl.rate < ctl.setpoint  # escaping usage still brings it down
 
 
 def test_budget_exhaustion_is_reported_and_does_not_wind_down():
@@ -166,8 +166,8 @@ def test_the_kernel_quota_aims_at_the_target_and_other_enforcers_under_it():
     from throttledjob.sidecar.decide import cpu_controller
 
     kernel = cpu_controller(Policy(cpu_peak_cores=1.0, enforcement=Enforcement.QUOTA))
-    assert kernel is not None and kernel.quota == 1.0
+    assert kernel is not None and kernel.rate == 1.0
     for enforcement in (Enforcement.SIGNALS, Enforcement.BOTH, Enforcement.COOPERATIVE):
         other = cpu_controller(Policy(cpu_peak_cores=1.0, enforcement=enforcement))
-        assert other is not None and other.quota == pytest.approx(1.0 - DEFAULT_MARGIN)
+        assert other is not None and other.rate == pytest.approx(1.0 - DEFAULT_MARGIN)
     assert cpu_controller(Policy(cpu_peak_cores=None)) is None

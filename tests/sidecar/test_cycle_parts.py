@@ -76,7 +76,7 @@ def test_a_decision_follows_the_controller_and_the_budget() -> None:
     held = decide(sample(usage=1.3, coop=0.3), controller, pacing_by_peers=False,
                   was_gpu_bound=False, gpu_duty=None, gpu_exhausted=False)
     assert held.throttling and not held.budget_exhausted and not held.gpu_bound
-    assert held.rate_cores == pytest.approx(controller.quota) and held.rate_cores < 1.0
+    assert held.rate_cores == pytest.approx(controller.rate) and held.rate_cores < 1.0
     # The budget refused the pause the rate wanted while the workload was over target.
     capped = decide(sample(usage=1.3, coop=0.2, capped=True), controller,
                     pacing_by_peers=False, was_gpu_bound=False, gpu_duty=None,
@@ -101,7 +101,7 @@ def test_the_gpu_duty_becomes_the_rate_where_it_is_the_lower_one() -> None:
     controller = CpuController(1.0, margin=0.0)
     decide(sample(usage=0.4, coop=0.6), controller, pacing_by_peers=True,
            was_gpu_bound=True, gpu_duty=0.75, gpu_exhausted=False)
-    assert controller.quota == 1.0
+    assert controller.rate == 1.0
 
 
 def read_settings(directory) -> dict:

@@ -467,7 +467,7 @@ def test_a_quota_trimmed_for_cooperative_pacing_is_not_carried_over_to_stop_paci
         now[0] += 1.0
         agent.cycle()
         if i == 10:
-            assert agent.controller.quota > 1.1 * agent.controller.setpoint
+            assert agent.controller.rate > 1.1 * agent.controller.setpoint
     assert enforcer.quotas[-1] == pytest.approx(agent.controller.setpoint)
 
 
@@ -532,9 +532,9 @@ def test_partly_idle_intervals_raise_the_quota_only_for_peers_sharing_it(tmp_pat
         agent.cycle()
     setpoint = agent.controller.setpoint
     if peers == 1:
-        assert agent.controller.quota == pytest.approx(setpoint)
+        assert agent.controller.rate == pytest.approx(setpoint)
     else:
-        assert agent.controller.quota > 1.2 * setpoint
+        assert agent.controller.rate > 1.2 * setpoint
 
 
 def test_a_bursty_workload_held_back_by_the_quota_wants_the_target():
@@ -558,7 +558,7 @@ def test_under_a_budget_a_lever_that_costs_speed_by_itself_loses_to_a_lifted_quo
     drive(ex, compute_bound(), 30, quota=1.6)
     assert DEFAULT_LEVERS in ex.estimates  # R0 is the defaults': always measured
     assert isinstance(ex.state, Settled) and ex.levers == DEFAULT_LEVERS
-    assert ex.quota_for(ex.estimates[DEFAULT_LEVERS]) == pytest.approx(1.6, rel=0.03)
+    assert ex.rate_for(ex.estimates[DEFAULT_LEVERS]) == pytest.approx(1.6, rel=0.03)
     assert ex.decision().predicted_slowdown == pytest.approx(1.25, rel=0.03)
     assert ex.lever_slowdown() == pytest.approx(1.0)
     # Without the budget the same measurements rank one thread first (as fast as the
@@ -584,7 +584,7 @@ def test_a_budget_that_does_not_bind_changes_nothing():
         drive(with_budget, model, 30)
         drive(without, model, 30)
         assert with_budget.levers == without.levers
-        assert with_budget.quota_for(with_budget.estimates[with_budget.levers]) == target
+        assert with_budget.rate_for(with_budget.estimates[with_budget.levers]) == target
 
 
 def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_path):

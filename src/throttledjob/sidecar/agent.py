@@ -40,7 +40,7 @@ class CycleStatus:
     """What the last cycle saw and did (for the status line, metrics and /status)."""
 
     usage_cores: float = 0.0
-    quota_cores: float | None = None
+    rate_cores: float | None = None  # the rate the actuators hold the workload to
     pause_fraction: float = 0.0
     throttling: bool = False
     budget_exhausted: bool = False
@@ -79,7 +79,7 @@ class CycleResult:
     cooperative_paused_seconds: float  # time the runtime paced itself
     budget_exhausted_seconds: float
     levers: Levers                  # the cooperative levers in force (settings.json)
-    controller_quota: float | None  # the CPU controller's quota (None: no CPU target)
+    controller_rate: float | None  # the CPU controller's rate (None: no CPU target)
     kernel_throttling: ThrottleStats | None  # cpu.stat of the kernel quota, where one holds
     gpu: GpuState | None
     # Time the levers in force cost by themselves (fewer threads, smaller batches: slower
@@ -145,7 +145,7 @@ class Agent:
         """Arm the actuators before the workload runs its first instruction."""
         self.os_levers.apply(self.tree.pids())
         self.meter.baseline()
-        self._act(self.controller.quota if self.controller else None, self.started)
+        self._act(self.controller.rate if self.controller else None, self.started)
         self.status = replace(self.status, error=self._acted.error,
                               enforcer_armed=self._acted.enforcer_armed)
         self.result = self._result(self.started, 0.0)
@@ -235,7 +235,7 @@ class Agent:
             self._budget_exhausted_at = now
         self.status = CycleStatus(
             usage_cores=sample.usage_cores,
-            quota_cores=rate,
+            rate_cores=rate,
             pause_fraction=max(sample.pause_fraction, sample.kernel_pause),
             throttling=decision.throttling or sample.kernel_pause > BINDING_PAUSE_FRACTION,
             budget_exhausted=exhausted,
@@ -267,7 +267,7 @@ class Agent:
             signal_paused_seconds=self._enforcer.paused_seconds if self._enforcer else 0.0,
             cooperative_paused_seconds=self.meter.cooperative_paused_seconds,
             budget_exhausted_seconds=self._budget_exhausted_seconds, levers=self.levers,
-            controller_quota=self.controller.quota if self.controller else None,
+            controller_rate=self.controller.rate if self.controller else None,
             kernel_throttling=self._kernel_throttling(),
             gpu=self.gpu.state() if self.gpu else None,
             lever_cost_seconds=self._lever_cost_seconds,

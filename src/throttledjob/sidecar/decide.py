@@ -61,7 +61,7 @@ def decide(sample: Sample, controller: CpuController | None, pacing_by_peers: bo
     rate where that is lower (gpu_rate)."""
     obs = observation(sample, pacing_by_peers, was_gpu_bound)
     cpu = controller.update(obs) if controller else None
-    rate = cpu.quota_cores if cpu else None
+    rate = cpu.rate_cores if cpu else None
     gpu = gpu_rate(sample, gpu_duty)
     gpu_bound = gpu is not None and (rate is None or gpu < rate)
     return Decision(

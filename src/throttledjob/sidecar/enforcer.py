@@ -2,7 +2,7 @@
 SIGSTOP/SIGCONT one.
 
 `Enforcer` is the whole interface the agent uses, so another way of holding the tree
-to a quota (a kernel CPU quota) fits beside `SignalEnforcer` without touching the agent.
+to a rate (a kernel CPU quota) fits beside `SignalEnforcer` without touching the agent.
 
 `SignalEnforcer` runs the same token bucket as the runtime's pacing
 (throttledjob.runtime.budget), evaluated every `tick` seconds on the tree's CPU time, as
@@ -28,13 +28,13 @@ from .quota import ThrottleStats
 
 
 class Enforcer(Protocol):
-    """Holds the workload to a CPU quota without its cooperation."""
+    """Holds the workload to a CPU rate without its cooperation."""
 
     def start(self) -> None:
-        """Begin enforcing (unarmed until `set` gives a quota)."""
+        """Begin enforcing (unarmed until `set` gives a rate)."""
 
-    def set(self, quota_cores: float | None, max_pause_fraction: float) -> None:
-        """The quota from now on (None: disarmed), never pausing more than
+    def set(self, rate_cores: float | None, max_pause_fraction: float) -> None:
+        """The rate from now on (None: disarmed), never pausing more than
         `max_pause_fraction` of wall time (the slowdown budget)."""
 
     def close(self) -> None:
@@ -46,7 +46,7 @@ class Enforcer(Protocol):
 
     @property
     def pause_capped(self) -> bool:
-        """The slowdown budget refused a pause that the quota wanted."""
+        """The slowdown budget refused a pause that the rate wanted."""
 
     def kernel_throttling(self) -> ThrottleStats | None:
         """The kernel's CFS throttling counters, where the kernel does the holding."""
@@ -62,7 +62,7 @@ class Enforcer(Protocol):
 
 
 class SignalEnforcer:
-    """A daemon thread that holds a process tree's CPU rate to a quota by stopping it."""
+    """A daemon thread that holds a process tree to a CPU rate by stopping it."""
 
     def __init__(self, tree: ProcessTree, tick: float = 0.02, burst_seconds: float = 0.05,
                  refresh_every: float = 0.1, process_group: int | None = None,
@@ -85,9 +85,9 @@ class SignalEnforcer:
         self._thread = threading.Thread(target=self._run, name="throttledjob-enforcer",
                                         daemon=True)
 
-    def set(self, quota_cores: float | None, max_pause_fraction: float) -> None:
+    def set(self, rate_cores: float | None, max_pause_fraction: float) -> None:
         with self._lock:
-            self.budget.set(quota_cores, max_pause_fraction)
+            self.budget.set(rate_cores, max_pause_fraction)
 
     @property
     def paused_seconds(self) -> float:

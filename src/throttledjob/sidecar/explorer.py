@@ -1,7 +1,8 @@
 """Online lever exploration: find, per workload, the cooperative levers that cost least.
 
-Duty cycling (the CPU quota) cuts a peak at a slowdown in proportion: a workload that
-wants D cores, held to T, runs at T/D of its speed. Other levers are cheaper on some
+Duty cycling (a CPU rate, held by the kernel's quota, signals or pacing) cuts a peak at
+a slowdown in proportion: a workload that wants D cores, held to T, runs at T/D of its
+speed. Other levers are cheaper on some
 workloads: fewer threads on one that scales poorly with threads (a memory-bound
 elementwise loop loses little speed but half its cores from 2 threads to 1) or a smaller
 micro-batch. They cost *more* on others (a matmul-bound loop loses speed in proportion to
@@ -9,7 +10,7 @@ threads, no better than duty cycling). Which is which can only be measured, so t
 measures it online, as Zeus's power-limit optimizer does for GPU power limits.
 
 The model. Under lever setting `s` the workload does `efficiency(s)` steps per CPU-second
-and, unpaused, wants `peak(s)` cores at its busy times. The quota (kept in force by the
+and, unpaused, wants `peak(s)` cores at its busy times. The rate (kept in force by the
 controller whatever the levers) clips what is left above the target T, so under `s` the
 busy-time throughput is
 
@@ -17,17 +18,17 @@ busy-time throughput is
 
 and the best setting is the one that maximises it. Idle time (waits, I/O) is the same
 under every setting, so ranking by busy-time throughput ranks by run time too. Both
-figures are measured *while the quota is on*: duty cycling scales CPU and steps alike,
+figures are measured *while the rate is on*: duty cycling scales CPU and steps alike,
 so steps per CPU-second does not depend on it, and the unpaused demand is the measured
 usage divided by the fraction of the interval not paused. Probing therefore never lifts
-the quota: the peak target holds during exploration too.
+the rate: the peak target holds during exploration too.
 
-The slowdown budget. With `max_slowdown` B, the quota is lifted wherever holding the
+The slowdown budget. With `max_slowdown` B, the rate is lifted wherever holding the
 target would slow the workload by more than B, so a setting is ranked by its throughput
-under the quota it would really get: `max(T, R0 / (B * efficiency(s)))`, where R0 is the
+under the rate it would really get: `max(T, R0 / (B * efficiency(s)))`, where R0 is the
 unthrottled rate (the defaults' efficiency times their demand). A setting that costs
 speed by itself (one thread of two on a compute-bound loop) then loses to the defaults
-wherever the budget binds: it would be duty-cycled to the same lifted quota at fewer
+wherever the budget binds: it would be duty-cycled to the same lifted rate at fewer
 steps per CPU-second. To know R0 the defaults are always measured when there is a budget.
 `lever_slowdown()` is what the levers in force cost by themselves, R0 over their own
 unthrottled rate: the agent charges it against the budget before any pause.
@@ -45,7 +46,7 @@ target and a thread count at or over the target exists: then the fewest such thr
 (`threads=1` for any target up to one core). A prior prunes what cannot win. If more
 threads never make a workload faster per thread (no superlinear scaling), then at or
 over the target every extra thread only adds duty cycling: a setting with more threads
-than one measured at the target does fewer steps per CPU-second under the same quota, so
+than one measured at the target does fewer steps per CPU-second under the same rate, so
 it is never probed. Fewer threads than a count that lost are not probed either.
 
 Each state is a dataclass below; its docstring gives its transitions.
@@ -65,12 +66,12 @@ IDLE_CORES = 0.05
 # Demand is usage / (1 - pause); past this pause fraction the estimate is too noisy.
 MAX_PAUSE_FOR_DEMAND = 0.9
 # Paused for at least this fraction of an interval, the workload wanted more than the
-# quota at its busy moments, whatever its interval-averaged demand says.
+# rate at its busy moments, whatever its interval-averaged demand says.
 PACED = 0.05
 
 
 class Pacing(str, Enum):
-    """How the quota's duty cycle is delivered (see Levers)."""
+    """How the rate's duty cycle is delivered (see Levers)."""
 
     SLEEP = "sleep"
     STOP = "stop"
@@ -83,10 +84,10 @@ class Pacing(str, Enum):
 class Levers:
     """One setting of the levers (None / 1.0 / sleep: the defaults).
 
-    `pacing` is how the quota's duty cycle is delivered: "sleep", by the runtime at step
+    `pacing` is how the rate's duty cycle is delivered: "sleep", by the runtime at step
     boundaries, or "stop", by the sidecar's SIGSTOP of the whole tree. Sleeping one
     thread leaves a multi-threaded workload's other threads running (idle OpenMP
-    workers spin on for milliseconds, burning quota), which stopping does not.
+    workers spin on for milliseconds, burning their share), which stopping does not.
     """
 
     threads: int | None = None
@@ -139,7 +140,7 @@ class LeverSample:
 
 def _wants(demand_cores: float, paced: bool, target_cores: float) -> bool:
     """The workload wants the target or more at its busy times: its demand reaches it
-    (within MIN_GAIN: under fewer threads it is all that shows), or the quota held it
+    (within MIN_GAIN: under fewer threads it is all that shows), or the rate held it
     back. An interval partly idle (a bursty workload) averages its demand down, so the
     pause is the better witness there."""
     return paced or demand_cores * (1 + MIN_GAIN) >= target_cores
@@ -154,15 +155,15 @@ class Estimate:
     peak_cores: float            # unpaused demand at busy times (max over the samples)
     samples: int
     aborted: bool = False        # probe cut short: clearly worse than the best so far
-    paced: bool = False          # the quota held it back in some sample
+    paced: bool = False          # the rate held it back in some sample
 
     def throughput(self, target_cores: float) -> float:
-        """Busy-time steps per second under this setting with the quota at the target."""
+        """Busy-time steps per second under this setting with the rate at the target."""
         return self.efficiency * min(self.peak_cores, target_cores)
 
     @property
     def unthrottled_rate(self) -> float:
-        """Busy-time steps per second under this setting with no quota."""
+        """Busy-time steps per second under this setting unheld."""
         return self.efficiency * self.peak_cores
 
     def wants(self, target_cores: float) -> bool:
@@ -352,7 +353,7 @@ class Explorer:
         return Decision(self.levers, type(self.state).__name__, predicted)
 
     def unthrottled_rate(self) -> float | None:
-        """R0: busy-time steps per second of the defaults with no quota; None until the
+        """R0: busy-time steps per second of the defaults unheld; None until the
         defaults were measured."""
         base = self.estimates.get(DEFAULT_LEVERS)
         return base.unthrottled_rate if base else None
@@ -366,8 +367,8 @@ class Explorer:
             return None
         return max(1.0, unthrottled / max(1e-12, current.unthrottled_rate))
 
-    def quota_for(self, estimate: Estimate) -> float:
-        """The quota `estimate`'s setting would get: the target, lifted where holding it
+    def rate_for(self, estimate: Estimate) -> float:
+        """The rate `estimate`'s setting would get: the target, lifted where holding it
         would pass the slowdown budget (module doc)."""
         unthrottled = self.unthrottled_rate()
         if self.max_slowdown is None or not unthrottled:
@@ -376,7 +377,7 @@ class Explorer:
                    unthrottled / (self.max_slowdown * max(1e-12, estimate.efficiency)))
 
     def _throughput(self, estimate: Estimate) -> float:
-        return estimate.throughput(self.quota_for(estimate))
+        return estimate.throughput(self.rate_for(estimate))
 
     # ---- transitions ----------------------------------------------------------------
 

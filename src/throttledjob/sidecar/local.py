@@ -211,8 +211,9 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             "lever_cost_seconds": round(run.lever_cost_seconds, 3),
             "estimated_slowdown": round(run.slowdown, 3),
             "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
-            "final_quota_cores": None if result.controller_quota is None
-            else round(result.controller_quota, 3),
+            # The controller's last rate (the key's "quota" predates the word "rate").
+            "final_quota_cores": None if result.controller_rate is None
+            else round(result.controller_rate, 3),
             # Which enforcer held the workload, and why that one (sidecar/enforcement.py).
             "enforcer": result.plan.reason,
             # The kernel quota's own counters (cpu.stat), where it held the workload.

@@ -34,7 +34,7 @@ class Sample:
     steps: int                  # steps reported over the run, by every process
     new_steps: int              # of which in this interval
     cooperative_pause: float    # the share of the interval the runtime paced itself
-    cooperative_capped: bool    # the runtime's budget refused a pause its quota wanted
+    cooperative_capped: bool    # the runtime's budget refused a pause its rate wanted
     signal_pause: float         # the share the enforcer held the tree back
     enforcer_capped: bool       # the enforcer's budget refused a pause
     kernel_pause: float         # the share the containers' own CPU limit held it back
