@@ -29,8 +29,9 @@ class Settings:
 
     seq: int = 0
     time: float = 0.0
-    # CPU budget of the whole workload in cores, shared equally by the cooperating
-    # processes (None: unlimited).
+    # The CPU rate of the whole workload in cores, shared equally by the cooperating
+    # processes (None: unlimited). On the wire as "quota", its name from before the word
+    # was kept for the kernel's CFS quota alone; renaming it would break older runtimes.
     cpu_quota_cores: float | None = None
     # Upper bound on the fraction of wall time spent paused: 1 - 1/maxSlowdown.
     max_pause_fraction: float = 0.0
