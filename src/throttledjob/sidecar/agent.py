@@ -22,13 +22,13 @@ from throttledjob.contracts.settings import SETTINGS_FILE, Settings
 from throttledjob.runtime.files import write_json_atomic
 from throttledjob.runtime.progress import read_progress
 
-from .container_quota import ContainerQuota
+from .cgroups.container_quota import ContainerQuota
+from .cgroups.throttling import ThrottleStats
 from .controller import BINDING_PAUSE_FRACTION, DEFAULT_MARGIN, CpuController, CpuObservation
 from .enforcer import Enforcer
 from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, Pacing, probe_order
 from .os_levers import OsLevers
 from .processes import ProcessTree, alive, resume
-from .quota import ThrottleStats
 from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker
 
 if TYPE_CHECKING:

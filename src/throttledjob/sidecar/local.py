@@ -21,10 +21,11 @@ from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent, CycleResult
+from .cgroups.detection import detect
+from .cgroups.local_quota import CgroupQuota
 from .enforcer import Enforcer, SignalEnforcer
 from .gpu.simulate import follow
 from .processes import ProcessTree, resume
-from .quota import CgroupQuota, detect
 from .summary import summarize
 
 if TYPE_CHECKING:

@@ -23,14 +23,15 @@ from throttledjob.contracts.names import ENV_CPU_LIMIT
 from throttledjob.contracts.policy import Policy
 
 from .agent import Agent
-from .container_quota import ContainerQuota
+from .cgroups.container_quota import ContainerQuota
+from .cgroups.fs import cgroup_of, pod_cgroup
 from .enforcer import SignalEnforcer
 from .exporter import Exporter, log_to_stderr
 from .gpu import GpuAgent, open_backend
 from .gpu.simulate import follow
 from .lease import lease_path
 from .policy_watch import PolicyWatcher
-from .processes import ProcessTree, cgroup_of, pod_cgroup, resume
+from .processes import ProcessTree, resume
 
 log = logging.getLogger("throttledjob.sidecar")
 

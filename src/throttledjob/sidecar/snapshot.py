@@ -19,8 +19,8 @@ from throttledjob.contracts.status import STATUS_VERSION, StatusDocument
 from throttledjob.runtime.progress import read_progress
 
 from .agent import CycleResult, CycleStatus
+from .cgroups.throttling import ThrottleStats
 from .gpu.backend import GpuReading
-from .quota import ThrottleStats
 from .stats import PeakSummary
 from .summary import RunSummary, summarize
 
@@ -113,7 +113,7 @@ def take_snapshot(agent: Agent, health: Health, steps_per_second: float = 0.0) -
 def _paused_by_lever(run: RunSummary, result: CycleResult) -> dict[str, float]:
     paused = {run.enforcer_lever: run.signal_paused_seconds,
               "pacing": run.cooperative_paused_seconds}
-    if result.kernel_paused_seconds:  # a pod's own limits (sidecar/container_quota.py)
+    if result.kernel_paused_seconds:  # a pod's own limits (sidecar/cgroups/container_quota.py)
         paused["quota"] = paused.get("quota", 0.0) + result.kernel_paused_seconds
     return paused
 
