@@ -12,13 +12,13 @@ import os
 from dataclasses import dataclass
 
 from .fs import (
-    at,
     cgroup_dir,
     error_text,
     not_writable,
     parse_mountinfo,
     parse_proc_cgroup,
     read_words,
+    under,
     write_quota,
 )
 from .local_quota import PERIOD_US, PREFIX, QuotaBackend
@@ -46,9 +46,9 @@ def detect(root: str = "/", pid: int | str = "self", probe: bool = True) -> Dete
     Never raises.
     """
     try:
-        with open(at(root, f"/proc/{pid}/cgroup")) as f:
+        with open(under(root, f"/proc/{pid}/cgroup")) as f:
             own = parse_proc_cgroup(f.read())
-        with open(at(root, f"/proc/{pid}/mountinfo")) as f:
+        with open(under(root, f"/proc/{pid}/mountinfo")) as f:
             mounts = parse_mountinfo(f.read())
     except OSError as e:
         return Detection(None, f"cannot read the process's cgroups: {error_text(e)}")
@@ -103,7 +103,7 @@ def _candidate(root: str, version: int, own: dict[str, str],
     # root; otherwise the child is a sibling in the delegated parent, and moving between
     # siblings needs write access to the parent's cgroup.procs (their common ancestor).
     for parent in (home, os.path.dirname(home)):
-        if not parent.startswith(at(root, mount[1])):
+        if not parent.startswith(under(root, mount[1])):
             break
         if "cpu" in read_words(os.path.join(parent, "cgroup.subtree_control")):
             why = not_writable(parent, "cgroup.procs")

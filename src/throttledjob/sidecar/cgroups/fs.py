@@ -82,10 +82,10 @@ def cgroup_dir(root: str, mount_root: str, mount_point: str, path: str) -> str |
     rel = os.path.relpath(path, mount_root) if mount_root != "/" else path.lstrip("/")
     if rel.startswith(".."):
         return None
-    return os.path.normpath(os.path.join(at(root, mount_point), "" if rel == "." else rel))
+    return os.path.normpath(os.path.join(under(root, mount_point), "" if rel == "." else rel))
 
 
-def at(root: str, path: str) -> str:
+def under(root: str, path: str) -> str:
     """`path` under `root` (tests point `root` at a tree mimicking cgroupfs)."""
     return os.path.join(root, path.lstrip("/"))
 
