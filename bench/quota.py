@@ -34,7 +34,8 @@ from pathlib import Path
 from harness import HUNGRY, ROOT, markdown, throttledjob_run
 from zoo import WORKLOADS as ZOO
 
-from throttledjob.sidecar.quota import CgroupQuota, detect
+from throttledjob.sidecar.cgroups.detection import detect
+from throttledjob.sidecar.cgroups.local_quota import CgroupQuota
 
 FRACTIONS = (0.5, 0.7, 0.9)
 

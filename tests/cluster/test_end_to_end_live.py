@@ -38,7 +38,7 @@ from conftest import ROOT, stopped, wait_for
 from throttledjob.operator.children import SHARED_DIR
 from throttledjob.operator.status import condition
 from throttledjob.sidecar import guard
-from throttledjob.sidecar.container_quota import read_limit
+from throttledjob.sidecar.cgroups.fs import read_limit
 from throttledjob.sidecar.lease import lease_path, read_lease
 from throttledjob.sidecar.processes import alive
 from throttledjob.sidecar.stats import nearest_rank

@@ -1,4 +1,4 @@
-"""The workload containers' kernel quota as the sidecar reads it (sidecar/container_quota.py):
+"""The workload containers' kernel quota as the sidecar reads it (cgroups/container_quota.py):
 through each workload process's /proc/PID/root, on a tree mimicking it (the real pod is
 tests/cluster/test_end_to_end_live.py)."""
 
@@ -11,7 +11,7 @@ import pytest
 from throttledjob.contracts.names import ENV_CONTAINER
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent
-from throttledjob.sidecar.container_quota import WIDTH_MEMORY_SECONDS, ContainerQuota
+from throttledjob.sidecar.cgroups.container_quota import WIDTH_MEMORY_SECONDS, ContainerQuota
 from throttledjob.sidecar.enforcement import pod_plan
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.summary import summarize

@@ -8,6 +8,8 @@ import os
 import pytest
 
 from throttledjob.contracts.policy import Enforcement, Policy
+from throttledjob.sidecar.cgroups.detection import detect
+from throttledjob.sidecar.cgroups.local_quota import CgroupQuota
 from throttledjob.sidecar.enforcement import (
     local_enforcer,
     local_plan,
@@ -17,7 +19,6 @@ from throttledjob.sidecar.enforcement import (
 )
 from throttledjob.sidecar.enforcer import SignalEnforcer
 from throttledjob.sidecar.processes import ProcessTree
-from throttledjob.sidecar.quota import CgroupQuota, detect
 
 QUOTA = Policy(cpu_peak_cores=1.5, enforcement=Enforcement.QUOTA)
 

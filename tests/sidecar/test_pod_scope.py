@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from conftest import wait_for
-from throttledjob.sidecar.processes import in_cgroup, pod_cgroup
+from throttledjob.sidecar.cgroups.fs import in_cgroup, pod_cgroup
 
 from .conftest import HUNGRY, VENV_BIN, free_port, get_json, stop
 

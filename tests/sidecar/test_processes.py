@@ -1,6 +1,6 @@
 """ProcessTree and the /proc readers on real processes: children and grandchildren are
 found, CPU time neither drops nor double counts when a member is reaped, signals reach
-the members, and the cgroup helpers parse this machine's own /proc."""
+the members, and a tree scoped by a cgroup takes what is in it."""
 
 from __future__ import annotations
 
@@ -13,14 +13,8 @@ import textwrap
 import psutil
 
 from conftest import wait_for
-from throttledjob.sidecar.processes import (
-    ProcessTree,
-    cgroup_of,
-    descendants,
-    in_cgroup,
-    pod_cgroup,
-    resume,
-)
+from throttledjob.sidecar.cgroups.fs import cgroup_of
+from throttledjob.sidecar.processes import ProcessTree, descendants, resume
 
 # A root with a child, which has a child of its own: three generations of sleepers.
 GENERATIONS = ["/bin/sh", "-c", 'sleep 60 & /bin/sh -c "sleep 60 & wait" & wait']
@@ -94,31 +88,6 @@ def test_signal_reaches_the_members_and_skips_the_gone(spawn):
         resume([child.pid, gone.pid])  # never raises, the gone pid included
     wait_for(lambda: psutil.Process(child.pid).status() != psutil.STATUS_STOPPED,
              what="the child resumed")
-
-
-def test_cgroup_of_reads_this_machines_proc(spawn):
-    own = cgroup_of("self")
-    assert own is not None and own.strip()
-    for line in own.splitlines():
-        hierarchy, _controllers, path = line.split(":", 2)
-        assert hierarchy.isdigit() and path.startswith("/")
-    child = spawn(["sleep", "60"])
-    assert cgroup_of(child.pid) == own  # a child is born in its parent's cgroups
-    gone = spawn(["true"])
-    gone.wait()
-    assert cgroup_of(gone.pid) is None
-
-
-def test_in_cgroup_on_real_paths():
-    own = cgroup_of("self")
-    path = own.splitlines()[0].split(":", 2)[2].strip()
-    assert in_cgroup(own, path)
-    if path != "/":
-        parent = path.rsplit("/", 1)[0] or "/"
-        assert parent == "/" or in_cgroup(own, parent)
-        assert not in_cgroup(own, path + "x")  # a longer name is another cgroup
-    scope = pod_cgroup(own)
-    assert scope is None or in_cgroup(own, scope)
 
 
 def test_a_cgroup_scoped_tree_takes_grandchildren_but_not_its_own_helpers(spawn):

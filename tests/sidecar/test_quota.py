@@ -1,4 +1,4 @@
-"""The kernel CPU quota enforcer (sidecar/quota.py) on the real cgroupfs, and detection.
+"""The kernel CPU quota enforcer (cgroups/local_quota.py) on the real cgroupfs, and detection.
 
 The main tests hold real busy processes with the real kernel's CFS bandwidth control and
 measure them with psutil; they are skipped where detect() finds no usable cgroup (not
@@ -19,14 +19,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from throttledjob.sidecar.processes import descendants
-from throttledjob.sidecar.quota import (
+from throttledjob.sidecar.cgroups.detection import detect
+from throttledjob.sidecar.cgroups.local_quota import (
     PREFIX,
     CgroupQuota,
     QuotaBackend,
-    detect,
     sweep_orphans,
 )
+from throttledjob.sidecar.processes import descendants
 from throttledjob.sidecar.summary import cpu_peak_bound
 
 DETECTED = detect()

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from throttledjob.contracts.policy import Enforcement, Policy
 
 from .act import Acted, Actuator, stop_pacing
-from .container_quota import ContainerQuota
+from .cgroups.container_quota import ContainerQuota
+from .cgroups.throttling import ThrottleStats
 from .controller import BINDING_PAUSE_FRACTION
 from .decide import cpu_controller, decide
 from .enforcement import Plan, plan_as_written
@@ -28,7 +29,6 @@ from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, probe_order
 from .measure import Meter, Sample
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume
-from .quota import ThrottleStats
 from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ Every other part reads the `Plan` made here (the agent, the summary, the report,
 hosts); none re-reads `Policy.enforcement`. The ladder:
 
 - **Quota, local mode**: the kernel's CFS quota on the command's own cgroup, where this
-  machine lets us set one (quota.detect); else signals and pacing (Both), saying why.
+  machine lets us set one (cgroups/detection.py); else signals and pacing (Both), saying why.
 - **Quota, in a pod**: the workload containers' CPU limit is the kernel's quota; the
   operator set it from the target when it built the Job. The sidecar paces the steps
   the workload reports on top (Cooperative). With no limit, or one over the target (a
@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from throttledjob.contracts.names import ENV_CPU_LIMIT
 from throttledjob.contracts.policy import Enforcement, Policy
 
+from .cgroups.detection import Detection
+from .cgroups.local_quota import CgroupQuota
 from .enforcer import Enforcer, SignalEnforcer
 from .lease import lease_path
 from .processes import ProcessTree
-from .quota import CgroupQuota, Detection
 
 # The operator writes a lifted limit in whole millicores: a limit this close over the
 # lift the sidecar asked for is that lift.
@@ -84,8 +85,9 @@ def without_kernel_quota(why: str) -> Plan:
 
 
 def local_plan(policy: Policy, found: Detection | None) -> Plan:
-    """Local mode: the kernel's quota on the command's cgroup where `found` (quota.detect,
-    asked only for Quota) has a backend; else signals and pacing."""
+    """Local mode: the kernel's quota on the command's cgroup where `found` (what
+    cgroups.detection.detect said, asked only for Quota) has a backend; else signals
+    and pacing."""
     if policy.enforcement is not Enforcement.QUOTA:
         return plan_as_written(policy)
     if found is None or found.backend is None:

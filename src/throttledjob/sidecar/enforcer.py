@@ -22,9 +22,9 @@ from typing import Protocol
 
 from throttledjob.runtime.budget import CpuBudget
 
+from .cgroups.throttling import ThrottleStats
 from .lease import LeaseWriter, StopLease
 from .processes import ProcessTree, resume
-from .quota import ThrottleStats
 
 
 class Enforcer(Protocol):

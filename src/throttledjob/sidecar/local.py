@@ -21,11 +21,11 @@ from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent, CycleResult
+from .cgroups.detection import detect
 from .enforcement import local_enforcer, local_plan, without_kernel_quota
 from .enforcer import Enforcer
 from .loop import run_loop
 from .processes import ProcessTree, resume
-from .quota import detect
 from .summary import summarize
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from throttledjob.contracts.progress import MAX_PROGRESS_FILES, Progress
 from throttledjob.runtime.progress import read_progress
 
-from .container_quota import ContainerQuota
+from .cgroups.container_quota import ContainerQuota
 from .enforcer import Enforcer
 from .processes import ProcessTree, alive
 

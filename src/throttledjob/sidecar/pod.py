@@ -19,13 +19,14 @@ import threading
 from throttledjob.contracts.policy import Policy
 
 from .agent import Agent, CycleResult
-from .container_quota import ContainerQuota
+from .cgroups.container_quota import ContainerQuota
+from .cgroups.fs import cgroup_of, pod_cgroup
 from .enforcement import cpu_limit_from_env, pod_enforcer, pod_plan
 from .exporter import Exporter, log_to_stderr
 from .gpu import open_gpu_agent
 from .loop import run_loop
 from .policy_watch import PolicyWatcher
-from .processes import ProcessTree, cgroup_of, pod_cgroup, resume
+from .processes import ProcessTree, resume
 
 log = logging.getLogger("throttledjob.sidecar")
 

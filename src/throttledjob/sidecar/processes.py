@@ -16,6 +16,8 @@ import psutil
 
 from throttledjob.contracts.names import GUARD_PROCESS_NAME
 
+from .cgroups.fs import cgroup_of, in_cgroup
+
 _PAUSE_NAMES = ("pause", "/pause")
 
 
@@ -113,38 +115,6 @@ class ProcessTree:
             except (ProcessLookupError, PermissionError):
                 continue
         return reached
-
-
-def cgroup_of(pid: int | str) -> str | None:
-    """The text of /proc/PID/cgroup, or None when the process is gone or unreadable."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _cgroup_paths(cgroup_text: str | None) -> list[str]:
-    """The path of each hierarchy in a /proc/PID/cgroup text ("ID:CONTROLLERS:PATH")."""
-    return [line.split(":", 2)[-1].strip() for line in (cgroup_text or "").splitlines()]
-
-
-def pod_cgroup(cgroup_text: str | None) -> str | None:
-    """The pod-level cgroup of a container's process, from its /proc/PID/cgroup: the
-    nearest ancestor named for the pod ("pod<uid>" with cgroupfs, "...-pod<uid>.slice"
-    with systemd), on any hierarchy. None outside a pod (e.g. "/")."""
-    for path in _cgroup_paths(cgroup_text):
-        parts = path.split("/")
-        for i in range(len(parts) - 1, 0, -1):
-            if parts[i].startswith("pod") or "-pod" in parts[i]:
-                return "/".join(parts[:i + 1])
-    return None
-
-
-def in_cgroup(cgroup_text: str | None, prefix: str) -> bool:
-    """Whether any hierarchy's path in `cgroup_text` is `prefix` or below it."""
-    return any(path == prefix or path.startswith(prefix + "/")
-               for path in _cgroup_paths(cgroup_text))
 
 
 def descendants(root: int) -> list[int]:

@@ -18,9 +18,9 @@ from throttledjob.contracts.status import STATUS_VERSION, StatusDocument, observ
 from throttledjob.runtime.progress import read_progress
 
 from .agent import CycleResult, CycleStatus
+from .cgroups.throttling import ThrottleStats
 from .enforcement import Plan
 from .gpu.backend import GpuReading
-from .quota import ThrottleStats
 from .stats import PeakSummary
 from .summary import RunSummary, summarize
 
@@ -106,7 +106,7 @@ class SnapshotHolder:
 def _paused_by_lever(run: RunSummary, result: CycleResult) -> dict[str, float]:
     paused = {run.enforcer_lever: run.signal_paused_seconds,
               "pacing": run.cooperative_paused_seconds}
-    if result.kernel_paused_seconds:  # a pod's own limits (sidecar/container_quota.py)
+    if result.kernel_paused_seconds:  # a pod's own limits (sidecar/cgroups/container_quota.py)
         paused["quota"] = paused.get("quota", 0.0) + result.kernel_paused_seconds
     return paused
 

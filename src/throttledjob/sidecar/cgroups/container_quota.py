@@ -11,7 +11,7 @@ sidecar runs as. Nothing is ever written there.
 
 From it: the limit in force now (a live resize shows at once, where the sidecar's
 environment keeps the first one), and the kernel's throttling counters, turned into time
-held back as for a quota of our own (quota.held_back_seconds). A container is known by
+held back as for a quota of our own (throttling.ThrottleAccount). A container is known by
 its /proc/PID/cgroup text, one process read for each, and named by the
 THROTTLEDJOB_CONTAINER variable the operator put in its environment: how much CPU each
 container wanted in the last interval (its use, or its width where the kernel held it
@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 from throttledjob.contracts.names import ENV_CONTAINER
 
-from .processes import ProcessTree, cgroup_of
-from .quota import ThrottleStats, held_back_seconds, read_stats, throttled_width
+from ..processes import ProcessTree
+from .fs import cgroup_of, read_limit
+from .throttling import ThrottleAccount, ThrottleStats, read_stats, read_usage_seconds
 
 # How long a width counts for the slowdown budget's lift: a workload that narrows gives the
 # lifted limit back after this long (a lift is not dropped for one quiet interval between
@@ -43,11 +44,10 @@ CPU_DIRS = ("sys/fs/cgroup/cpu", "sys/fs/cgroup/cpu,cpuacct", "sys/fs/cgroup")
 @dataclass
 class _Container:
     path: str                     # its cpu controller's directory, through a process's root
-    last: ThrottleStats
+    # Its time held back and width (cores its threads wanted, from its last throttled
+    # periods), counted from its first reading.
+    throttling: ThrottleAccount
     name: str | None = None       # as the operator named it (ENV_CONTAINER); None: unknown
-    paused: float = 0.0
-    # Cores its threads wanted, from its last throttled periods (None: never throttled).
-    width: float | None = None
     # CPU seconds used, at the last reading and when it was read (None: not readable).
     usage: float | None = None
     read_at: float = 0.0
@@ -55,34 +55,6 @@ class _Container:
     demand: float | None = None
     # (when, demand) of its intervals in the last WIDTH_MEMORY_SECONDS.
     recent: list[tuple[float, float]] = field(default_factory=list)
-
-
-def read_limit(path: str) -> tuple[float | None, float]:
-    """(quota, period) of a cpu cgroup directory, seconds; quota None: unlimited."""
-    try:
-        with open(os.path.join(path, "cpu.max")) as f:  # v2: "max 100000", "50000 100000"
-            quota, period = f.read().split()
-        return (None if quota == "max" else int(quota) / 1e6), int(period) / 1e6
-    except FileNotFoundError:
-        pass
-    with open(os.path.join(path, "cpu.cfs_quota_us")) as f:
-        quota_us = int(f.read())
-    with open(os.path.join(path, "cpu.cfs_period_us")) as f:
-        period_us = int(f.read())
-    return (None if quota_us < 0 else quota_us / 1e6), period_us / 1e6
-
-
-def read_usage_seconds(path: str, stats: ThrottleStats) -> float:
-    """CPU seconds a cgroup used: v2's from its cpu.stat (`stats`, read already), v1's
-    cpuacct.usage (in the cpu directory where the two controllers share a mount, else
-    beside it)."""
-    if stats.usage_seconds is not None:
-        return stats.usage_seconds
-    for candidate in (path, os.path.join(os.path.dirname(path), "cpuacct")):
-        with contextlib.suppress(FileNotFoundError), \
-                open(os.path.join(candidate, "cpuacct.usage")) as f:
-            return int(f.read()) / 1e9
-    raise FileNotFoundError(f"no CPU usage counter in {path}")
 
 
 def container_name(pid: int, proc: str = "/proc") -> str | None:
@@ -146,7 +118,7 @@ class ContainerQuota:
                 # Counted from its start when it started after us (the sidecar starts
                 # first); one running at our first look (we restarted) from now on.
                 seen[key] = known or _Container(
-                    path, read_stats(path) if self._first else ThrottleStats(),
+                    path, ThrottleAccount(read_stats(path) if self._first else ThrottleStats()),
                     name=container_name(pid, self.proc))
                 seen[key].path = path
         # A container whose processes are all gone keeps its totals (the run's).
@@ -171,7 +143,8 @@ class ContainerQuota:
     @property
     def paused_seconds(self) -> float:
         """Wall time the workload was held back: the most any of its containers was."""
-        return max((c.paused for c in self._containers.values()), default=0.0)
+        return max((c.throttling.paused_seconds for c in self._containers.values()),
+                   default=0.0)
 
     def wanted_limit(self, target_cores: float, max_pause_fraction: float) -> float | None:
         """The summed limit that keeps the time held back within `max_pause_fraction`
@@ -181,7 +154,7 @@ class ContainerQuota:
         from the throttled periods, as CgroupQuota.set measures it for a quota of our own,
         or its use where the limit did not bind), or its last throttled width where its
         use cannot be read."""
-        widths = [max(d for _, d in c.recent) if c.recent else c.width
+        widths = [max(d for _, d in c.recent) if c.recent else c.throttling.width
                   for c in self._containers.values()]
         widths = [w for w in widths if w is not None]
         if not widths:
@@ -202,9 +175,10 @@ class ContainerQuota:
         containers."""
         if not self._containers:
             return None
-        return ThrottleStats(sum(c.last.nr_periods for c in self._containers.values()),
-                             sum(c.last.nr_throttled for c in self._containers.values()),
-                             sum(c.last.throttled_seconds for c in self._containers.values()))
+        totals = [c.throttling.baseline for c in self._containers.values()]
+        return ThrottleStats(sum(t.nr_periods for t in totals),
+                             sum(t.nr_throttled for t in totals),
+                             sum(t.throttled_seconds for t in totals))
 
     def _account(self) -> None:
         limits: dict[str, float | None] = {}
@@ -213,18 +187,12 @@ class ContainerQuota:
                 now = read_stats(c.path)
                 q, period = read_limit(c.path)
             except (OSError, ValueError):
-                c.demand, c.width, c.recent = None, None, []  # gone: it wants nothing
+                c.demand, c.recent = None, []  # gone: it wants nothing
+                c.throttling.width = None
                 continue
             limits[key] = None if q is None else q / period
-            periods = now.nr_throttled - c.last.nr_throttled
-            throttled = now.throttled_seconds - c.last.throttled_seconds
-            held = None
-            if periods > 0 and throttled > 0 and q:
-                c.paused += held_back_seconds(periods, throttled, q, period)
-                c.width = held = throttled_width(periods, throttled, q, period)
-            if now.nr_periods >= c.last.nr_periods:
-                c.last = now
-            _measure_demand(c, now, held, self._clock())
+            width = c.throttling.add(now, q, period)
+            _measure_demand(c, now, width, self._clock())
         self._limits = limits
 
 
