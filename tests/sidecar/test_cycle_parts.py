@@ -17,7 +17,7 @@ from throttledjob.sidecar.act import COOPERATION_TIMEOUT_INTERVALS, Actuator
 from throttledjob.sidecar.controller import CpuController
 from throttledjob.sidecar.decide import decide, gpu_rate
 from throttledjob.sidecar.enforcement import plan_as_written, pod_plan
-from throttledjob.sidecar.explorer import Levers, Pacing
+from throttledjob.sidecar.explorer import LeverSetting, Pacing
 from throttledjob.sidecar.measure import Meter, Sample
 
 from .conftest import FakeTree
@@ -113,26 +113,26 @@ def test_act_paces_or_holds_as_the_plan_says(tmp_path) -> None:
     both = plan_as_written(policy)
     actuator, enforcer = Actuator(str(tmp_path)), Enforcer()
     # In Both, a workload that calls step() is paced, the enforcer disarmed ...
-    acted = actuator.act(0.9, policy, both, Levers(), 0.2, enforcer, idle_seconds=0.0,
+    acted = actuator.act(0.9, policy, both, LeverSetting(), 0.2, enforcer, idle_seconds=0.0,
                          now=1.0)
     assert acted.paced and not acted.enforcer_armed and enforcer.calls[-1] == (None, 0.2)
     assert read_settings(tmp_path)["cpu_quota_cores"] == 0.9
     # ... one silent for COOPERATION_TIMEOUT_INTERVALS is held by the enforcer, with the
     # rate still published for the moment it calls step() again.
     idle = COOPERATION_TIMEOUT_INTERVALS * policy.interval_seconds + 0.1
-    acted = actuator.act(0.9, policy, both, Levers(), 0.2, enforcer, idle, now=2.0)
+    acted = actuator.act(0.9, policy, both, LeverSetting(), 0.2, enforcer, idle, now=2.0)
     assert acted.paced and acted.enforcer_armed and enforcer.calls[-1] == (0.9, 0.2)
     # Stopping chosen by the explorer: the enforcer holds, nothing is paced, and it
     # stays armed the interval after pacing comes back (the runtime's next check).
-    stop = Levers(pacing=Pacing.STOP)
+    stop = LeverSetting(pacing=Pacing.STOP)
     acted = actuator.act(0.9, policy, both, stop, 0.2, enforcer, 0.0, now=3.0)
     assert not acted.paced and acted.enforcer_armed
     assert read_settings(tmp_path)["cpu_quota_cores"] is None
-    acted = actuator.act(0.9, policy, both, Levers(), 0.2, enforcer, 0.0, now=4.0)
+    acted = actuator.act(0.9, policy, both, LeverSetting(), 0.2, enforcer, 0.0, now=4.0)
     assert acted.paced and acted.enforcer_armed
     # In a pod under Quota the containers' limit holds: pacing only, no enforcer.
     quota = Policy(cpu_peak_cores=1.0, enforcement=Enforcement.QUOTA)
-    acted = actuator.act(0.9, quota, pod_plan(quota, 1.0), Levers(), 0.2, None, 0.0, 5.0)
+    acted = actuator.act(0.9, quota, pod_plan(quota, 1.0), LeverSetting(), 0.2, None, 0.0, 5.0)
     assert acted.paced and not acted.enforcer_armed
     assert read_settings(tmp_path)["seq"] == 5
 
@@ -141,6 +141,6 @@ def test_a_settings_file_that_cannot_be_written_is_an_error_not_a_crash(tmp_path
     policy = Policy(cpu_peak_cores=1.0, enforcement=Enforcement.SIGNALS)
     enforcer = Enforcer()
     acted = Actuator(str(tmp_path / "missing")).act(
-        0.9, policy, plan_as_written(policy), Levers(), 0.2, enforcer, 0.0, 1.0)
+        0.9, policy, plan_as_written(policy), LeverSetting(), 0.2, enforcer, 0.0, 1.0)
     assert acted.error and acted.error.startswith("cannot write settings")
     assert acted.enforcer_armed and enforcer.calls == [(0.9, 0.2)]  # signals still hold

@@ -14,10 +14,10 @@ import random
 import pytest
 
 from throttledjob.sidecar.explorer import (
-    DEFAULT_LEVERS,
+    DEFAULT_SETTING,
     Explorer,
-    Levers,
     LeverSample,
+    LeverSetting,
     Measuring,
     Pacing,
     Settled,
@@ -28,21 +28,21 @@ from throttledjob.sidecar.explorer import (
 
 from .conftest import FakeTree
 
-ONE = Levers(threads=1)
+ONE = LeverSetting(threads=1)
 
 
 class Model:
     """Demand (cores) and step rate (steps/s) per lever setting, unpaused."""
 
-    def __init__(self, table: dict[Levers, tuple[float, float]], noise: float = 0.0,
+    def __init__(self, table: dict[LeverSetting, tuple[float, float]], noise: float = 0.0,
                  seed: int = 1) -> None:
         self.table = table
         self.noise = noise
         self.rng = random.Random(seed)
 
-    def busy(self, levers: Levers, quota: float, fraction: float = 1.0) -> tuple[float, ...]:
+    def busy(self, levers: LeverSetting, quota: float, fraction: float = 1.0) -> tuple[float, ...]:
         """Usage, pause fraction, steps over `fraction` of an interval under `levers`."""
-        demand, rate = self.table.get(levers, self.table[DEFAULT_LEVERS])
+        demand, rate = self.table.get(levers, self.table[DEFAULT_SETTING])
         keep = min(1.0, quota / demand)
         jitter = 1 + self.rng.gauss(0, self.noise) if self.noise else 1.0
         return (demand * keep * fraction * jitter, (1 - keep) * fraction,
@@ -51,12 +51,12 @@ class Model:
 
 def memory_bound(default_threads: int = 2) -> Model:
     # 2 threads -> 1: half the cores, 10% fewer steps (elementwise ops on big tensors)
-    return Model({DEFAULT_LEVERS: (2.0, 100.0), ONE: (1.0, 90.0)})
+    return Model({DEFAULT_SETTING: (2.0, 100.0), ONE: (1.0, 90.0)})
 
 
 def compute_bound() -> Model:
     # matmul: speed in proportion to threads
-    return Model({DEFAULT_LEVERS: (2.0, 100.0), ONE: (1.0, 50.0)})
+    return Model({DEFAULT_SETTING: (2.0, 100.0), ONE: (1.0, 50.0)})
 
 
 def drive(ex: Explorer, model: Model, intervals: int, quota: float | None = None,
@@ -64,7 +64,7 @@ def drive(ex: Explorer, model: Model, intervals: int, quota: float | None = None
     """Run `intervals` control intervals; returns the levers in force in each and the
     steps done. `busy(i)` is the fraction of interval i the workload computes."""
     quota = ex.target if quota is None else quota
-    applied = previous[-1] if previous else DEFAULT_LEVERS
+    applied = previous[-1] if previous else DEFAULT_SETTING
     levers_seen, steps = [], 0.0
     for i in range(intervals):
         wanted = ex.levers
@@ -90,7 +90,7 @@ def test_memory_bound_workload_gets_fewer_threads_instead_of_duty_cycling():
     assert seen[-1] == ONE
     # Measured: duty cycling alone would run at 60 steps/s; one thread runs at 90.
     assert ex.estimates[ONE].throughput(1.2) == pytest.approx(90.0, rel=0.02)
-    assert ex.estimates[DEFAULT_LEVERS].throughput(1.2) == pytest.approx(60.0, rel=0.02)
+    assert ex.estimates[DEFAULT_SETTING].throughput(1.2) == pytest.approx(60.0, rel=0.02)
     assert ex.decision().predicted_slowdown == pytest.approx(100 / 90, rel=0.02)
 
 
@@ -99,14 +99,14 @@ def test_memory_bound_near_its_peak_keeps_threads_and_duty_cycles_instead():
     ex = Explorer(1.9, [ONE])
     drive(ex, memory_bound(), 30)
     assert isinstance(ex.state, Settled)
-    assert ex.levers == DEFAULT_LEVERS
+    assert ex.levers == DEFAULT_SETTING
 
 
 def test_compute_bound_workload_keeps_its_threads():
     ex = Explorer(1.5, [ONE])
     drive(ex, compute_bound(), 30)
     # One thread halves speed, duty cycling to 1.5 cores costs a quarter: keep the defaults.
-    assert ex.levers == DEFAULT_LEVERS
+    assert ex.levers == DEFAULT_SETTING
     assert isinstance(ex.state, Settled)
 
 
@@ -117,13 +117,13 @@ def test_a_clearly_worse_probe_is_cut_short():
     assert ex.estimates[ONE].samples == 1
     # settle + one sample: the bad setting was in force for two intervals only
     assert seen.count(ONE) == 2
-    assert ex.levers == DEFAULT_LEVERS
+    assert ex.levers == DEFAULT_SETTING
 
 
 def test_already_under_target_probes_nothing():
     ex = Explorer(2.5, [ONE])
     seen, _ = drive(ex, memory_bound(), 30)
-    assert set(seen) == {DEFAULT_LEVERS}
+    assert set(seen) == {DEFAULT_SETTING}
     assert ONE not in ex.estimates
     assert isinstance(ex.state, Settled)
     assert ex.decision().predicted_slowdown == pytest.approx(1.0)
@@ -134,7 +134,7 @@ def test_no_steps_no_exploration():
     for _ in range(20):
         ex.update(LeverSample(usage_cores=2.0, pause_fraction=0.5, steps=0))
     assert isinstance(ex.state, Waiting)
-    assert ex.levers == DEFAULT_LEVERS
+    assert ex.levers == DEFAULT_SETTING
 
 
 def test_phase_change_triggers_a_new_exploration():
@@ -143,22 +143,22 @@ def test_phase_change_triggers_a_new_exploration():
     assert ex.levers == ONE
     seen, _ = drive(ex, compute_bound(), 30, previous=seen)
     assert ex.explorations == 2
-    assert ex.levers == DEFAULT_LEVERS
+    assert ex.levers == DEFAULT_SETTING
     assert isinstance(ex.state, Settled)
     # and to another memory-bound phase (a phase must show in steps per CPU-second or
     # in demand under the current setting to be seen: here its steps are cheaper)
-    drive(ex, Model({DEFAULT_LEVERS: (2.0, 200.0), ONE: (1.0, 180.0)}), 30, previous=seen)
+    drive(ex, Model({DEFAULT_SETTING: (2.0, 200.0), ONE: (1.0, 180.0)}), 30, previous=seen)
     assert ex.explorations == 3
     assert ex.levers == ONE
 
 
 def test_load_rising_over_the_target_after_settling_under_it_explores():
     ex = Explorer(1.5, [ONE])
-    light = Model({DEFAULT_LEVERS: (1.2, 60.0), ONE: (1.0, 55.0)})
+    light = Model({DEFAULT_SETTING: (1.2, 60.0), ONE: (1.0, 55.0)})
     seen, _ = drive(ex, light, 10)
-    assert ex.levers == DEFAULT_LEVERS and ONE not in ex.estimates
+    assert ex.levers == DEFAULT_SETTING and ONE not in ex.estimates
     # same efficiency (steps per CPU-second), more demand: only the demand reveals it
-    drive(ex, Model({DEFAULT_LEVERS: (2.0, 100.0), ONE: (1.0, 95.0)}), 30, previous=seen)
+    drive(ex, Model({DEFAULT_SETTING: (2.0, 100.0), ONE: (1.0, 95.0)}), 30, previous=seen)
     assert ex.explorations == 2
     assert ex.levers == ONE
 
@@ -173,7 +173,7 @@ def test_idle_intervals_of_a_bursty_workload_do_not_count_as_a_phase_change():
 
 def test_a_workload_that_keeps_swinging_is_not_re_probed_over_and_over():
     # Speed swings 3x every 4 intervals (a noisy neighbour): each swing looks like a phase.
-    slow = Model({DEFAULT_LEVERS: (2.0, 30.0), ONE: (1.0, 27.0)})
+    slow = Model({DEFAULT_SETTING: (2.0, 30.0), ONE: (1.0, 27.0)})
     ex = Explorer(1.0, [ONE])
     seen: list = []
     for i in range(50):
@@ -205,21 +205,22 @@ def test_adaptive_beats_duty_cycling_alone_on_a_memory_bound_run():
 
 
 def test_thread_axis_is_pruned_after_a_losing_count():
-    table = {DEFAULT_LEVERS: (8.0, 80.0)}
-    table.update({Levers(threads=t): (float(t), 10.0 * t) for t in (6, 4, 3, 2, 1)})
+    table = {DEFAULT_SETTING: (8.0, 80.0)}
+    table.update({LeverSetting(threads=t): (float(t), 10.0 * t) for t in (6, 4, 3, 2, 1)})
     ex = Explorer(6.0, thread_candidates(8, 6.0))
     drive(ex, Model(table), 40)
-    six = Levers(threads=6)
+    six = LeverSetting(threads=6)
     assert ex.reference == six                 # the fewest threads at the target...
-    assert DEFAULT_LEVERS not in ex.estimates and Levers(threads=7) not in ex.estimates
-    assert Levers(threads=4) in ex.estimates   # ...4 loses: fewer are not tried
-    assert Levers(threads=2) not in ex.estimates and Levers(threads=1) not in ex.estimates
+    assert DEFAULT_SETTING not in ex.estimates and LeverSetting(threads=7) not in ex.estimates
+    assert LeverSetting(threads=4) in ex.estimates   # ...4 loses: fewer are not tried
+    assert LeverSetting(threads=2) not in ex.estimates
+    assert LeverSetting(threads=1) not in ex.estimates
     assert ex.levers == six
 
 
 def test_batch_scale_is_explored_like_any_lever():
-    half = Levers(batch_scale=0.5)
-    model = Model({DEFAULT_LEVERS: (2.0, 100.0), ONE: (1.0, 50.0), half: (1.3, 95.0)})
+    half = LeverSetting(batch_scale=0.5)
+    model = Model({DEFAULT_SETTING: (2.0, 100.0), ONE: (1.0, 50.0), half: (1.3, 95.0)})
     ex = Explorer(1.3, [ONE, half])
     drive(ex, model, 30)
     assert ex.levers == half
@@ -230,7 +231,7 @@ def test_new_target_reranks_without_probing_again():
     drive(ex, memory_bound(), 20)
     assert ex.levers == ONE
     ex.set_target(1.95)
-    assert ex.levers == DEFAULT_LEVERS
+    assert ex.levers == DEFAULT_SETTING
     assert isinstance(ex.state, Settled)
 
 
@@ -239,9 +240,9 @@ def test_new_target_with_another_reference_measures_it():
     drive(ex, memory_bound(), 20)
     assert set(ex.estimates) == {ONE}
     ex.set_target(1.5)   # one thread's 1.0 core is under it: start from the defaults
-    assert isinstance(ex.state, Measuring) and ex.levers == DEFAULT_LEVERS
+    assert isinstance(ex.state, Measuring) and ex.levers == DEFAULT_SETTING
     drive(ex, memory_bound(), 20, previous=[ONE])
-    assert ex.levers == ONE and set(ex.estimates) == {DEFAULT_LEVERS, ONE}
+    assert ex.levers == ONE and set(ex.estimates) == {DEFAULT_SETTING, ONE}
 
 
 def test_deterministic():
@@ -259,8 +260,8 @@ def test_the_start_up_interval_does_not_count_against_the_defaults():
     ex.update(LeverSample(usage_cores=1.5, pause_fraction=0.0, steps=10))
     drive(ex, compute_bound(), 30)
     # Measured on clean intervals only, the defaults do 50 steps per CPU-second.
-    assert ex.estimates[DEFAULT_LEVERS].efficiency == pytest.approx(50.0)
-    assert ex.levers == DEFAULT_LEVERS
+    assert ex.estimates[DEFAULT_SETTING].efficiency == pytest.approx(50.0)
+    assert ex.levers == DEFAULT_SETTING
 
 
 def test_measuring_discards_the_interval_after_a_change():
@@ -284,7 +285,7 @@ def test_thread_candidates():
 
 @pytest.mark.parametrize("kwargs", [
     {"target_cores": 0, "candidates": []},
-    {"target_cores": 1, "candidates": [DEFAULT_LEVERS]},
+    {"target_cores": 1, "candidates": [DEFAULT_SETTING]},
     {"target_cores": 1, "candidates": [ONE, ONE]},
     {"target_cores": 1, "candidates": [], "baseline_intervals": 0},
     {"target_cores": 1, "candidates": [], "abort_below": 0},
@@ -314,7 +315,7 @@ def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20):
     for _ in range(intervals):
         settings = parse_settings(read_json_bounded(str(tmp_path / SETTINGS_FILE)))
         published.append(settings.threads)
-        demand, rate = (model or memory_bound()).busy(Levers(threads=settings.threads),
+        demand, rate = (model or memory_bound()).busy(LeverSetting(threads=settings.threads),
                                                       quota=1e9)[::2]
         tree.cpu += demand
         if model is not None:
@@ -356,7 +357,7 @@ def test_agent_without_steps_never_explores(tmp_path):
     assert set(published) == {None}
 
 
-STOP = Levers(pacing=Pacing.STOP)
+STOP = LeverSetting(pacing=Pacing.STOP)
 
 
 class SpinningModel(Model):
@@ -375,14 +376,14 @@ def test_a_spinning_workload_is_paced_by_stopping_it():
     seen, _ = drive(ex, SpinningModel(compute_bound().table), 30)
     assert ex.levers == STOP and seen[-1] == STOP
     assert ex.estimates[STOP].efficiency == pytest.approx(50.0, rel=0.02)
-    assert ex.estimates[DEFAULT_LEVERS].efficiency == pytest.approx(30.0, rel=0.02)
+    assert ex.estimates[DEFAULT_SETTING].efficiency == pytest.approx(30.0, rel=0.02)
 
 
 def test_the_pacing_probe_does_not_prune_thread_probes():
     # Stopping is no better than sleeping for this workload; one thread still is.
     ex = Explorer(1.2, [STOP, ONE])
     drive(ex, memory_bound(), 30)
-    assert set(ex.estimates) == {DEFAULT_LEVERS, STOP, ONE}
+    assert set(ex.estimates) == {DEFAULT_SETTING, STOP, ONE}
     assert ex.levers == ONE
 
 
@@ -407,7 +408,7 @@ class RecordingEnforcer:
         return None
 
 
-def agent_with_scripted_levers(tmp_path, levers: Levers):
+def agent_with_scripted_levers(tmp_path, levers: LeverSetting):
     """An Agent (Both, 1-core target) whose explorer is replaced by levers the test sets
     (`agent.explorer.levers`); returns (agent, tree, enforcer, clock cell)."""
     import types
@@ -436,7 +437,7 @@ def test_agent_hands_pacing_between_stopping_and_the_runtime_without_a_gap(tmp_p
 
     agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, STOP)
     published = []
-    for i, levers in enumerate([STOP, STOP, DEFAULT_LEVERS, DEFAULT_LEVERS, DEFAULT_LEVERS]):
+    for i, levers in enumerate([STOP, STOP, DEFAULT_SETTING, DEFAULT_SETTING, DEFAULT_SETTING]):
         agent.explorer.levers = levers
         tree.cpu += 1.0
         write_progress(str(tmp_path), Progress(pid=os.getpid(), steps=100 * (i + 1)))
@@ -456,7 +457,7 @@ def test_a_quota_trimmed_for_cooperative_pacing_is_not_carried_over_to_stop_paci
     from throttledjob.contracts.progress import Progress
     from throttledjob.runtime.progress import write_progress
 
-    agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, DEFAULT_LEVERS)
+    agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, DEFAULT_SETTING)
     for i in range(1, 12):
         if i == 11:
             agent.explorer.levers = STOP
@@ -492,18 +493,18 @@ def test_at_a_target_of_one_core_one_thread_is_all_there_is_to_measure(model):
     # steps per CPU-second unless they scale better than linearly: nothing to probe.
     ex = Explorer(0.9, probe_order(2, 0.9, stop_pacing=True))
     seen, _ = drive(ex, model, 30)
-    assert seen[0] == DEFAULT_LEVERS and set(seen[1:]) == {ONE}
+    assert seen[0] == DEFAULT_SETTING and set(seen[1:]) == {ONE}
     assert set(ex.estimates) == {ONE} and isinstance(ex.state, Settled)
     assert ex.explorations == 1
 
 
 def test_one_thread_under_the_target_still_measures_the_defaults():
     # Light load: one thread wants 0.5 core of a 0.7 target; two use the headroom.
-    light = Model({DEFAULT_LEVERS: (0.8, 80.0), ONE: (0.5, 50.0)})
+    light = Model({DEFAULT_SETTING: (0.8, 80.0), ONE: (0.5, 50.0)})
     ex = Explorer(0.7, probe_order(2, 0.7, stop_pacing=True))
     drive(ex, light, 30)
-    assert ex.reference == ONE and DEFAULT_LEVERS in ex.estimates
-    assert ex.levers == DEFAULT_LEVERS
+    assert ex.reference == ONE and DEFAULT_SETTING in ex.estimates
+    assert ex.levers == DEFAULT_SETTING
 
 
 @pytest.mark.parametrize("peers", [1, 2])
@@ -541,11 +542,11 @@ def test_a_bursty_workload_held_back_by_the_quota_wants_the_target():
     # Half of each interval idle: the interval's average demand (0.57 at the defaults,
     # 0.44 at one thread) looks under a 0.8-core target, but the quota held the busy half
     # back, so one thread is at the target and dominates the defaults and stop pacing.
-    ex = Explorer(0.8, [ONE, Levers(pacing=Pacing.STOP)])
+    ex = Explorer(0.8, [ONE, LeverSetting(pacing=Pacing.STOP)])
     seen, _ = drive(ex, compute_bound(), 20, busy=lambda i: 0.5)
     assert isinstance(ex.state, Settled) and ex.levers == ONE
     assert set(ex.estimates) == {ONE}            # nothing else measured
-    assert seen.count(DEFAULT_LEVERS) == 1       # the start-up interval only
+    assert seen.count(DEFAULT_SETTING) == 1       # the start-up interval only
 
 
 # --- the slowdown budget: a lever's own cost counts ------------------------------------------
@@ -556,9 +557,9 @@ def test_under_a_budget_a_lever_that_costs_speed_by_itself_loses_to_a_lifted_quo
     # their quota to 1.6 cores (1.25x), which one thread can never match.
     ex = Explorer(0.9, probe_order(2, 0.9, stop_pacing=True), max_slowdown=1.25)
     drive(ex, compute_bound(), 30, quota=1.6)
-    assert DEFAULT_LEVERS in ex.estimates  # R0 is the defaults': always measured
-    assert isinstance(ex.state, Settled) and ex.levers == DEFAULT_LEVERS
-    assert ex.rate_for(ex.estimates[DEFAULT_LEVERS]) == pytest.approx(1.6, rel=0.03)
+    assert DEFAULT_SETTING in ex.estimates  # R0 is the defaults': always measured
+    assert isinstance(ex.state, Settled) and ex.levers == DEFAULT_SETTING
+    assert ex.rate_for(ex.estimates[DEFAULT_SETTING]) == pytest.approx(1.6, rel=0.03)
     assert ex.decision().predicted_slowdown == pytest.approx(1.25, rel=0.03)
     assert ex.lever_slowdown() == pytest.approx(1.0)
     # Without the budget the same measurements rank one thread first (as fast as the
@@ -615,5 +616,5 @@ def test_the_agent_explores_with_the_policys_budget(tmp_path):
     agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
                                  compute_bound(), intervals=40)
     assert agent.explorer.max_slowdown == 1.25
-    assert DEFAULT_LEVERS in agent.explorer.estimates
-    assert published[-1] is None and agent.explorer.levers == DEFAULT_LEVERS
+    assert DEFAULT_SETTING in agent.explorer.estimates
+    assert published[-1] is None and agent.explorer.levers == DEFAULT_SETTING

@@ -18,7 +18,7 @@ from throttledjob.runtime.files import write_json_atomic
 
 from .enforcement import Plan
 from .enforcer import Enforcer
-from .explorer import Levers, Pacing
+from .explorer import LeverSetting, Pacing
 
 # With enforcement Both, the workload counts as cooperating while it has called step()
 # within this many control intervals; otherwise the signal enforcer takes over.
@@ -34,7 +34,7 @@ class Acted:
     error: str | None        # the settings file could not be written
 
 
-def stop_pacing(plan: Plan, levers: Levers) -> bool:
+def stop_pacing(plan: Plan, levers: LeverSetting) -> bool:
     """In Both, the explorer may find stopping cheaper than pacing at the steps."""
     return plan.enforcement is Enforcement.BOTH and levers.pacing == Pacing.STOP
 
@@ -48,7 +48,7 @@ class Actuator:
         # next settings check.
         self.stopping = False
 
-    def act(self, rate: float | None, policy: Policy, plan: Plan, levers: Levers,
+    def act(self, rate: float | None, policy: Policy, plan: Plan, levers: LeverSetting,
             max_pause: float, enforcer: Enforcer | None, idle_seconds: float,
             now: float) -> Acted:
         """Publish `rate` (cores, None: none) under `levers`; `idle_seconds`: since the

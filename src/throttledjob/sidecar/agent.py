@@ -25,7 +25,7 @@ from .controller import BINDING_PAUSE_FRACTION
 from .decide import cpu_controller, decide
 from .enforcement import Plan, plan_as_written
 from .enforcer import Enforcer
-from .explorer import DEFAULT_LEVERS, Explorer, Levers, LeverSample, probe_order
+from .explorer import DEFAULT_SETTING, Explorer, LeverSample, LeverSetting, probe_order
 from .measure import Meter, Sample
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume
@@ -78,7 +78,7 @@ class CycleResult:
     signal_paused_seconds: float    # time the enforcer held the workload back
     cooperative_paused_seconds: float  # time the runtime paced itself
     budget_exhausted_seconds: float
-    levers: Levers                  # the cooperative levers in force (settings.json)
+    levers: LeverSetting            # the cooperative levers in force (settings.json)
     controller_rate: float | None  # the CPU controller's rate (None: no CPU target)
     kernel_throttling: ThrottleStats | None  # cpu.stat of the kernel quota, where one holds
     gpu: GpuState | None
@@ -329,11 +329,11 @@ class Agent:
         return max(0.0, 1.0 - self._lever_slowdown() / self.policy.max_slowdown)
 
     @property
-    def levers(self) -> Levers:
+    def levers(self) -> LeverSetting:
         """The cooperative levers in force: the explorer's choice, else the policy's."""
         if self.explorer is not None:
             return self.explorer.levers
-        return Levers(self.policy.threads, self.policy.batch_scale)
+        return LeverSetting(self.policy.threads, self.policy.batch_scale)
 
     @staticmethod
     def _explorable(p: Policy, plan: Plan) -> bool:
@@ -354,7 +354,7 @@ class Agent:
             stop = self._enforcer is not None and self.plan.enforcement is Enforcement.BOTH
             candidates = probe_order(_usable_cores(), self.policy.cpu_peak_cores, stop)
             if any(r.batch_size is not None for r in sample.records):  # tj.batch_size()
-                candidates += [Levers(batch_scale=0.5)]
+                candidates += [LeverSetting(batch_scale=0.5)]
             if not candidates:
                 return
             self.explorer = Explorer(self.policy.cpu_peak_cores, candidates,
@@ -376,7 +376,7 @@ class Agent:
                                           "peak_cores": round(e.peak_cores, 3),
                                           "samples": e.samples, "aborted": e.aborted}
                           for e in ex.estimates.values()},
-            "chose_non_default": decision.levers != DEFAULT_LEVERS,
+            "chose_non_default": decision.levers != DEFAULT_SETTING,
             "history": [f"{state}({levers})" for state, levers in ex.history],
             # levers, cores used, paused fraction, steps per second: the last intervals
             "trace": [[str(levers), round(s.usage_cores, 3), round(s.pause_fraction, 3),

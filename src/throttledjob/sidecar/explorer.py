@@ -71,7 +71,7 @@ PACED = 0.05
 
 
 class Pacing(str, Enum):
-    """How the rate's duty cycle is delivered (see Levers)."""
+    """How the rate's duty cycle is delivered (see LeverSetting)."""
 
     SLEEP = "sleep"
     STOP = "stop"
@@ -81,8 +81,9 @@ class Pacing(str, Enum):
 
 
 @dataclass(frozen=True)
-class Levers:
-    """One setting of the levers (None / 1.0 / sleep: the defaults).
+class LeverSetting:
+    """One setting of the cooperative levers (None / 1.0 / sleep: the defaults). A lever
+    is one knob (threads, batch scale, pacing); this is a value for each.
 
     `pacing` is how the rate's duty cycle is delivered: "sleep", by the runtime at step
     boundaries, or "stop", by the sidecar's SIGSTOP of the whole tree. Sleeping one
@@ -103,7 +104,7 @@ class Levers:
         return ",".join(parts)
 
 
-DEFAULT_LEVERS = Levers()
+DEFAULT_SETTING = LeverSetting()
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def _wants(demand_cores: float, paced: bool, target_cores: float) -> bool:
 class Estimate:
     """What was measured under one lever setting."""
 
-    levers: Levers
+    levers: LeverSetting
     efficiency: float            # steps per CPU-second
     peak_cores: float            # unpaused demand at busy times (max over the samples)
     samples: int
@@ -170,7 +171,7 @@ class Estimate:
         return _wants(self.peak_cores, self.paced, target_cores)
 
     @staticmethod
-    def of(levers: Levers, samples: list[LeverSample], aborted: bool = False) -> Estimate:
+    def of(levers: LeverSetting, samples: list[LeverSample], aborted: bool = False) -> Estimate:
         cpu = sum(s.usage_cores * s.elapsed_seconds for s in samples)
         steps = sum(s.steps for s in samples)
         return Estimate(levers, steps / max(1e-9, cpu),
@@ -220,7 +221,7 @@ class Waiting:
     -> Measuring(reference) after the first informative interval (not counted: start-up).
     """
 
-    levers: Levers = DEFAULT_LEVERS
+    levers: LeverSetting = DEFAULT_SETTING
 
 
 @dataclass
@@ -235,7 +236,7 @@ class Measuring:
        defaults when the workload's peak is already under the target (nothing to save).
     """
 
-    levers: Levers
+    levers: LeverSetting
     needed: int
     settle: int
     samples: list[LeverSample] = field(default_factory=list)
@@ -252,7 +253,7 @@ class Settled:
        idle or step-less intervals neither count nor reset.
     """
 
-    levers: Levers
+    levers: LeverSetting
     estimate: Estimate
     settle: int = 1
 
@@ -262,7 +263,7 @@ State = Waiting | Measuring | Settled
 
 @dataclass(frozen=True)
 class Decision:
-    levers: Levers
+    levers: LeverSetting
     state: str
     # Busy-time slowdown the model predicts for `levers` against the unthrottled defaults.
     predicted_slowdown: float | None = None
@@ -277,7 +278,7 @@ class Explorer:
     higher count), and skips counts above one that already reached the target.
     """
 
-    def __init__(self, target_cores: float, candidates: list[Levers], *,
+    def __init__(self, target_cores: float, candidates: list[LeverSetting], *,
                  baseline_intervals: int = 2, probe_intervals: int = 2, settle_intervals: int = 1,
                  abort_below: float = 0.8, phase_tolerance: float = 0.3,
                  phase_intervals: int = 3, max_slowdown: float | None = None) -> None:
@@ -287,7 +288,7 @@ class Explorer:
             raise ValueError("baseline and probe need at least one interval, settle >= 0")
         if not 0 < abort_below <= 1 or phase_tolerance <= 0 or phase_intervals < 1:
             raise ValueError("abort_below in (0, 1], phase_tolerance > 0, phase_intervals >= 1")
-        if DEFAULT_LEVERS in candidates or len(set(candidates)) != len(candidates):
+        if DEFAULT_SETTING in candidates or len(set(candidates)) != len(candidates):
             raise ValueError("candidates must be distinct and exclude the defaults")
         if max_slowdown is not None and max_slowdown < 1:
             raise ValueError(f"max_slowdown must be at least 1, got {max_slowdown}")
@@ -300,17 +301,18 @@ class Explorer:
         self.abort_below = abort_below
         self.phase_tolerance = phase_tolerance
         self.state: State = Waiting()
-        self.estimates: dict[Levers, Estimate] = {}
-        self._queue: list[Levers] = []
-        self.reference: Levers = DEFAULT_LEVERS   # measured first in this exploration
+        self.estimates: dict[LeverSetting, Estimate] = {}
+        self._queue: list[LeverSetting] = []
+        self.reference: LeverSetting = DEFAULT_SETTING   # measured first in this exploration
         self.explorations = 0
         self.phases = PhaseGate(phase_intervals)
-        self.history: list[tuple[str, Levers]] = []   # (state name, levers) per transition
+        self.history: list[tuple[str, LeverSetting]] = []   # (state name, levers) per transition
         # The last intervals seen, for reports: (levers in force, sample).
-        self.trace: collections.deque[tuple[Levers, LeverSample]] = collections.deque(maxlen=120)
+        self.trace: collections.deque[tuple[LeverSetting, LeverSample]] = \
+            collections.deque(maxlen=120)
 
     @property
-    def levers(self) -> Levers:
+    def levers(self) -> LeverSetting:
         return self.state.levers
 
     def set_target(self, target_cores: float) -> None:
@@ -334,7 +336,7 @@ class Explorer:
             if sample.informative:
                 # Not a sample: it holds the start-up (imports, warm-up) as well as the
                 # first steps, and would understate the defaults' steps per CPU-second.
-                self._explore(sample.wants(self.target), current=DEFAULT_LEVERS)
+                self._explore(sample.wants(self.target), current=DEFAULT_SETTING)
         elif isinstance(s, Measuring):
             if s.settle > 0:
                 s.settle -= 1
@@ -355,7 +357,7 @@ class Explorer:
     def unthrottled_rate(self) -> float | None:
         """R0: busy-time steps per second of the defaults unheld; None until the
         defaults were measured."""
-        base = self.estimates.get(DEFAULT_LEVERS)
+        base = self.estimates.get(DEFAULT_SETTING)
         return base.unthrottled_rate if base else None
 
     def lever_slowdown(self) -> float | None:
@@ -400,9 +402,9 @@ class Explorer:
         self.estimates[estimate.levers] = estimate
         if estimate.levers == self.reference:
             # Nothing to save when the workload is already under the target.
-            nothing = (estimate.levers == DEFAULT_LEVERS and not estimate.paced
+            nothing = (estimate.levers == DEFAULT_SETTING and not estimate.paced
                        and estimate.peak_cores <= self.target)
-            self._queue = [] if nothing else [c for c in [DEFAULT_LEVERS, *self.candidates]
+            self._queue = [] if nothing else [c for c in [DEFAULT_SETTING, *self.candidates]
                                               if c != self.reference]
         elif self._throughput(estimate) < best_before:
             # Fewer threads than a losing count will not win either: skip them.
@@ -413,12 +415,12 @@ class Explorer:
         else:
             self._settle()
 
-    def _dominated(self, candidate: Levers) -> bool:
+    def _dominated(self, candidate: LeverSetting) -> bool:
         """More threads than a setting measured at the target: they would be duty-cycled
         to the same cores at fewer steps per CPU-second (the prior in the module doc).
         Wanting the target (`_wants`) counts as at it: no more than that is left to win.
         Under a slowdown budget the defaults are never dominated: R0 is theirs."""
-        if self.max_slowdown is not None and candidate == DEFAULT_LEVERS:
+        if self.max_slowdown is not None and candidate == DEFAULT_SETTING:
             return False
         return any(_more_threads(candidate, e.levers) and e.wants(self.target)
                    for e in self.estimates.values())
@@ -433,7 +435,7 @@ class Explorer:
         self.phases.settled()
         self.history.append(("Settled", best.levers))
 
-    def _measure(self, levers: Levers, needed: int, settle: int) -> None:
+    def _measure(self, levers: LeverSetting, needed: int, settle: int) -> None:
         self.state = Measuring(levers, needed, settle)
         self.history.append(("Measuring", levers))
 
@@ -455,38 +457,38 @@ class Explorer:
             self.estimates.clear()
             self._explore(sample.wants(self.target), current=s.levers)
 
-    def _explore(self, wants_target: bool, current: Levers) -> None:
+    def _explore(self, wants_target: bool, current: LeverSetting) -> None:
         """Start an exploration: measure the reference first (module doc)."""
         self.explorations += 1
         self.reference = self._reference_for(wants_target)
         settle = self.settle_intervals if self.reference != current else 0
         self._measure(self.reference, self.baseline_intervals, settle)
 
-    def _reference_for(self, wants_target: bool) -> Levers:
+    def _reference_for(self, wants_target: bool) -> LeverSetting:
         """The defaults, or the fewest threads at or over the target when the workload
         wants the target (they dominate every count above: module doc)."""
         at_target = [c for c in self.candidates if c.threads is not None
-                     and c.threads >= self.target and c == Levers(threads=c.threads)]
+                     and c.threads >= self.target and c == LeverSetting(threads=c.threads)]
         if wants_target and at_target:
             return min(at_target, key=lambda c: c.threads)
-        return DEFAULT_LEVERS
+        return DEFAULT_SETTING
 
     def _best_throughput(self) -> float:
         return max((self._throughput(e) for e in self.estimates.values()), default=0.0)
 
 
-def _more_threads(candidate: Levers, measured: Levers) -> bool:
+def _more_threads(candidate: LeverSetting, measured: LeverSetting) -> bool:
     """`candidate` differs from `measured` only by more threads (default: the most). A
     change of pacing counts too when `measured` has one thread: pacing one thread by
     sleeping wastes nothing that stopping would save."""
-    def count(levers: Levers) -> float:
+    def count(levers: LeverSetting) -> float:
         return float("inf") if levers.threads is None else levers.threads
     return (candidate.batch_scale == measured.batch_scale
             and (candidate.pacing == measured.pacing or measured.threads == 1)
             and count(candidate) > count(measured))
 
 
-def _fewer_threads(candidate: Levers, loser: Levers) -> bool:
+def _fewer_threads(candidate: LeverSetting, loser: LeverSetting) -> bool:
     return (loser.threads is not None and candidate.threads is not None
             and (candidate.batch_scale, candidate.pacing) == (loser.batch_scale, loser.pacing)
             and candidate.threads < loser.threads)
@@ -500,7 +502,7 @@ def _fewer_threads(candidate: Levers, loser: Levers) -> bool:
 MAX_PER_CORE_GAIN = 1.5
 
 
-def thread_candidates(cores: int, target_cores: float) -> list[Levers]:
+def thread_candidates(cores: int, target_cores: float) -> list[LeverSetting]:
     """Thread counts worth probing on `cores` CPUs for a target: halvings of the core
     count and the counts next to the target, most threads first (1 on a 2-core box),
     leaving out those too few to win at the target (MAX_PER_CORE_GAIN)."""
@@ -511,11 +513,11 @@ def thread_candidates(cores: int, target_cores: float) -> list[Levers]:
         n //= 2
     for near in (int(target_cores), int(target_cores) + 1):
         counts.add(near)
-    return [Levers(threads=t) for t in sorted(counts, reverse=True)
+    return [LeverSetting(threads=t) for t in sorted(counts, reverse=True)
             if 1 <= t < cores and t * MAX_PER_CORE_GAIN >= target_cores]
 
 
-def probe_order(cores: int, target_cores: float, stop_pacing: bool) -> list[Levers]:
+def probe_order(cores: int, target_cores: float, stop_pacing: bool) -> list[LeverSetting]:
     """The candidates, most promising first, for a workload nothing is known about.
 
     If threads scaled perfectly, `threads=k` would run as fast as the defaults under a
@@ -528,4 +530,4 @@ def probe_order(cores: int, target_cores: float, stop_pacing: bool) -> list[Leve
     threads = thread_candidates(cores, target_cores)
     first = [c for c in threads if c.threads >= target_cores]
     rest = [c for c in threads if c.threads < target_cores]
-    return first + ([Levers(pacing=Pacing.STOP)] if stop_pacing else []) + rest
+    return first + ([LeverSetting(pacing=Pacing.STOP)] if stop_pacing else []) + rest
