@@ -214,7 +214,7 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
     assert run.paused_seconds == pytest.approx(5.0)
     assert run.slowdown == pytest.approx(2.0)
     assert "quota" in run.levers and run.throttle_level == pytest.approx(0.5)
-    assert result.status.budget_exhausted  # 2x is past maxSlowdown 1.25
+    assert result.last.budget_exhausted  # 2x is past maxSlowdown 1.25
     assert result.kernel_throttling.nr_throttled == 100
     # The metrics' view: held back by the quota lever (not by signals, none were sent).
     snap = snapshot_of(result, Health())
@@ -222,7 +222,7 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
     assert snap.paused_seconds.get("signals", 0.0) == 0.0
     # What the budget needs: 2 cores wide, at most 20% held back (maxSlowdown 1.25), so
     # 1.6 cores; the operator reads it from /status and resizes the pod.
-    assert result.status.cpu_limit_wanted_cores == pytest.approx(1.6)
+    assert result.last.cpu_limit_wanted_cores == pytest.approx(1.6)
     assert status_document(snap)["cpuLimitWantedCores"] == pytest.approx(1.6)
     # The pacing rate is what it would be without the kernel's word.
     assert agent.controller.rate == blind.controller.rate
@@ -236,8 +236,8 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
         throttled, seconds = throttled + 10, seconds + 10 * 0.04  # 2 x 100 - 160 ms
         pod.stat("work", periods=10 * second, throttled=throttled, seconds=seconds)
         result = agent.cycle()
-    assert result.status.pause_fraction == pytest.approx(0.2)
-    assert result.status.budget_exhausted and result.status.cpu_limit_wanted_cores == 1.6
+    assert result.last.pause_fraction == pytest.approx(0.2)
+    assert result.last.budget_exhausted and result.last.cpu_limit_wanted_cores == 1.6
 
 
 def test_no_lift_is_wanted_where_the_budget_allows_the_target(tmp_path: Path) -> None:
@@ -323,17 +323,17 @@ def test_a_target_missed_for_the_budget_says_so_for_as_long_as_it_is_judged(
 
     for t in range(1, 6):  # two busy threads held to 1 core: 2x, past the 1.25 budget
         result, snap = second(t, 1.0, 10 * t, t * 1.0)
-    assert result.status.budget_exhausted and status_document(snap)["budgetExhausted"]
+    assert result.last.budget_exhausted and status_document(snap)["budgetExhausted"]
     pod.limit("work", 160_000)  # the operator lifted it
     for t in range(6, 11):
         result, snap = second(t, 1.6, 50, 5.0)
     assert not status_document(snap)["targetMet"]  # 1.6-core seconds in the window
     last_exhausted = 10
     t = 10
-    while result.status.budget_exhausted:  # it winds down to 0.5 core: no lift wanted
+    while result.last.budget_exhausted:  # it winds down to 0.5 core: no lift wanted
         t += 1
         result, snap = second(t, 0.5, 50, 5.0)
-        if result.status.budget_exhausted:
+        if result.last.budget_exhausted:
             last_exhausted = t
     assert t < 10 + 2 * WIDTH_MEMORY_SECONDS
     doc = status_document(snap)

@@ -61,5 +61,5 @@ def test_a_failed_cycle_releases_the_workload_and_the_next_one_runs(spawn, tmp_p
     # The failure resumed the stopped workload before the host heard of it; the loop
     # went on cycling (in_a_row restarts after a good cycle).
     assert host.events == ["ok False", "failed 1 False", "ok False", "ok False"]
-    assert agent.result.status.error is None
+    assert agent.result.last.error is None
     agent.close()

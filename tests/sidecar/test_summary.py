@@ -98,7 +98,7 @@ def test_slowdown_counts_at_most_99_percent_of_wall_as_held_back(tmp_path):
 
 def test_an_armed_enforcer_that_never_paused_is_no_lever_used(tmp_path):
     _, result = run(tmp_path, Policy(cpu_peak_cores=1.5, enforcement="signals"), [0.5] * 3)
-    assert result.status.enforcer_armed
+    assert result.last.enforcer_armed
     report, status = both_ways(result)
     assert report["controller"]["levers_used"] == status["levers"] == []
 

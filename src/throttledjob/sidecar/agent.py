@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class CycleStatus:
-    """What the last cycle saw and did (for the status line, metrics and /status)."""
+class LastCycle:
+    """What the last cycle saw and did (for the status line, metrics and /status).
+
+    ("Status" is kept for the ThrottledJob's status and the sidecar's /status document.)"""
 
     usage_cores: float = 0.0
     rate_cores: float | None = None  # the rate the actuators hold the workload to
@@ -70,7 +72,7 @@ class CycleResult:
     wall_seconds: float             # since the agent started
     policy: Policy
     plan: Plan                      # how the CPU target is held (sidecar/enforcement.py)
-    status: CycleStatus
+    last: LastCycle
     cycle_seconds: float            # how long the cycle itself took
     cpu_seconds: float              # the workload's CPU time so far
     processes: int                  # processes counted as the workload
@@ -135,7 +137,7 @@ class Agent:
         self._budget_exhausted_seconds = 0.0
         self._budget_exhausted_at: float | None = None  # the last such interval's end
         self._lever_cost_seconds = 0.0
-        self.status = CycleStatus()
+        self.last = LastCycle()
         self.result = self._result(self.started, 0.0)
         # Held by a control cycle and by stand_down, which comes from the HTTP thread.
         self.lock = threading.Lock()
@@ -146,7 +148,7 @@ class Agent:
         self.os_levers.apply(self.tree.pids())
         self.meter.baseline()
         self._act(self.controller.rate if self.controller else None, self.started)
-        self.status = replace(self.status, error=self._acted.error,
+        self.last = replace(self.last, error=self._acted.error,
                               enforcer_armed=self._acted.enforcer_armed)
         self.result = self._result(self.started, 0.0)
         if self._enforcer:
@@ -233,7 +235,7 @@ class Agent:
         if exhausted:
             self._budget_exhausted_seconds += sample.elapsed
             self._budget_exhausted_at = now
-        self.status = CycleStatus(
+        self.last = LastCycle(
             usage_cores=sample.usage_cores,
             rate_cores=rate,
             pause_fraction=max(sample.pause_fraction, sample.kernel_pause),
@@ -261,7 +263,7 @@ class Agent:
     def _result(self, now: float, cycle_seconds: float) -> CycleResult:
         return CycleResult(
             time=now, wall_seconds=now - self.started, policy=self.policy, plan=self.plan,
-            status=self.status,
+            last=self.last,
             cycle_seconds=cycle_seconds, cpu_seconds=self.meter.cpu_seconds,
             processes=len(self.tree.pids()), cpu=self._cpu_peaks.summary(),
             signal_paused_seconds=self._enforcer.paused_seconds if self._enforcer else 0.0,

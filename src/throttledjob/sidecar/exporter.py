@@ -66,7 +66,7 @@ class Exporter:
         h = self.health
         h.cycles += 1
         h.last_cycle_duration = result.cycle_seconds
-        self.report("settings", result.status.error)
+        self.report("settings", result.last.error)
         # The GPU agent logs its own line (it also runs without an exporter).
         self.report("gpu", result.gpu.error if result.gpu else None, log_it=False)
         if self._shared_dir is not None:

@@ -170,12 +170,12 @@ def _exit_waiter(proc: subprocess.Popen):
 
 
 def status_line(result: CycleResult) -> str:
-    status, policy = result.status, result.policy
+    last, policy = result.last, result.policy
     target = f"{policy.cpu_peak_cores:.2f}" if policy.cpu_peak_cores else "-"
-    state = "over budget" if status.budget_exhausted else (
-        "throttling" if status.throttling else "under target")
-    return (f"throttledjob: cpu {status.usage_cores:.2f} cores (target {target}, "
-            f"p99 {result.cpu.p99 or 0.0:.2f}) | paused {status.pause_fraction:.0%} | {state}")
+    state = "over budget" if last.budget_exhausted else (
+        "throttling" if last.throttling else "under target")
+    return (f"throttledjob: cpu {last.usage_cores:.2f} cores (target {target}, "
+            f"p99 {result.cpu.p99 or 0.0:.2f}) | paused {last.pause_fraction:.0%} | {state}")
 
 
 def build_report(result: CycleResult, wall: float, exit_code: int,
@@ -198,7 +198,7 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
         # The last minute of 1-second samples, oldest first.
         "cpu_recent_samples": [round(c, 3) for c in run.cpu.recent],
         # Units of work reported through the runtime library (step() or the auto-hook).
-        "steps": result.status.steps,
+        "steps": result.last.steps,
         "max_slowdown": policy.max_slowdown,
         "enforcement": result.plan.enforcement,
         "mode": policy.mode,

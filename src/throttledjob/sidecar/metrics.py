@@ -83,12 +83,12 @@ def _workload(s: Snapshot) -> Iterator[Metric]:
     c.add_metric([], s.cpu_seconds)
     yield c
     yield from _gauge("workload_cpu_cores", "CPU used by the workload over the last control "
-                      "interval, in cores.", s.status.usage_cores)
+                      "interval, in cores.", s.last.usage_cores)
     yield from _gauge("workload_processes", "Processes counted as the workload.",
                       s.processes)
     steps = CounterMetricFamily(P + "workload_steps",
                                 "Steps reported by the workload's runtime library.")
-    steps.add_metric([], s.status.steps)
+    steps.add_metric([], s.last.steps)
     yield steps
     yield from _gauge("workload_steps_per_second", "Recent throughput, in steps per second.",
                       s.steps_per_second)
@@ -108,7 +108,7 @@ def _targets(s: Snapshot) -> Iterator[Metric]:
     # Named before "rate" took over from "quota" in the code (the kernel's quota is
     # throttledjob_kernel_*); kept for the dashboards and alerts that read it.
     yield from _gauge("cpu_quota_cores", "CPU rate the pacing and signals hold the workload "
-                      "to now (the controller's setpoint), in cores.", s.status.rate_cores)
+                      "to now (the controller's setpoint), in cores.", s.last.rate_cores)
     yield from _gauge("gpu_utilization_target_ratio", "GPU peak utilization target per GPU, "
                       "0 to 1.", None if p.gpu_peak_utilization_percent is None
                       else p.gpu_peak_utilization_percent / 100.0)
@@ -124,15 +124,15 @@ def _control(s: Snapshot) -> Iterator[Metric]:
     yield from _gauge("throttle_level_ratio", "Fraction of the last interval the workload "
                       "was held back, 0 to 1.", s.throttle_level)
     yield from _gauge("gpu_duty_ratio", "Fraction of time the GPU controller asks to hold "
-                      "the workload back, 0 to 1.", s.status.gpu_duty)
+                      "the workload back, 0 to 1.", s.last.gpu_duty)
     yield from _gauge("slowdown_estimate_ratio", "Estimated slowdown so far: wall time over "
                       "wall time minus time held back.", s.slowdown)
     yield from _gauge("throttling", "1 while a controller is holding the workload back.",
-                      float(s.status.throttling))
+                      float(s.last.throttling))
     yield from _gauge("target_met", "1 while the recent p99 of every target is at or under "
                       "it.", float(s.target_met))
     yield from _gauge("budget_exhausted", "1 while the slowdown budget stops a target from "
-                      "being met.", float(s.status.budget_exhausted))
+                      "being met.", float(s.last.budget_exhausted))
     c = CounterMetricFamily(P + "budget_exhausted_seconds", "Time spent with the slowdown "
                             "budget exhausted, in seconds.")
     c.add_metric([], s.budget_exhausted_seconds)

@@ -122,7 +122,7 @@ class PodHost:
         agent = self.agent
         if agent.stood_down:
             return
-        plan = pod_plan(self.written, self.limit, agent.status.cpu_limit_wanted_cores,
+        plan = pod_plan(self.written, self.limit, agent.last.cpu_limit_wanted_cores,
                         self.tree.scoped)
         if plan.enforcer and not agent.has_enforcer:  # a live edit turned signals on
             agent.use_enforcer(pod_enforcer(plan, self.tree, agent.settings_dir))

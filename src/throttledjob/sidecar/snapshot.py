@@ -17,7 +17,7 @@ from throttledjob.contracts.policy import Policy
 from throttledjob.contracts.status import STATUS_VERSION, StatusDocument, observed_document
 from throttledjob.runtime.progress import read_progress
 
-from .agent import CycleResult, CycleStatus
+from .agent import CycleResult, LastCycle
 from .cgroups.throttling import ThrottleStats
 from .enforcement import Plan
 from .gpu.backend import GpuReading
@@ -53,7 +53,7 @@ class Snapshot:
     time: float
     policy: Policy
     plan: Plan
-    status: CycleStatus
+    last: LastCycle
     cpu_seconds: float
     processes: int
     cpu: PeakSummary
@@ -94,7 +94,7 @@ class SnapshotHolder:
         return snap
 
     def _throughput(self, result: CycleResult) -> float:
-        now, steps = result.time, result.status.steps
+        now, steps = result.time, result.last.steps
         if self._steps is not None and now - self._steps[0] >= 0.5:
             self._rate = max(0.0, steps - self._steps[1]) / (now - self._steps[0])
             self._steps = (now, steps)
@@ -116,7 +116,7 @@ def snapshot_of(result: CycleResult, health: Health,
     run = summarize(result)
     gpu = result.gpu
     return Snapshot(
-        time=time.time(), policy=result.policy, plan=result.plan, status=result.status,
+        time=time.time(), policy=result.policy, plan=result.plan, last=result.last,
         cpu_seconds=result.cpu_seconds, processes=result.processes, cpu=run.cpu,
         gpu_telemetry=gpu.telemetry if gpu else "none",
         gpus=gpu.readings if gpu else (),
@@ -150,13 +150,13 @@ def status_document(s: Snapshot) -> StatusDocument:
             "gpuMaxPowerWatts": _round(s.gpu_power.max, 1),
             "throttleLevel": round(s.throttle_level, 3),
             "slowdown": round(s.slowdown, 3),
-            "cpuCores": round(s.status.usage_cores, 3),
-            "steps": s.status.steps,
+            "cpuCores": round(s.last.usage_cores, 3),
+            "steps": s.last.steps,
         }),
         "targetMet": s.target_met,
         "budgetExhausted": s.budget_exhausted,
-        "cpuLimitWantedCores": s.status.cpu_limit_wanted_cores,
-        "cpuDemandCores": dict(s.status.cpu_demand_cores),
+        "cpuLimitWantedCores": s.last.cpu_limit_wanted_cores,
+        "cpuDemandCores": dict(s.last.cpu_demand_cores),
         "levers": list(s.levers),
         "targets": {
             "cpuPeakCores": p.cpu_peak_cores,

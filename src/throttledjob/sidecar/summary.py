@@ -94,7 +94,7 @@ def summarize(result: CycleResult) -> RunSummary:
         lever_cost_seconds=result.lever_cost_seconds,
         slowdown=wall / (wall - min(paused + result.lever_cost_seconds,
                                     MAX_PAUSED_SHARE * wall)),
-        throttle_level=min(1.0, max(0.0, result.status.pause_fraction)),
+        throttle_level=min(1.0, max(0.0, result.last.pause_fraction)),
         levers=tuple(name for name in LEVERS if used[name]),
         target_met=(_cpu_met(result.cpu.recent_p99, p.cpu_peak_cores)
                     and _met(util.recent_p99, util_target)
