@@ -30,8 +30,9 @@ install-run: $(RUN_STAMP)
 	$(EDITABLE)
 
 # System tools the suite drives for real (docs/testing.md): Prometheus/promtool, cpulimit,
-# and the real node's runtime and image tools (tools/k8s/node.py, "Real node").
-NODE_PACKAGES := containerd runc containernetworking-plugins podman debootstrap
+# and the real node's runtime and image tools (tools/k8s/node.py, "Real node"), whose
+# list node.py reads too.
+NODE_PACKAGES := $(shell cat tools/k8s/node-packages.txt)
 tools:
 	@command -v promtool >/dev/null && command -v cpulimit >/dev/null || { \
 		apt-get update -qq && \
@@ -63,7 +64,7 @@ checkov: $(CHECKOV_STAMP)
 # node) and a real node (kubelet, containerd, the product image as
 # localhost/throttledjob:dev), built from source once into ~/.cache/throttledjob and
 # started on this machine; admin kubeconfig in .cluster/kubeconfig. The suite reuses it.
-K8S := $(PYTHON) tools/k8s/cluster.py
+K8S := $(PYTHON) -m tools.k8s.cluster
 
 cluster: tools
 	$(K8S) up --dir .cluster --node real $(CLUSTER_FLAGS)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, require_tool
+from testing.helpers import require_tool
+from testing.paths import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 VENV = "/opt/throttledjob"

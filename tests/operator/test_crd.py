@@ -10,9 +10,10 @@ from typing import Any
 
 import yaml
 
+from testing.manifests import make_tj
+from testing.paths import ROOT
+from testing.validation import cr_errors, k8s_validate
 from throttledjob.operator import crd
-
-from .conftest import ROOT, cr_errors, k8s_validate, make_tj
 
 SCHEMA = crd.openapi_schema()
 

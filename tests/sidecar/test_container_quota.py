@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from testing.fake_tree import FakeTree
 from throttledjob.contracts.names import ENV_CONTAINER
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.container_quota import WIDTH_MEMORY_SECONDS, ContainerQuota
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.summary import summarize
-
-from .conftest import FakeTree
 
 
 class Pod:
