@@ -73,7 +73,7 @@ cluster-down:
 	$(K8S) down --dir .cluster
 
 demo: install-run
-	$(PY) examples/demo.py
+	$(PY) -m examples.demo
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -90,7 +90,7 @@ fast: install tools checkov
 	$(VENV)/bin/pytest -m "not cluster"
 
 bench: install tools
-	$(PY) bench/run.py
+	$(PY) -m bench.run
 
 clean: cluster-down
 	rm -rf $(VENV) $(CHECKOV_VENV) build src/*.egg-info

@@ -21,4 +21,5 @@ Plain modules, one job each; `conftest.py` files keep only fixtures and hooks.
     cluster_cli       kubectl and helm on the test cluster, and what tests read through them
     sidecar_process   a real `throttledjob sidecar` the tests started
     workloads         the long CPU-hungry workload and its process tree
+    benchmarks        a benchmark of bench/ run as `make bench` runs it, its tables read
 """
