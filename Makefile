@@ -1,11 +1,15 @@
 # One command each: `make demo`, `make test`, `make bench`. Each creates what it needs.
+# Test tiers (docs/testing.md): `make fast` needs no cluster (lint and every test not
+# marked `cluster`, a few minutes); `make test-cluster` only the tests marked `cluster`;
+# `make test` is lint and the whole suite (what .ci/run runs).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.run-installed
 
-.PHONY: demo test lint unit fast tools checkov bench install install-run clean cluster cluster-down
+.PHONY: demo test test-cluster lint fast k8s-build tools checkov bench install install-run clean \
+	cluster cluster-down
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -72,22 +76,26 @@ cluster: tools
 cluster-down:
 	$(K8S) down --dir .cluster
 
+# Modules run from the root, so that they import bench/ and testing/ the usual way.
 demo: install-run
 	$(PY) -m examples.demo
 
 lint: install
 	$(VENV)/bin/ruff check .
 
-unit: install tools checkov
+# The cluster's binaries, built from source once (about 16 minutes cold), then cached.
+k8s-build:
 	$(K8S) build >/dev/null
+
+test: lint tools checkov k8s-build
 	$(VENV)/bin/pytest
 
-test: lint unit
-
-# The tier without Kubernetes (no Go build, no cluster): a few minutes, for a quick loop.
-fast: install tools checkov
-	$(VENV)/bin/ruff check .
+# No Kubernetes (no Go build, no cluster): a few minutes, for a quick loop.
+fast: lint tools checkov
 	$(VENV)/bin/pytest -m "not cluster"
+
+test-cluster: install tools k8s-build
+	$(VENV)/bin/pytest -m cluster
 
 bench: install tools
 	$(PY) -m bench.run

@@ -144,7 +144,8 @@ class RealNode:
         token = state.get("node_token")
         if not token:
             raise NodeUnavailable("this cluster was started without a node token: "
-                                  "`cluster.py down` it and start it again")
+                                  "`python -m tools.k8s.cluster down` it and start it "
+                                  "again")
         archives = (pause_archive(), product_archive())
         d = self.dir
         for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "certs"):
@@ -238,8 +239,9 @@ class RealNode:
         ip = self.cluster.service_ip
         if run("ip", "address", "add", f"{ip}/32", "dev", "lo", check=False).returncode:
             raise NodeUnavailable(
-                f"{ip} is on lo already: another real node runs on this machine (`cluster.py "
-                f"down` it), or a killed one left it (`ip address del {ip}/32 dev lo`)")
+                f"{ip} is on lo already: another real node runs on this machine (`python -m "
+                f"tools.k8s.cluster down` it), or a killed one left it "
+                f"(`ip address del {ip}/32 dev lo`)")
         self.cluster.update_state(node={**self.cluster.state["node"], "service_ip": ip})
         self.cluster.start_process("service-proxy", [
             str(HERE / "service_proxy.py"), ip, "443", "127.0.0.1",
