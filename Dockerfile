@@ -4,7 +4,7 @@
 # Job builder). Build: docker build -t ghcr.io/throttledjob/throttledjob:0.1.0 .
 # tests/chart/test_image.py lints this file with hadolint and runs the build stage's steps,
 # exactly, in a fresh venv. Where no registry is reachable, BASE names a local image with
-# Debian's python3.11 instead (tools/k8s/node.py builds one with debootstrap):
+# Debian's python3.11 instead (tools/k8s/images.py builds one with debootstrap):
 #   podman build --build-arg BASE=localhost/throttledjob-base:bookworm -t localhost/throttledjob:dev .
 
 # Both stages use the same base: the venv's interpreter path must exist in the final image.

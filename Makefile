@@ -1,11 +1,15 @@
 # One command each: `make demo`, `make test`, `make bench`. Each creates what it needs.
+# Test tiers (docs/testing.md): `make fast` needs no cluster (lint and every test not
+# marked `cluster`, a few minutes); `make test-cluster` only the tests marked `cluster`;
+# `make test` is lint and the whole suite (what .ci/run runs).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.run-installed
 
-.PHONY: demo test lint unit fast tools checkov bench install install-run clean cluster cluster-down
+.PHONY: demo test test-cluster lint fast k8s-build tools checkov bench install install-run clean \
+	cluster cluster-down
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +34,9 @@ install-run: $(RUN_STAMP)
 	$(EDITABLE)
 
 # System tools the suite drives for real (docs/testing.md): Prometheus/promtool, cpulimit,
-# and the real node's runtime and image tools (tools/k8s/node.py, "Real node").
-NODE_PACKAGES := containerd runc containernetworking-plugins podman debootstrap
+# and the real node's runtime and image tools (tools/k8s/node.py, "Real node"), whose
+# list node.py reads too.
+NODE_PACKAGES := $(shell cat tools/k8s/node-packages.txt)
 tools:
 	@command -v promtool >/dev/null && command -v cpulimit >/dev/null || { \
 		apt-get update -qq && \
@@ -63,7 +68,7 @@ checkov: $(CHECKOV_STAMP)
 # node) and a real node (kubelet, containerd, the product image as
 # localhost/throttledjob:dev), built from source once into ~/.cache/throttledjob and
 # started on this machine; admin kubeconfig in .cluster/kubeconfig. The suite reuses it.
-K8S := $(PYTHON) tools/k8s/cluster.py
+K8S := $(PYTHON) -m tools.k8s.cluster
 
 cluster: tools
 	$(K8S) up --dir .cluster --node real $(CLUSTER_FLAGS)
@@ -71,25 +76,29 @@ cluster: tools
 cluster-down:
 	$(K8S) down --dir .cluster
 
+# Modules run from the root, so that they import bench/ and testing/ the usual way.
 demo: install-run
-	$(PY) examples/demo.py
+	$(PY) -m examples.demo
 
 lint: install
 	$(VENV)/bin/ruff check .
 
-unit: install tools checkov
+# The cluster's binaries, built from source once (about 16 minutes cold), then cached.
+k8s-build:
 	$(K8S) build >/dev/null
+
+test: lint tools checkov k8s-build
 	$(VENV)/bin/pytest
 
-test: lint unit
-
-# The tier without Kubernetes (no Go build, no cluster): a few minutes, for a quick loop.
-fast: install tools checkov
-	$(VENV)/bin/ruff check .
+# No Kubernetes (no Go build, no cluster): a few minutes, for a quick loop.
+fast: lint tools checkov
 	$(VENV)/bin/pytest -m "not cluster"
 
+test-cluster: install tools k8s-build
+	$(VENV)/bin/pytest -m cluster
+
 bench: install tools
-	$(PY) bench/run.py
+	$(PY) -m bench.run
 
 clean: cluster-down
 	rm -rf $(VENV) $(CHECKOV_VENV) build src/*.egg-info

@@ -1,7 +1,7 @@
 """Oracle frontier vs the adaptive explorer, duty cycling alone and cpulimit (docs/frontier.md).
 
-    .venv/bin/python bench/frontier.py            # 5 workloads x 3 targets (~15 min)
-    .venv/bin/python bench/frontier.py --quick    # 3 workloads, smaller runs (~5 min)
+    .venv/bin/python -m bench.frontier            # 5 workloads x 3 targets (~15 min)
+    .venv/bin/python -m bench.frontier --quick    # 3 workloads, smaller runs (~5 min)
 
 For each zoo workload (bench/zoo.py): an unthrottled run gives the peak P (p99 of
 1-second samples); targets are 50/70/90% of P. The oracle is an exhaustive sweep of
@@ -30,10 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from zoo import WORKLOADS
+from bench.zoo import WORKLOADS
+from testing.paths import ROOT, VENV_BIN
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 FRACTIONS = (0.5, 0.7, 0.9)
 TOLERANCE = 1.05          # p99 may exceed the target by 5%
 ORACLE_SLACK = 1.05       # our slowdown may exceed the oracle's by 5%
@@ -46,7 +45,7 @@ def measure(options: list[str], cmd: list[str], wrap: list[str] | None = None) -
     """One run under `throttledjob run OPTIONS` (optionally inside another limiter)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
-        full = [str(BIN / "throttledjob"), "run", "--quiet",
+        full = [str(VENV_BIN / "throttledjob"), "run", "--quiet",
                 "--report", report, *options, "--", *(wrap or []), sys.executable, *cmd]
         proc = subprocess.run(full, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -3,7 +3,7 @@ and vs holding back alone (docs/frontier.md). No GPU here, so every run drives t
 GpuAgent (controller, explorer, lever) against the simulated board of sidecar/gpu/fake.py.
 The figures measure the control logic on that model, not a board.
 
-    .venv/bin/python bench/gpu_frontier.py [--intervals 300]
+    .venv/bin/python -m bench.gpu_frontier [--intervals 300]
 
 Per workload (a demand trace and how its speed follows the SM clock): the unthrottled
 run gives the peak power P (p99 of 1-second samples); targets are 50/70/90% of P. The
@@ -22,7 +22,8 @@ import json
 import sys
 from pathlib import Path
 
-from harness import ROOT, markdown
+from bench.harness import markdown
+from testing.paths import ROOT
 
 FRACTIONS = (0.5, 0.7, 0.9)
 TOLERANCE = 1.05

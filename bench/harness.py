@@ -9,21 +9,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-HUNGRY = [sys.executable, str(ROOT / "examples" / "cpu_hungry.py")]
+from testing.paths import ROOT, VENV_BIN
 
 
 def throttledjob_run(options: list[str], cmd: list[str]) -> dict:
     """Run `cmd` under `throttledjob run OPTIONS`; returns its JSON report."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
-        proc = subprocess.run([str(BIN / "throttledjob"), "run", "--quiet", "--report", report,
-                               *options, "--", *cmd], capture_output=True, text=True)
+        # From the root, so a command may be a module of this repository (`-m bench.quota`).
+        proc = subprocess.run([str(VENV_BIN / "throttledjob"), "run", "--quiet", "--report",
+                               report, *options, "--", *cmd], capture_output=True, text=True,
+                              cwd=ROOT)
         if proc.returncode != 0:
             raise RuntimeError(f"{cmd} failed ({proc.returncode}): {proc.stderr.strip()}")
         with open(report) as f:

@@ -6,7 +6,7 @@ and, as the yardstick in the same run, the Job controller's own Job->Pod latency
 the same Jobs. Every time is taken by one client on one clock: the moment it sent the
 create, and the moment its watch saw the Job or the Pod.
 
-    .venv/bin/python bench/operator_load.py [--n 1000] [--rate 10] [--steady-seconds 30]
+    .venv/bin/python -m bench.operator_load [--n 1000] [--rate 10] [--steady-seconds 30]
 
 Uses the cluster `make cluster` left running, else starts its own (tools/k8s/).
 The operator runs as the chart's ServiceAccount with the chart's RBAC.
@@ -15,11 +15,9 @@ The operator runs as the chart's ServiceAccount with the chart's RBAC.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,14 +28,10 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-from harness import markdown  # noqa: E402
+from bench.harness import markdown
+from testing.paths import ROOT, VENV_BIN
+from tools.k8s import cluster as k8s
 
-_spec = importlib.util.spec_from_file_location("k8s_cluster", ROOT / "tools/k8s/cluster.py")
-k8s = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(k8s)  # type: ignore[union-attr]
-VENV_BIN = Path(sys.executable).parent
 OPERATOR_NS = "throttledjob-system"
 
 
@@ -223,7 +217,11 @@ def main() -> None:
         if own is not None:
             own.down()
     print(json.dumps(figures, indent=1))
-    print(markdown([{"figure": k, "value": v} for k, v in figures.items()]))
+    print(table(figures))
+
+
+def table(figures: dict[str, Any]) -> str:
+    return markdown([{"figure": k, "value": v} for k, v in figures.items()])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Beat a plain CPU limit: the kernel's quota at the target vs ThrottledJob (docs/benchmarks.md).
 
-    .venv/bin/python bench/quota.py [--workloads busy matmul elementwise bursty phases torch]
+    .venv/bin/python -m bench.quota [--workloads busy matmul elementwise bursty phases torch]
 
 For each workload, at 50/70/90% of its unthrottled peak (p99 of 1-second samples), side
 by side in one invocation: a plain kernel quota at the target (what a container's
@@ -31,9 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import HUNGRY, ROOT, markdown, throttledjob_run
-from zoo import WORKLOADS as ZOO
-
+from bench.harness import markdown, throttledjob_run
+from bench.zoo import WORKLOADS as ZOO
+from testing.paths import HUNGRY, ROOT
 from throttledjob.sidecar.cgroups.detection import detect
 from throttledjob.sidecar.cgroups.local_quota import CgroupQuota
 
@@ -71,8 +71,8 @@ def quota_case(cores: float, cmd: list[str]) -> dict:
     counters."""
     with tempfile.TemporaryDirectory() as tmp:
         stats = os.path.join(tmp, "stats.json")
-        report = throttledjob_run([], [sys.executable, __file__, "--wrap", str(cores),
-                                       stats, "--", *cmd])
+        report = throttledjob_run([], [sys.executable, "-m", "bench.quota", "--wrap",
+                                       str(cores), stats, "--", *cmd])
         report["kernel"] = json.loads(Path(stats).read_text())
     return report
 

@@ -1,6 +1,6 @@
 """What a plain kernel CPU quota looks like through 1-second samples (docs/benchmarks.md).
 
-    .venv/bin/python bench/quota_spread.py [--runs 8] [--seconds 40] [--cores 1.0]
+    .venv/bin/python -m bench.quota_spread [--runs 8] [--seconds 40] [--cores 1.0]
 
 The baseline every peak bound in the suite is judged against: `--workers` busy processes
 born in a cgroup v1 pair (cpu: quota = cores x 100 ms per 100 ms period, as the kubelet

@@ -1,6 +1,6 @@
 """Foundation benchmarks (docs/benchmarks.md): adherence, cost, cpulimit, overhead.
 
-    make bench            # or: .venv/bin/python bench/run.py [--repeat N]
+    make bench            # or: .venv/bin/python -m bench.run [--repeat N] [--scale F]
 
 Every figure is a ratio between runs made side by side in this one invocation.
 """
@@ -15,21 +15,22 @@ import sys
 import timeit
 from pathlib import Path
 
-from harness import HUNGRY, ROOT, markdown, row, throttledjob_run
+from bench.harness import markdown, row, throttledjob_run
+from testing.paths import HUNGRY, ROOT
 
 TARGET = 1.0
 WORKLOADS = {
-    # name: (command, enforcement for our run, target cores)
-    "saturating": ([*HUNGRY, "--units", "250"], "signals", TARGET),
+    # name: (arguments, work units, enforcement for our run, target cores)
+    "saturating": ([], 250, "signals", TARGET),
     # cpulimit limits each process on its own (-m starts one limiter per child, each at
     # the full limit), so the side-by-side with it is one process at half a core.
-    "saturating-1proc": ([*HUNGRY, "--inline", "--units", "150"], "signals", 0.5),
+    "saturating-1proc": (["--inline"], 150, "signals", 0.5),
     # Both (the default): signals until the program calls step(), then pacing.
-    "cooperative": ([*HUNGRY, "--units", "250", "--cooperative"], "both", TARGET),
-    "bursty": ([*HUNGRY, "--units", "180", "--pattern", "bursty"], "both", TARGET),
-    "under-target": ([*HUNGRY, "--workers", "1", "--units", "150", "--pattern", "light"],
-                     "both", TARGET),
+    "cooperative": (["--cooperative"], 250, "both", TARGET),
+    "bursty": (["--pattern", "bursty"], 180, "both", TARGET),
+    "under-target": (["--workers", "1", "--pattern", "light"], 150, "both", TARGET),
 }
+STEP_CALLS = 200_000
 
 
 def cpulimit_cmd(cores: float, cmd: list[str]) -> list[str]:
@@ -38,7 +39,7 @@ def cpulimit_cmd(cores: float, cmd: list[str]) -> list[str]:
     return ["cpulimit", "-l", str(int(cores * 100)), "-m", "-f", "--", *cmd]
 
 
-def step_overhead() -> dict:
+def step_overhead(n: int = STEP_CALLS) -> dict:
     """Nanoseconds per step() call: no sidecar, a sidecar with no quota, with a quota."""
     setup = ("import os, tempfile, time\n"
              "from throttledjob.runtime import Throttle\n"
@@ -54,7 +55,6 @@ def step_overhead() -> dict:
     for name, directory, quota in (("no sidecar", "''", None), ("sidecar, no quota", "d", None),
                                    ("sidecar, quota not reached", "d", 64.0)):
         timer = timeit.Timer("t.step()", setup.format(directory=directory, quota=quota))
-        n = 200_000
         best = min(timer.repeat(repeat=5, number=n)) / n
         out[name] = round(best * 1e9)
     return out
@@ -63,11 +63,14 @@ def step_overhead() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="runs per case (median kept)")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply the work (units per workload, step() calls timed)")
     parser.add_argument("--json", default=str(ROOT / "bench" / "out" / "foundation.json"))
     args = parser.parse_args()
 
     rows, checks = [], []
-    for name, (cmd, enforcement, target) in WORKLOADS.items():
+    for name, (extra, units, enforcement, target) in WORKLOADS.items():
+        cmd = [*HUNGRY, *extra, "--units", str(max(1, round(units * args.scale)))]
         options = ["--cpu-peak", str(target), "--max-slowdown", "3"]
         cases = {"unthrottled": ([], cmd),
                  f"throttledjob ({enforcement})": ([*options, "--enforcement", enforcement],
@@ -85,7 +88,7 @@ def main() -> None:
             rows.append(r)
         base_row, ours = rows[-len(cases)], rows[-len(cases) + 1]
         checks += judge(name, target, base_row, ours, rows[-1] if len(cases) == 3 else None)
-    overhead = step_overhead()
+    overhead = step_overhead(max(1, round(STEP_CALLS * args.scale)))
     print(markdown(rows))
     print("\nstep() cost, ns per call (best of 5 x 200k):",
           ", ".join(f"{k}: {v}" for k, v in overhead.items()))

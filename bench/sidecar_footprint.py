@@ -1,6 +1,6 @@
 """Footprint of `throttledjob sidecar`: CPU (% of one core), resident memory, scrape latency.
 
-    .venv/bin/python bench/sidecar_footprint.py [--seconds 60] [--gpus 8]
+    .venv/bin/python -m bench.sidecar_footprint [--seconds 60] [--gpus 8]
 
 A real sidecar process runs at a 1 s interval with simulated GPUs (GPU and CPU targets
 set, so both controllers run every cycle) watching a real half-core workload
@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,14 +26,10 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent / "throttledjob"
+from testing.http import free_port
+from testing.paths import ROOT, VENV_BIN
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+BIN = VENV_BIN / "throttledjob"
 
 
 def scrape(url: str) -> float:
@@ -52,6 +47,8 @@ def main() -> None:
     parser.add_argument("--enforcement", default="Cooperative",
                         choices=["Cooperative", "Signals", "Both"],
                         help="Signals adds the SIGSTOP/SIGCONT enforcer thread (50 ticks/s)")
+    parser.add_argument("--json",
+                        default=str(ROOT / "bench" / "out" / "sidecar_footprint.json"))
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="tj-footprint-"))
@@ -110,9 +107,8 @@ def main() -> None:
         side.wait(timeout=10)
         os.killpg(work.pid, signal.SIGKILL)
         work.wait()
-    out = ROOT / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sidecar_footprint.json").write_text(json.dumps(result, indent=2) + "\n")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

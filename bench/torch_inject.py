@@ -1,6 +1,6 @@
 """Issue 6 figures: an unmodified PyTorch script, paced by the injected hook vs signals.
 
-    .venv/bin/python bench/torch_inject.py [--steps 1500] [--target 1.0] [--repeat 3]
+    .venv/bin/python -m bench.torch_inject [--steps 1500] [--target 1.0] [--repeat 3]
 
 Runs examples/torch_train.py unthrottled, under `throttledjob run --inject` and under
 `--enforcement signals` at the same CPU target, side by side in one invocation.
@@ -12,7 +12,8 @@ import argparse
 import statistics
 import sys
 
-from harness import ROOT, markdown, row, throttledjob_run
+from bench.harness import markdown, row, throttledjob_run
+from testing.paths import ROOT
 
 
 def main() -> None:

@@ -1,5 +1,7 @@
 """`make demo`: the bundled CPU-hungry workload, unthrottled and under a CPU peak target.
 
+    make demo       # or, from the repository root: python -m examples.demo
+
 Runs examples/cpu_hungry.py four times on this machine and prints a side-by-side
 summary: as it is; held by the kernel's CPU quota (the default, what a pod's
 `limits.cpu` gives, here with the explorer looking for cheaper levers); shaved by signals
@@ -9,11 +11,8 @@ library (the workload calls tj.step()).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from harness import HUNGRY, markdown, row, throttledjob_run
+from bench.harness import markdown, row, throttledjob_run
+from testing.paths import HUNGRY
 
 TARGET = "1.2"
 WORK = ["--workers", "2", "--units", "250"]

@@ -10,7 +10,7 @@ import venv
 import pytest
 import setuptools
 
-from conftest import ROOT
+from testing.paths import ROOT
 
 
 @pytest.fixture(scope="module")

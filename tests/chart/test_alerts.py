@@ -7,9 +7,9 @@ import subprocess
 
 import yaml
 
-from conftest import require_tool
-
-from .conftest import ALL_ON, CHART, ROOT, by_kind, render
+from testing.chart import ALL_ON, by_kind, render
+from testing.helpers import require_tool
+from testing.paths import CHART, ROOT
 
 RULES = CHART / "rules" / "throttledjob.rules.yaml"
 UNIT_TESTS = ROOT / "tests" / "chart" / "alerts_test.yaml"

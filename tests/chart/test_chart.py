@@ -12,23 +12,14 @@ import jsonschema
 import pytest
 import yaml
 
+from testing.chart import ALL_ON, NAMESPACE, by_kind, helm, render, restricted_violations, template
+from testing.manifests import operator_job
+from testing.monitoring_schemas import SCHEMAS
+from testing.paths import CHART
+from testing.validation import k8s_errors
 from throttledjob import __version__
 from throttledjob.operator import children
 from throttledjob.operator.settings import OperatorSettings
-
-from .conftest import (
-    ALL_ON,
-    CHART,
-    NAMESPACE,
-    by_kind,
-    helm,
-    k8s_errors,
-    operator_job,
-    render,
-    restricted_violations,
-    template,
-)
-from .monitoring_schemas import SCHEMAS
 
 CONFIGS = {
     "default": None,

@@ -17,9 +17,10 @@ from typing import Any
 
 import yaml
 
-from conftest import ROOT, require_tool
-
-from .conftest import ALL_ON, helm, operator_job
+from testing.chart import ALL_ON, helm
+from testing.helpers import require_tool
+from testing.manifests import operator_job
+from testing.paths import ROOT
 
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 DOC = ROOT / "docs" / "reliability.md"

@@ -8,53 +8,21 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
-import promserver
 import pytest
 
-from conftest import HUNGRY, ROOT, wait_for
-
-sys.path.insert(0, str(ROOT / "tools"))
-import dashboard as generator
-
-CHART_COPY = ROOT / "charts" / "throttledjob" / "dashboards" / "throttledjob.json"
-STANDALONE = ROOT / "docs" / "grafana-dashboard.json"
+from testing import promserver
+from testing.dashboard import CHART_COPY, SCRAPE_SECONDS, STANDALONE, fill, load, queries
+from testing.helpers import wait_for
+from testing.paths import HUNGRY, ROOT
+from tools import dashboard as generator
 
 # What the chart's PodMonitor relabelings put on every series of a sidecar.
 POD_LABELS = {"namespace": "ml", "throttledjob": "train", "pod": "train-x7k2p"}
-SCRAPE_SECONDS = 1
 PER_GPU = (r"throttledjob_gpu_(utilization_ratio|memory_used_bytes|memory_total_bytes|"
            r"memory_used_ratio|power_watts|power_limit_watts|temperature_celsius|"
            r"sm_clock_hertz|clock_throttle_reason|info|process_memory_used_bytes)\b")
-# Grafana: $__rate_interval = max($__interval + scrape interval, 4 x scrape interval).
-RATE_INTERVAL = f"{4 * SCRAPE_SECONDS}s"
-
-
-def load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
-
-
-def queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
-    """(where, PromQL) of every panel target and annotation."""
-    out = [(f"panel {p['title']!r} {t['refId']}", t["expr"])
-           for p in dash["panels"] for t in p.get("targets", [])]
-    out += [(f"annotation {a['name']!r}", a["expr"])
-            for a in dash["annotations"]["list"] if "expr" in a]
-    return out
-
-
-def fill(expr: str, values: dict[str, str]) -> str:
-    """Substitute variables as Grafana does ($name and ${name}); none may be left."""
-    out = expr.replace("$__rate_interval", RATE_INTERVAL)
-    for name, value in values.items():
-        out = out.replace("${" + name + "}", value).replace("$" + name, value)
-    assert "$" not in out, f"unfilled variable in {out}"
-    return out
-
-
 # --- static checks: one source, the chart's copy, the standalone copy ----------------------
 
 def test_both_copies_are_generated_from_the_one_source() -> None:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, require_tool
+from testing.helpers import require_tool
+from testing.paths import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 VENV = "/opt/throttledjob"
@@ -79,7 +80,7 @@ def test_hadolint_clean(dockerfile: Path) -> None:
 def test_shape_multi_stage_pinned_non_root_one_entrypoint() -> None:
     build, final = stages()
     # The base is a build argument (a local image where no registry is reachable,
-    # tools/k8s/node.py), whose default is the pinned official image.
+    # tools/k8s/images.py), whose default is the pinned official image.
     base = build[0][1].split()[0]
     assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", expand(base, global_args())), base
     # The venv's interpreter path must exist in the final image: the same base.

@@ -18,24 +18,9 @@ from typing import Any
 
 import pytest
 
+from testing.chart import NAMESPACE, by_kind, render
+from testing.rbac import CRDS, NAMESPACED, NAMESPACES, Rules
 from throttledjob.operator import crd
-
-from .conftest import NAMESPACE, by_kind, render
-
-Rules = dict[tuple[str, str], frozenset[str]]
-
-NAMESPACED: Rules = {
-    (crd.GROUP, crd.PLURAL): frozenset({"get", "list", "watch", "patch"}),
-    (crd.GROUP, f"{crd.PLURAL}/status"): frozenset({"patch"}),
-    ("batch", "jobs"): frozenset({"get", "list", "watch", "create"}),
-    ("", "configmaps"): frozenset({"get", "create", "patch"}),
-    ("", "pods"): frozenset({"list"}),
-    ("", "pods/resize"): frozenset({"patch"}),
-    ("", "events"): frozenset({"create"}),
-}
-CRDS: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"):
-               frozenset({"list", "watch"})}
-NAMESPACES: Rules = {("", "namespaces"): frozenset({"list", "watch"})}
 
 
 def rules_of(role: dict[str, Any]) -> Rules:
@@ -108,7 +93,6 @@ def test_no_destructive_or_escalating_verb(verb: str, tmp_path) -> None:
             if obj["kind"] in ("ClusterRole", "Role"):
                 assert all(verb not in r["verbs"] for r in obj["rules"]), obj["metadata"]
                 assert all(r["resources"] != ["secrets"] for r in obj["rules"])
-
 
 
 def test_throttledjobs_are_aggregated_into_edit_and_view(tmp_path) -> None:

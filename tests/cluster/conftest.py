@@ -2,14 +2,12 @@
 
 One cluster per session: the one `make cluster` left running (.cluster/) if it answers,
 else one of the session's own, built from source on first use and removed at the end.
+Helpers the tests share live in testing/cluster_cli.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -17,22 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from conftest import ROOT, require_tool, wait_for
+from testing.cluster_cli import Kubectl, operator_identity
+from testing.fake_sidecar import FakeSidecar
+from testing.helpers import require_tool
+from testing.operator_process import OperatorProcess
+from testing.paths import CHART, ROOT
 from throttledjob.operator import crd
+from tools.k8s import cluster as k8s
+from tools.k8s import node as node_mod
 
-from ..chart.conftest import CHART
-from ..operator.conftest import FakeSidecar, OperatorProcess, make_tj
-
-_spec = importlib.util.spec_from_file_location("k8s_cluster", ROOT / "tools/k8s/cluster.py")
-k8s = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(k8s)  # type: ignore[union-attr]
-
-node_mod = k8s.node_module()
-
-OPERATOR_NAMESPACE = "throttledjob-system"
-TIMEOUT = 60.0
 REAL_NODE_START_TIMEOUT = 600.0  # a cold start builds the images (about 5 minutes)
 
 
@@ -89,36 +81,6 @@ def real_node(cluster: Any) -> Iterator[Any]:
     node.down()
 
 
-def helm(cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([require_tool("helm"), "--kubeconfig", str(cluster.kubeconfig),
-                           *args], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"helm {' '.join(args)}: {proc.stdout}{proc.stderr}"
-    return proc
-
-
-class Kubectl:
-    """The kubectl built with the cluster, as one identity (a kubeconfig)."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        self.kubeconfig = kubeconfig
-
-    def __call__(self, *args: str, stdin: str | None = None,
-                 check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([str(k8s.bin_dir() / "kubectl"), "--kubeconfig",
-                               str(self.kubeconfig), *args], input=stdin, capture_output=True,
-                              text=True, timeout=120)
-        if check:
-            assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
-        return proc
-
-    def json(self, *args: str) -> Any:
-        proc = self(*args, "-o", "json", check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-    def apply(self, *objs: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess:
-        return self("apply", "-f", "-", stdin=yaml.safe_dump_all(objs), check=check)
-
-
 @pytest.fixture(scope="session")
 def kubectl(cluster: Any) -> Kubectl:
     return Kubectl(cluster.kubeconfig)
@@ -140,33 +102,6 @@ def namespace(kubectl: Kubectl) -> Iterator[str]:
     kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
     yield name
     kubectl("delete", "namespace", name, "--wait=false")
-
-
-def helm_template(release: str, values: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
-    path = tmp / f"{release}-values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    proc = subprocess.run([require_tool("helm"), "template", release, str(CHART),
-                           "--namespace", OPERATOR_NAMESPACE, "-f", str(path)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
-
-
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-
-
-def operator_identity(cluster: Any, kubectl: Kubectl, release: str, values: dict[str, Any],
-                      tmp: Path) -> tuple[Path, str, list[dict[str, Any]]]:
-    """Apply the ServiceAccount and RBAC objects the chart renders for `values`; returns a
-    kubeconfig holding that ServiceAccount's token, its user name, and the RBAC objects."""
-    objs = [o for o in helm_template(release, values, tmp) if o["kind"] in RBAC_KINDS]
-    kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
-    kubectl.apply(*objs)
-    (sa,) = [o for o in objs if o["kind"] == "ServiceAccount"]
-    name = sa["metadata"]["name"]
-    token = cluster.service_account_token(OPERATOR_NAMESPACE, name)
-    user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{name}"
-    return cluster.kubeconfig_for(token, tmp / f"{release}.kubeconfig"), user, objs
 
 
 @pytest.fixture
@@ -194,56 +129,3 @@ def pod_sidecar(cluster: Any) -> Iterator[FakeSidecar]:
     s = FakeSidecar(METRICS_PORT, host=cluster.pod_ip)
     yield s
     s.close()
-
-
-def tj_manifest(name: str, namespace: str, run_for: str = "2s", **kwargs: Any) -> dict:
-    """A ThrottledJob whose pods KWOK runs for `run_for` before they succeed."""
-    tj = make_tj(name, **kwargs)
-    tj["metadata"]["namespace"] = namespace
-    template = tj["spec"]["jobTemplate"]["spec"]["template"]
-    template.setdefault("metadata", {}).setdefault("annotations", {})[
-        "throttledjob.io/test-run-for"] = run_for
-    return tj
-
-
-def wait_json(kubectl: Kubectl, predicate: Any, *args: str, what: str,
-              timeout: float = TIMEOUT) -> Any:
-    """Poll `kubectl get ARGS -o json` until `predicate(obj)` is truthy; returns the obj."""
-    holder: dict[str, Any] = {}
-
-    def check() -> bool:
-        holder["obj"] = kubectl.json("get", *args)
-        return holder["obj"] is not None and bool(predicate(holder["obj"]))
-
-    wait_for(check, timeout, interval=0.2, what=what)
-    return holder["obj"]
-
-
-# --- reading a ThrottledJob's world through kubectl ---------------------------------------
-
-def tj_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
-    return (kubectl.json("get", "tj", "-n", namespace, name) or {}).get("status") or {}
-
-
-def tj_condition(kubectl: Kubectl, namespace: str, name: str, type_: str) -> dict[str, Any]:
-    from throttledjob.operator.status import condition
-
-    return condition(tj_status(kubectl, namespace, name), type_) or {}
-
-
-def tj_events(kubectl: Kubectl, namespace: str, name: str) -> list[tuple[str, str]]:
-    events = kubectl.json("get", "events", "-n", namespace) or {"items": []}
-    return [(e.get("type"), e.get("reason")) for e in events["items"]
-            if e.get("involvedObject", {}).get("name") == name]
-
-
-def jobs_of(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
-    from throttledjob.operator.children import LABEL_NAME
-
-    listed = kubectl.json("get", "jobs", "-n", namespace, "-l", f"{LABEL_NAME}={name}")
-    return (listed or {}).get("items") or []
-
-
-def policy_of(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
-    cm = kubectl.json("get", "configmap", "-n", namespace, f"{name}-throttle")
-    return yaml.safe_load(cm["data"]["policy.yaml"]) if cm else {}

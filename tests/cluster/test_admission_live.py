@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from conftest import wait_for
-
-from .conftest import Kubectl, helm_template, tj_manifest
+from testing.cluster_cli import Kubectl, helm_template
+from testing.helpers import wait_for
+from testing.manifests import tj_manifest
 
 ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                    "ClusterRole")

@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import ROOT
+from testing.cluster_cli import Kubectl
+from testing.manifests import make_tj
+from testing.paths import ROOT
 from throttledjob.operator import crd
-
-from ..operator.conftest import make_tj
-from .conftest import Kubectl
 
 
 def _doc_examples() -> list[dict[str, Any]]:

@@ -30,11 +30,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import promserver
 import pytest
 import yaml
 
-from conftest import ROOT, stopped, wait_for
+from testing import dashboard, promserver
+from testing.cluster_cli import Kubectl, helm, tj_events, tj_status, wait_json
+from testing.helpers import wait_for
+from testing.paths import CHART, ROOT
+from testing.processes import stopped
 from throttledjob.operator.children import SHARED_DIR
 from throttledjob.operator.status import condition
 from throttledjob.sidecar import guard
@@ -43,10 +46,9 @@ from throttledjob.sidecar.lease import lease_path, read_lease
 from throttledjob.sidecar.processes import alive
 from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
-
-from ..chart import test_dashboard as dashboard
-from ..chart.conftest import CHART
-from .conftest import Kubectl, helm, k8s, node_mod, tj_events, tj_status, wait_json
+from tools.k8s import cluster as k8s
+from tools.k8s import images
+from tools.k8s import node as node_mod
 
 pytestmark = pytest.mark.timeout(1200)
 TARGET_CORES = 1.0
@@ -92,7 +94,7 @@ def on_real_node(spec: dict[str, Any]) -> dict[str, Any]:
 
 def workload_container() -> dict[str, Any]:
     """The example's container, as the plain pod runs it too."""
-    return {"name": "work", "image": node_mod.PRODUCT_IMAGE, "imagePullPolicy": "Never",
+    return {"name": "work", "image": images.PRODUCT_IMAGE, "imagePullPolicy": "Never",
             "command": WORKLOAD,
             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
             "securityContext": {"allowPrivilegeEscalation": False,
@@ -660,8 +662,8 @@ TORCH_STEPS = 3000
 
 @pytest.fixture(scope="module")
 def torch_image(real_node: Any) -> str:
-    real_node.load(node_mod.torch_archive())  # built once, cached (about 1.3 GB)
-    return node_mod.TORCH_IMAGE
+    real_node.load(images.torch_archive())  # built once, cached (about 1.3 GB)
+    return images.TORCH_IMAGE
 
 
 def torch_example(name: str, namespace: str) -> dict[str, Any]:
@@ -679,7 +681,7 @@ def torch_container() -> dict[str, Any]:
 
 def test_the_pytorch_example_is_the_workload_of_this_test() -> None:
     container = torch_container()
-    assert container["image"] == node_mod.TORCH_IMAGE
+    assert container["image"] == images.TORCH_IMAGE
     assert container["args"] == ["--steps", str(TORCH_STEPS)]
     throttle = torch_example("x", "x")["spec"]["throttle"]
     assert throttle["inject"] == "Auto" and "enforcement" not in throttle  # Quota

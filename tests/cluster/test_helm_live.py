@@ -9,8 +9,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ..chart.conftest import CHART
-from .conftest import Kubectl, helm
+from testing.cluster_cli import Kubectl, helm
+from testing.paths import CHART
 
 # Every kind the chart renders with the default values, besides the CRD.
 RELEASED_KINDS = "deployments,serviceaccounts,configmaps,roles,rolebindings"

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import wait_for
-
-from ..operator.conftest import OperatorProcess
-from .conftest import Kubectl, tj_manifest
+from testing.cluster_cli import Kubectl
+from testing.helpers import wait_for
+from testing.manifests import tj_manifest
+from testing.operator_process import OperatorProcess
 
 N = 60
 EDITS = 30

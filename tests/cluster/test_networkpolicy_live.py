@@ -15,8 +15,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..chart.conftest import operator_job
-from .conftest import OPERATOR_NAMESPACE, Kubectl, helm_template, wait_json
+from testing.cluster_cli import OPERATOR_NAMESPACE, Kubectl, helm_template, wait_json
+from testing.manifests import operator_job
 
 
 def selector_arg(selector: dict[str, Any]) -> str:

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 import throttledjob
-
-from .conftest import Kubectl, k8s, node_mod, wait_json
+from testing.cluster_cli import Kubectl, wait_json
+from tools.k8s import cluster as k8s
+from tools.k8s import host, images
+from tools.k8s import node as node_mod
 
 # A cold start (no cached images) runs debootstrap and the image build inside the first
 # test's setup (the real_node fixture).
@@ -47,7 +49,7 @@ def pod_manifest(namespace: str, exit_code: int) -> dict[str, Any]:
             "securityContext": {"runAsNonRoot": True,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
-                "name": "main", "image": node_mod.PRODUCT_IMAGE,
+                "name": "main", "image": images.PRODUCT_IMAGE,
                 # Loaded into containerd by hand: there is no registry to pull from.
                 "imagePullPolicy": "Never",
                 "command": ["python", "-c", SCRIPT, str(exit_code)],
@@ -108,7 +110,7 @@ def test_the_node_and_its_control_plane_share_one_weighted_cgroup(real_node: Any
     cluster's own cpu cgroup (cluster.CPU_SHARES), so a busy process beside the suite
     takes a ninth of a core from them, not half the machine."""
     state = k8s.Cluster(real_node.cluster.dir).state
-    mount = next(m for m in node_mod.cgroup_mounts() if "cpu" in m.name.split(","))
+    mount = next(m for m in host.cgroup_mounts() if "cpu" in m.name.split(","))
     top = mount / state["cgroup"].lstrip("/")
     assert state["cgroup"] and int((top / "cpu.shares").read_text()) == k8s.CPU_SHARES
     daemons = {int(p) for p in (top / "system" / "cgroup.procs").read_text().split()}

@@ -11,23 +11,23 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import wait_for
-from throttledjob.contracts.policy import parse_policy
-from throttledjob.operator import crd
-from throttledjob.operator.children import LABEL_NAME, owned_by
-
-from ..chart.test_rbac import CRDS, NAMESPACED, NAMESPACES
-from ..operator.conftest import FakeSidecar, OperatorProcess
-from .conftest import (
+from testing.cluster_cli import (
     TIMEOUT,
     Kubectl,
     jobs_of,
     operator_identity,
     tj_condition,
     tj_events,
-    tj_manifest,
     wait_json,
 )
+from testing.fake_sidecar import FakeSidecar
+from testing.helpers import wait_for
+from testing.manifests import tj_manifest
+from testing.operator_process import OperatorProcess
+from testing.rbac import CRDS, NAMESPACED, NAMESPACES
+from throttledjob.contracts.policy import parse_policy
+from throttledjob.operator import crd
+from throttledjob.operator.children import LABEL_NAME, owned_by
 
 
 def failed_creates(kubectl: Kubectl, namespace: str) -> list[str]:

@@ -8,21 +8,20 @@ from typing import Any
 
 import pytest
 
-from conftest import wait_for
-from throttledjob.operator import crd
-from throttledjob.operator.children import INJECT_DIR, build_configmap
-
-from ..operator.conftest import OperatorProcess
-from .conftest import (
+from testing.cluster_cli import (
     TIMEOUT,
     Kubectl,
     jobs_of,
     policy_of,
     tj_condition,
     tj_events,
-    tj_manifest,
     tj_status,
 )
+from testing.helpers import wait_for
+from testing.manifests import tj_manifest
+from testing.operator_process import OperatorProcess
+from throttledjob.operator import crd
+from throttledjob.operator.children import INJECT_DIR, build_configmap
 
 
 def patch(kubectl: Kubectl, namespace: str, name: str, spec: dict[str, Any]) -> None:

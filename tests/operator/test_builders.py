@@ -8,10 +8,12 @@ import copy
 import json
 from typing import Any
 
-import kopf
 import pytest
 import yaml
 
+from testing.builders import built, owned, pod_of, restricted_violations
+from testing.manifests import NAMESPACE, make_tj
+from testing.validation import k8s_validate
 from throttledjob.contracts.names import (
     ENV_CONTAINER,
     ENV_CPU_LIMIT,
@@ -25,7 +27,6 @@ from throttledjob.operator.children import (
     LABEL_NAME,
     METRICS_PORT,
     SHARED_DIR,
-    build_configmap,
     build_job,
     job_owner_name,
     sidecar_endpoint,
@@ -46,55 +47,7 @@ from throttledjob.operator.validation import (
     validate,
 )
 
-from .conftest import NAMESPACE, k8s_validate, make_tj
-
-SETTINGS = OperatorSettings()
 NOW = "2026-01-01T00:00:00Z"
-
-
-def owned(tj: dict[str, Any]) -> dict[str, Any]:
-    """The TJ as the API server returns it (uid, generation)."""
-    tj = copy.deepcopy(tj)
-    tj["metadata"].update(uid="0b3c8d1e-0000-4000-8000-000000000001", generation=1)
-    return tj
-
-
-def built(tj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(Job, ConfigMap) as the handler sends them: built, then kopf.adopt-ed."""
-    tj = owned(tj)
-    doc = validate(tj)
-    job, cm = build_job(tj, doc, SETTINGS), build_configmap(tj["metadata"]["name"], doc)
-    kopf.adopt([job, cm], owner=tj)
-    return job, cm
-
-
-def pod_of(job: dict[str, Any]) -> dict[str, Any]:
-    return job["spec"]["template"]["spec"]
-
-
-def restricted_violations(pod: dict[str, Any]) -> list[str]:
-    """The Pod Security "restricted" checks that a pod template can fail."""
-    out = []
-    psc = pod.get("securityContext") or {}
-    for c in [*pod.get("initContainers", []), *pod["containers"]]:
-        sc = {**{k: psc[k] for k in ("runAsNonRoot", "runAsUser", "seccompProfile")
-                 if k in psc}, **(c.get("securityContext") or {})}
-        if sc.get("allowPrivilegeEscalation") is not False:
-            out.append(f"{c['name']}: allowPrivilegeEscalation")
-        if "ALL" not in (sc.get("capabilities") or {}).get("drop", []):
-            out.append(f"{c['name']}: capabilities not dropped")
-        if set((sc.get("capabilities") or {}).get("add", [])) - {"NET_BIND_SERVICE"}:
-            out.append(f"{c['name']}: capabilities added")
-        if sc.get("runAsNonRoot") is not True or sc.get("runAsUser") == 0:
-            out.append(f"{c['name']}: may run as root")
-        if (sc.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
-            out.append(f"{c['name']}: seccomp")
-        if sc.get("privileged"):
-            out.append(f"{c['name']}: privileged")
-    for key in ("hostPID", "hostIPC", "hostNetwork"):
-        if pod.get(key):
-            out.append(key)
-    return out
 
 
 def test_job_and_configmap_are_valid_kubernetes_objects() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import VENV_BIN
+from testing.paths import VENV_BIN
 
 
 def run(*args: str, env: dict[str, str] | None = None,

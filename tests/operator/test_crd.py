@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from testing.manifests import make_tj
+from testing.paths import ROOT
+from testing.validation import cr_errors, k8s_validate
 from throttledjob.contracts.policy import (
     CPU_QUANTITY_PATTERN,
     POLICY_FIELDS,
@@ -27,8 +30,6 @@ from throttledjob.operator.status import (
     status_job_created,
     status_with_observed,
 )
-
-from .conftest import ROOT, cr_errors, k8s_validate, make_tj
 
 SCHEMA = crd.openapi_schema()
 NOW = "2026-01-01T00:00:00Z"

@@ -11,24 +11,22 @@ import kopf
 import pytest
 import yaml
 
-from conftest import wait_for
-from throttledjob.operator import handlers, kube
-
-from .conftest import (
+from testing.emulator import (
     CM_PATH,
     JOBS_PATH,
     TIMEOUT,
     TJ_PATH,
     Emulator,
     Fault,
-    OperatorProcess,
     assert_valid_status,
     cond,
-    handler_memo,
     jobs_of,
-    make_tj,
     status,
 )
+from testing.helpers import wait_for
+from testing.manifests import make_tj
+from testing.operator_process import OperatorProcess, handler_memo
+from throttledjob.operator import handlers, kube
 
 JSON = "application/json"
 

@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 import yaml
 
+from testing.builders import built, owned, pod_of, restricted_violations
+from testing.manifests import make_tj
+from testing.paths import VENV_BIN
+from testing.validation import k8s_validate
 from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
 from throttledjob.contracts.policy import parse_policy
 from throttledjob.operator import crd
 from throttledjob.operator.children import INJECT_DIR, SHARED_DIR
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.validation import SpecError, validate
-
-from .conftest import VENV_BIN, k8s_validate, make_tj
-from .test_builders import built, owned, pod_of, restricted_violations
 
 INJECT = {"targets": {"cpu": {"peak": "1500m"}}, "inject": "Auto"}
 

@@ -16,7 +16,8 @@ from typing import Any
 import kopf
 import pytest
 
-from conftest import wait_for
+from testing.fake_sidecar import FakeSidecar
+from testing.helpers import wait_for
 from throttledjob.operator.crd import SIDECAR_CONTAINER
 from throttledjob.operator.kube import ApiError
 from throttledjob.operator.poller import (
@@ -29,8 +30,6 @@ from throttledjob.operator.poller import (
 )
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.sidecar_status import HttpStatusReader
-
-from .conftest import FakeSidecar
 
 STATUS_DOC = {"observed": {"cpuPeakCores": 1.0, "cpuMaxCores": 1.9,
                            "gpuPeakUtilizationPercent": None, "gpuPeakPowerWatts": None,

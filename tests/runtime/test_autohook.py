@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from testing.paths import ROOT
 from throttledjob.contracts.settings import SETTINGS_FILE, Settings
 from throttledjob.runtime.autohook import enabled
 from throttledjob.runtime.files import write_json_atomic

@@ -1,39 +1,20 @@
-"""Fixtures for the sidecar: real processes, a real `throttledjob sidecar`, HTTP helpers."""
+"""Fixtures for the sidecar: real processes, a real `throttledjob sidecar`."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from promserver import free_port, get, stop
 
-from conftest import HUNGRY, ROOT, VENV_BIN  # noqa: F401  (re-exported to the sidecar tests)
-
-
-def get_json(url: str) -> dict | None:
-    code, body = get(url)
-    return json.loads(body) if code == 200 else None
-
-
-@dataclass
-class Sidecar:
-    proc: subprocess.Popen
-    url: str
-    policy: Path
-    shared: Path
-
-    def status(self) -> dict | None:
-        return get_json(self.url + "/status")
-
-    def stderr(self) -> str:
-        return self.proc.stderr.read() if self.proc.stderr else ""
+from testing.http import free_port
+from testing.paths import HUNGRY, VENV_BIN
+from testing.processes import stop
+from testing.sidecar_process import Sidecar
 
 
 @pytest.fixture
@@ -89,19 +70,3 @@ def sidecar(tmp_path) -> Iterator[Callable[..., Sidecar]]:
     yield start
     for p in started:
         stop(p)
-
-
-class FakeTree:
-    """A process tree whose CPU time the test sets (`cpu`): the agent's view, no processes."""
-
-    def __init__(self) -> None:
-        self.cpu = 0.0
-
-    def refresh(self) -> None:
-        pass
-
-    def cpu_seconds(self) -> float:
-        return self.cpu
-
-    def pids(self) -> list[int]:
-        return []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from testing.fake_tree import FakeTree
 from throttledjob.contracts.names import ENV_CONTAINER
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent
@@ -15,8 +16,6 @@ from throttledjob.sidecar.cgroups.container_quota import WIDTH_MEMORY_SECONDS, C
 from throttledjob.sidecar.enforcement import pod_plan
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.summary import summarize
-
-from .conftest import FakeTree
 
 
 class Pod:

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from testing.fake_tree import FakeTree
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.contracts.progress import Progress
 from throttledjob.contracts.settings import SETTINGS_FILE
@@ -19,8 +20,6 @@ from throttledjob.sidecar.decide import decide, gpu_rate
 from throttledjob.sidecar.enforcement import plan_as_written, pod_plan
 from throttledjob.sidecar.explorer import LeverSetting, Pacing
 from throttledjob.sidecar.measure import Meter, Sample
-
-from .conftest import FakeTree
 
 
 def sample(usage: float = 1.0, coop: float = 0.0, signal: float = 0.0,

@@ -10,7 +10,8 @@ import time
 
 import psutil
 
-from conftest import stopped, wait_for
+from testing.helpers import wait_for
+from testing.processes import stopped
 from throttledjob.sidecar.enforcer import Enforcer, SignalEnforcer
 from throttledjob.sidecar.processes import ProcessTree
 

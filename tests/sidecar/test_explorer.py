@@ -13,6 +13,7 @@ import random
 
 import pytest
 
+from testing.fake_tree import FakeTree
 from throttledjob.sidecar.explorer import (
     DEFAULT_SETTING,
     Explorer,
@@ -25,8 +26,6 @@ from throttledjob.sidecar.explorer import (
     probe_order,
     thread_candidates,
 )
-
-from .conftest import FakeTree
 
 ONE = LeverSetting(threads=1)
 

@@ -19,7 +19,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import stopped, wait_for
+from testing.helpers import wait_for
+from testing.paths import VENV_BIN
+from testing.processes import stopped
+from testing.workloads import LONG, tree
 from throttledjob.sidecar.enforcer import SignalEnforcer
 from throttledjob.sidecar.guard import (
     POLL_SECONDS,
@@ -30,9 +33,6 @@ from throttledjob.sidecar.guard import (
 )
 from throttledjob.sidecar.lease import LeaseWriter, StopLease, lease_path, read_lease
 from throttledjob.sidecar.processes import ProcessTree
-
-from .conftest import VENV_BIN
-from .test_pod import LONG, tree
 
 # The longest stop the enforcer makes, then the guard's slack and one poll: the bound
 # docs/reliability.md states for a dead sidecar's stop. On this shared 2-core machine a

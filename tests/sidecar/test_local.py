@@ -14,7 +14,8 @@ import time
 import psutil
 import pytest
 
-from conftest import HUNGRY, wait_for
+from testing.helpers import wait_for
+from testing.paths import HUNGRY
 from throttledjob.sidecar import controller
 from throttledjob.sidecar.summary import cpu_peak_bound
 

@@ -6,7 +6,8 @@ import os
 import signal
 import sys
 
-from conftest import stopped, wait_for
+from testing.helpers import wait_for
+from testing.processes import stopped
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent, CycleResult
 from throttledjob.sidecar.loop import run_loop

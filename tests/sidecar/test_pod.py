@@ -24,11 +24,11 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import require_tool, stopped, wait_for
-
-from .conftest import HUNGRY, VENV_BIN, free_port, get, get_json
-
-LONG = ("--workers", "2", "--units", "100000")
+from testing.helpers import require_tool, wait_for
+from testing.http import free_port, get, get_json
+from testing.paths import HUNGRY, VENV_BIN
+from testing.processes import stopped
+from testing.workloads import LONG, tree
 
 
 def project(directory, text: str, version: int) -> None:
@@ -53,11 +53,6 @@ def metric(url: str, name: str, **labels: str) -> float | None:
 
 def stopped_of(pids) -> list[int]:
     return [pid for pid in pids if stopped(pid)]
-
-
-def tree(pid: int) -> list[int]:
-    p = psutil.Process(pid)
-    return [pid, *(c.pid for c in p.children(recursive=True))]
 
 
 def test_status_contract_and_live_policy_reload(tmp_path, workload, sidecar):

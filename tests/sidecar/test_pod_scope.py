@@ -15,10 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_for
+from testing.helpers import wait_for
+from testing.http import free_port, get_json
+from testing.paths import HUNGRY, VENV_BIN
+from testing.processes import stop
 from throttledjob.sidecar.cgroups.fs import in_cgroup, pod_cgroup
-
-from .conftest import HUNGRY, VENV_BIN, free_port, get_json, stop
 
 CPU_HIERARCHY = Path("/sys/fs/cgroup/cpu")
 

@@ -12,7 +12,7 @@ import textwrap
 
 import psutil
 
-from conftest import wait_for
+from testing.helpers import wait_for
 from throttledjob.sidecar.cgroups.fs import cgroup_of
 from throttledjob.sidecar.processes import ProcessTree, descendants, resume
 

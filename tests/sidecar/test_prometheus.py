@@ -13,13 +13,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-import promserver
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import require_tool, wait_for
-
-from .conftest import HUNGRY, VENV_BIN, get
+from testing import promserver
+from testing.helpers import require_tool, wait_for
+from testing.http import get
+from testing.paths import HUNGRY, VENV_BIN
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import sys
 
 import psutil
 
-from conftest import wait_for
-
-from .conftest import HUNGRY, VENV_BIN, free_port, get
+from testing.helpers import wait_for
+from testing.http import free_port, get
+from testing.paths import HUNGRY, VENV_BIN
 
 SECRET = "s3cr3t-token-value"
 PATHS = ("/metrics", "/status", "/healthz", "/readyz", "/nope", "/status?x=../../etc/passwd")

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from testing.fake_tree import FakeTree
 from throttledjob.contracts.policy import Policy
 from throttledjob.contracts.progress import Progress
 from throttledjob.runtime.progress import write_progress
@@ -15,8 +16,6 @@ from throttledjob.sidecar.local import build_report
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.stats import PeakTracker
 from throttledjob.sidecar.summary import summarize
-
-from .conftest import FakeTree
 
 
 class Enforcer:

@@ -6,15 +6,17 @@ ServiceAccount controllers among its defaults), kube-scheduler, and KWOK playing
 node: it marks scheduled pods Running and a Job's pods Succeeded, as a kubelet whose
 containers exit 0 would. Every binary is built from source by tools/k8s/build.sh.
 
-    python tools/k8s/cluster.py up [--dir .cluster]     start, wait until ready, return
-    python tools/k8s/cluster.py down [--dir .cluster]   stop everything, remove the dir
+    python -m tools.k8s.cluster up [--dir .cluster]     start, wait until ready, return
+    python -m tools.k8s.cluster down [--dir .cluster]   stop everything, remove the dir
 
 Stdlib only. Ports are picked free at start, so two clusters never clash; everything a
 cluster makes lives in its directory and goes with `down`.
 
-    python tools/k8s/cluster.py up --node real          also a real node beside KWOK: a
+    python -m tools.k8s.cluster up --node real          also a real node beside KWOK: a
                                                         kubelet on containerd running real
                                                         pods (tools/k8s/node.py)
+
+Run from the repository root (the module is `tools.k8s.cluster`).
 """
 
 from __future__ import annotations
@@ -22,14 +24,12 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import importlib.util
 import ipaddress
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -38,6 +38,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tools.k8s import images
+from tools.k8s import node as real_node
+from tools.k8s.host import cache_dir, cgroup_mounts, cpu_mount, free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -72,31 +76,13 @@ def versions() -> dict[str, str]:
 
 
 def bin_dir() -> Path:
-    cache = Path(os.environ.get("THROTTLEDJOB_CACHE", Path.home() / ".cache/throttledjob"))
-    return cache / "k8s" / versions()["K8S_VERSION"] / "bin"
+    return cache_dir() / "k8s" / versions()["K8S_VERSION"] / "bin"
 
 
 def build() -> Path:
     """Build (or find in the cache) every binary; returns their directory."""
     subprocess.run(["bash", str(HERE / "build.sh")], check=True, stdout=subprocess.DEVNULL)
     return bin_dir()
-
-
-def node_module() -> Any:
-    """tools/k8s/node.py (the real node), loaded by path as this file is by the tests."""
-    name = "throttledjob_k8s_node"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, HERE / "node.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return sys.modules[name]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:
@@ -190,14 +176,14 @@ class Cluster:
             (self.dir / name).mkdir(parents=True, exist_ok=True)
         token, node_token = secrets.token_hex(16), secrets.token_hex(16)
         # The second identity is a real node's kubelet (tools/k8s/node.py), if one is added.
-        node_user = f"system:node:{node_module().NODE_NAME}"
+        node_user = f"system:node:{real_node.NODE_NAME}"
         (self.dir / "tokens.csv").write_text(
             f'{token},{ADMIN},{ADMIN},"system:masters"\n'
             f'{node_token},{node_user},{node_user},"system:nodes"\n')
         (self.dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         subprocess.run(["openssl", "genrsa", "-out", str(self.dir / "sa.key"), "2048"],
                        check=True, capture_output=True)
-        ports = {k: _free_port() for k in ("etcd", "peer", "apiserver")}
+        ports = {k: free_port() for k in ("etcd", "peer", "apiserver")}
         server = f"https://127.0.0.1:{ports['apiserver']}"
         pod_ip = "127." + ".".join(str(secrets.randbelow(254) + 1) for _ in range(3))
         (self.dir / "state.json").write_text(json.dumps(
@@ -241,23 +227,23 @@ class Cluster:
             "--kubeconfig", str(admin), "--config", str(self.dir / "kwok-stages.yaml"),
             "--manage-all-nodes=false", "--node-lease-duration-seconds", "40",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            "--server-address", f"127.0.0.1:{_free_port()}", "--node-ip", "127.0.0.1"])
+            "--server-address", f"127.0.0.1:{free_port()}", "--node-ip", "127.0.0.1"])
         self._wait(self._default_service_account, timeout, "the default ServiceAccount")
         self._ensure_node()
         self._wait(self._node_ready, timeout, f"node {NODE_NAME} Ready")
         return self
 
-    def add_real_node(self, timeout: float = 180.0) -> Any:
+    def add_real_node(self, timeout: float = 180.0) -> real_node.RealNode:
         """A real node beside KWOK (tools/k8s/node.py); returns once it is Ready. Raises
-        node.NodeUnavailable when this machine lacks what it needs."""
-        node = node_module().RealNode(self)
+        real_node.NodeUnavailable when this machine lacks what it needs."""
+        real = real_node.RealNode(self)
         try:
-            node.up(timeout)
+            real.up(timeout)
         except BaseException:
             # Half a node is worse than none: undo what was made, keep the control plane.
-            node.down()
+            real.down()
             raise
-        return node
+        return real
 
     def down(self) -> None:
         """Stop every process this directory started (SIGTERM, then SIGKILL), undo what a
@@ -265,7 +251,7 @@ class Cluster:
         state = self.dir / "state.json"
         if state.exists():
             if self.state.get("node"):
-                node_module().teardown(self)
+                real_node.teardown(self)
             saved = json.loads(state.read_text())
             for pid in reversed(list(saved.get("pids", {}).values())):
                 _terminate(pid)
@@ -312,7 +298,7 @@ class Cluster:
         daemons (CPU_SHARES): its kubectl calls and samplers must keep up with the node
         they watch, whatever else the machine runs. Returns the cpu cgroup it left, for
         `release`; None where the cluster has no cgroup."""
-        mount, cgroup = _cpu_mount(), self.state.get("cgroup")
+        mount, cgroup = cpu_mount(), self.state.get("cgroup")
         if mount is None or not cgroup:
             return None
         left = next((line.split(":", 2)[2] for line in
@@ -329,7 +315,7 @@ class Cluster:
     @staticmethod
     def _move(pid: int, cgroup: str) -> bool:
         """Move `pid` into `cgroup` of the cpu hierarchy; False when it cannot be."""
-        mount = _cpu_mount()
+        mount = cpu_mount()
         if mount is None:
             return False
         try:
@@ -395,16 +381,10 @@ class Cluster:
         return ready and not (node.get("spec") or {}).get("taints")
 
 
-def _cpu_mount() -> Path | None:
-    """The cgroup v1 cpu controller's hierarchy, where the machine has one."""
-    return next((m for m in node_module().cgroup_mounts()
-                 if "cpu" in m.name.split(",") and (m / "cpu.shares").exists()), None)
-
-
 def _cpu_cgroup() -> str:
     """A cgroup of CPU_SHARES for a new cluster, its daemons in `system` under it: its
     path, or "" where it cannot be made (no cgroup v1 cpu controller, not root)."""
-    mount = _cpu_mount()
+    mount = cpu_mount()
     if mount is None:
         return ""
     path = f"/tj-cluster-{secrets.token_hex(3)}"
@@ -420,7 +400,7 @@ def _cpu_cgroup() -> str:
 def _remove_cgroup(path: str) -> None:
     """Remove the cluster's cgroup (and what a node made under it) in every hierarchy,
     deepest first; its processes are gone by now."""
-    for mount in node_module().cgroup_mounts():
+    for mount in cgroup_mounts():
         top = mount / path.lstrip("/")
         for sub, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
             with contextlib.suppress(OSError):
@@ -478,9 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.up()
         if args.node == "real":
-            node = cluster.add_real_node(timeout=900)  # a cold start builds the images
+            real = cluster.add_real_node(timeout=900)  # a cold start builds the images
             if args.with_torch:
-                node.load(node_module().torch_archive())
+                real.load(images.torch_archive())
     except (RuntimeError, TimeoutError, OSError) as e:
         # A cluster that was already running keeps running (a failed node undoes itself).
         if not was_running:

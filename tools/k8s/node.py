@@ -1,18 +1,12 @@
 """A real node for the test cluster: the kubelet (built with the control plane by
 tools/k8s/build.sh) on containerd, runc and the CNI plugins from Debian, running real pods
-on this machine. Called by `cluster.py up --node real`; `cluster.py down` calls teardown().
+on this machine. Added by `python -m tools.k8s.cluster up --node real` (or
+`Cluster.add_real_node`); `Cluster.down` calls teardown(). Its images come from
+tools/k8s/images.py.
 
-No container registry is reachable, so every image is built here and cached in
-~/.cache/throttledjob/images (override with THROTTLEDJOB_CACHE):
-
-- the sandbox ("pause") image: tools/k8s/pause, a static Go binary, packed by hand as an
-  OCI archive (one layer, one file);
-- a Debian bookworm base with Debian's python3.11 (debootstrap), the local stand-in for
-  the Dockerfile's python:3.11-slim-bookworm;
-- the product image localhost/throttledjob:dev: the project's Dockerfile built by podman
-  from that base (`--build-arg BASE=...`);
-- a user's image with PyTorch, localhost/throttledjob-torch-train:dev
-  (examples/pytorch/Dockerfile), the same way.
+A node is given its cluster (a cluster.Cluster) and runs its processes through it
+(`start_process`, `wait`, `update_state`), so the cluster's `down` stops them; this module
+never imports cluster.py.
 
 Everything the node makes lives in the cluster's directory (containerd root and state,
 network namespaces, kubelet root, pod logs, CNI IPAM) or is recorded there (the bridge,
@@ -23,37 +17,30 @@ teardown() can undo it. Stdlib only.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
-import io
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 import urllib.error
 from pathlib import Path
 from typing import Any
 
+from tools.k8s.host import cgroup_mounts, free_port, listening, run
+from tools.k8s.images import PAUSE_IMAGE, pause_archive, product_archive
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
 NODE_NAME = "real-node-0"
-PAUSE_IMAGE = "localhost/throttledjob-pause:1"
-BASE_IMAGE = "localhost/throttledjob-base:bookworm"
-PRODUCT_IMAGE = "localhost/throttledjob:dev"
-TORCH_IMAGE = "localhost/throttledjob-torch-train:dev"
 # Only pods that ask for the real node land on it: the suite's other pods are meant for
 # KWOK (their images exist nowhere here), and may be pending while this node comes up.
 TAINT = {"key": "throttledjob.io/real-node", "value": "true", "effect": "NoSchedule"}
 LABELS = {"throttledjob.io/node": "real"}
-# Debian packages the node needs; `make`/CI installs them with apt-get.
-APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "podman", "debootstrap")
+# Debian packages the node needs, one a line: `make tools` installs the same list.
+APT_PACKAGES = tuple((HERE / "node-packages.txt").read_text().split())
 NEEDED = {"containerd": "/usr/bin/containerd", "ctr": "/usr/bin/ctr", "runc": "/usr/sbin/runc",
           "bridge": "/usr/lib/cni/bridge", "host-local": "/usr/lib/cni/host-local",
           "loopback": "/usr/lib/cni/loopback", "podman": "/usr/bin/podman",
@@ -74,10 +61,6 @@ class NodeUnavailable(RuntimeError):
     """The machine lacks what a real node needs (a tool, root)."""
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("THROTTLEDJOB_CACHE", Path.home() / ".cache/throttledjob"))
-
-
 def missing_tools() -> list[str]:
     missing = [name for name, path in NEEDED.items()
                if not (shutil.which(name) if path is None else os.access(path, os.X_OK))]
@@ -91,171 +74,6 @@ def check() -> None:
     if missing:
         raise NodeUnavailable(f"a real node needs {', '.join(missing)}: apt-get install "
                               f"{' '.join(APT_PACKAGES)} (as root)")
-
-
-def _run(*cmd: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}\n"
-                           f"{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
-    return proc
-
-
-# --- images ------------------------------------------------------------------------------
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def pause_archive() -> Path:
-    """The sandbox image as an OCI archive `ctr images import` reads (built once)."""
-    src = HERE / "pause" / "main.go"
-    key = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
-    out = cache_dir() / "images" / f"pause-{key}.oci.tar"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        binary = Path(tmp) / "pause"
-        _run("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(binary), str(src),
-             cwd=src.parent, env={**os.environ, "CGO_ENABLED": "0"})
-        # One layer holding /pause; mtime 0 so the same source gives the same digest.
-        layer_tar = io.BytesIO()
-        with tarfile.open(fileobj=layer_tar, mode="w") as t:
-            info = t.gettarinfo(str(binary), arcname="pause")
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            t.addfile(info, binary.open("rb"))
-        layer = gzip.compress(layer_tar.getvalue(), mtime=0)
-        config = json.dumps({
-            "architecture": "amd64", "os": "linux",
-            "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
-            "rootfs": {"type": "layers", "diff_ids": [_digest(layer_tar.getvalue())]},
-        }).encode()
-        manifest = json.dumps({
-            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                       "digest": _digest(config), "size": len(config)},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                        "digest": _digest(layer), "size": len(layer)}],
-        }).encode()
-        index = json.dumps({"schemaVersion": 2, "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": _digest(manifest), "size": len(manifest),
-            "annotations": {"io.containerd.image.name": PAUSE_IMAGE,
-                            "org.opencontainers.image.ref.name": PAUSE_IMAGE.split(":")[1]}}],
-        }).encode()
-        files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": index}
-        for blob in (layer, config, manifest):
-            files["blobs/sha256/" + _digest(blob).split(":")[1]] = blob
-        tmp_out = out.with_suffix(".tmp")
-        with tarfile.open(tmp_out, "w") as t:
-            for name, data in files.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                t.addfile(info, io.BytesIO(data))
-        tmp_out.rename(out)
-    return out
-
-
-def _podman(*args: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
-    """podman with its storage in the cache, not /var/lib/containers: nothing of the
-    machine's own, and the base image survives between runs."""
-    store = cache_dir() / "images" / "podman"
-    return _run("podman", "--root", str(store / "root"), "--runroot", str(store / "run"),
-                "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs",
-                "--events-backend", "none", *args, check=check, **kw)
-
-
-def base_image() -> None:
-    """localhost/throttledjob-base:bookworm in podman's store: Debian bookworm minbase with
-    Debian's python3.11 (what python:3.11-slim-bookworm is, minus its own build of Python),
-    from debootstrap (about 80 s, once)."""
-    tarball = cache_dir() / "images" / "base-bookworm-python3.tar"
-    if not tarball.exists():
-        tarball.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
-            rootfs = Path(tmp) / "rootfs"
-            # python-is-python3: the Dockerfile calls `python`; python3-venv: ensurepip.
-            _run("debootstrap", "--variant=minbase",
-                 "--include=python3,python3-venv,python-is-python3,ca-certificates",
-                 "bookworm", str(rootfs), "http://deb.debian.org/debian", timeout=900)
-            for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
-                for p in (rootfs / junk).glob("*"):
-                    if p.is_file():
-                        p.unlink()
-            _run("tar", "-C", str(rootfs), "-cf", str(tarball.with_suffix(".tmp")), ".")
-            tarball.with_suffix(".tmp").rename(tarball)
-    if _podman("image", "exists", BASE_IMAGE, check=False).returncode == 0:
-        return
-    with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
-        # The image trusts what this machine trusts: where HTTPS goes through an
-        # intercepting proxy, its CA is in the host's bundle only, and pip (which brings
-        # its own bundle) must be told to use the system's, as the host's pip is.
-        image_tar = Path(tmp) / "base.tar"
-        extra = {"./etc/pip.conf": b"[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n"}
-        host_ca = Path("/etc/ssl/certs/ca-certificates.crt")
-        if host_ca.exists():
-            extra["./etc/ssl/certs/ca-certificates.crt"] = host_ca.read_bytes()
-        # A copy with those files replaced (podman refuses a layer naming a path twice).
-        with tarfile.open(tarball) as src, tarfile.open(image_tar, "w") as dst:
-            for member in src:
-                if member.name not in extra:
-                    dst.addfile(member, src.extractfile(member) if member.isfile() else None)
-            for name, data in extra.items():
-                info = tarfile.TarInfo(name)
-                info.size, info.mode = len(data), 0o644
-                dst.addfile(info, io.BytesIO(data))
-        _podman("import", "--change", "ENV=LANG=C.UTF-8", "--change", 'CMD=["python3"]',
-                str(image_tar), BASE_IMAGE)
-
-
-def _context_hash(paths: list[Path]) -> str:
-    """What an image is built from: its Dockerfile and the files it may copy."""
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(p.relative_to(ROOT).as_posix().encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()[:12]
-
-
-def _build_archive(image: str, dockerfile: Path, context: Path, inputs: list[Path]) -> Path:
-    """`image` built by podman from `dockerfile` on the local base, as an OCI archive in
-    the cache; rebuilt when the Dockerfile or what it copies (`inputs`) changes."""
-    stem = image.split("/")[-1].replace(":", "-")
-    out = cache_dir() / "images" / f"{stem}-{_context_hash([dockerfile, *inputs])}.oci.tar"
-    if out.exists():
-        return out
-    base_image()
-    # --network host: pip in the build reaches PyPI as this machine does. The ulimits:
-    # podman asks for more open files than root may have here (no CAP_SYS_RESOURCE, hard
-    # limit below podman's default).
-    _podman("build", "--network", "host", "--ulimit", "nofile=1024:1024",
-            "--ulimit", "nproc=4096:4096", "--build-arg", f"BASE={BASE_IMAGE}",
-            "-t", image, "-f", str(dockerfile), str(context), timeout=1800)
-    # Build stages' images and older builds' are of no further use.
-    _podman("image", "prune", "--force", check=False)
-    for old in out.parent.glob(f"{stem}-*.oci.tar"):
-        old.unlink()
-    _podman("save", "--format", "oci-archive", "-o", str(out.with_suffix(".tmp")), image)
-    out.with_suffix(".tmp").rename(out)
-    return out
-
-
-def product_archive() -> Path:
-    """localhost/throttledjob:dev, from the project's Dockerfile."""
-    inputs = [ROOT / n for n in (".dockerignore", "pyproject.toml", "README.md",
-                                 "requirements-dev.txt", "requirements-run.txt")]
-    inputs += sorted(p for p in (ROOT / "src").rglob("*")
-                     if p.is_file() and "__pycache__" not in p.parts)
-    return _build_archive(PRODUCT_IMAGE, ROOT / "Dockerfile", ROOT, inputs)
-
-
-def torch_archive() -> Path:
-    """localhost/throttledjob-torch-train:dev: a user's image, PyTorch and the unmodified
-    examples/torch_train.py (examples/pytorch/Dockerfile), for the zero-code runs."""
-    examples = ROOT / "examples"
-    return _build_archive(TORCH_IMAGE, examples / "pytorch" / "Dockerfile", examples,
-                          [examples / "pytorch" / "requirements.txt",
-                           examples / "torch_train.py"])
 
 
 # --- the node ----------------------------------------------------------------------------
@@ -306,16 +124,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """
 
 
-def cgroup_mounts() -> list[Path]:
-    """Every cgroup hierarchy (v1 controllers and the unified one beside them)."""
-    out = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        _, point, fstype, *_ = line.split()
-        if fstype in ("cgroup", "cgroup2"):
-            out.append(Path(point))
-    return out
-
-
 class RealNode:
     """A kubelet and a containerd for `cluster` (a cluster.Cluster), in cluster.dir/node."""
 
@@ -325,7 +133,7 @@ class RealNode:
         self.sock = self.dir / "containerd" / "containerd.sock"
 
     def _ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return _run("ctr", "--address", str(self.sock), "--namespace", "k8s.io", *args,
+        return run("ctr", "--address", str(self.sock), "--namespace", "k8s.io", *args,
                     check=check, timeout=300)
 
     def up(self, timeout: float = 180.0) -> None:
@@ -336,7 +144,8 @@ class RealNode:
         token = state.get("node_token")
         if not token:
             raise NodeUnavailable("this cluster was started without a node token: "
-                                  "`cluster.py down` it and start it again")
+                                  "`python -m tools.k8s.cluster down` it and start it "
+                                  "again")
         archives = (pause_archive(), product_archive())
         d = self.dir
         for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "certs"):
@@ -397,7 +206,7 @@ class RealNode:
             "volumePluginDir": str(d / "volume-plugins"),
             # Loopback only, and nobody may call it: the API server cannot reach it anyway
             # (a node's IP must not be loopback), so no `kubectl logs`/`exec` here.
-            "address": "127.0.0.1", "port": _free_port(), "readOnlyPort": 0,
+            "address": "127.0.0.1", "port": free_port(), "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1", "healthzPort": 0,
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
                                "x509": {}},
@@ -428,15 +237,16 @@ class RealNode:
         ClusterIP: an address of this machine (on lo: this kernel has no dummy
         interfaces) where tools/k8s/service_proxy.py forwards to the API server."""
         ip = self.cluster.service_ip
-        if _run("ip", "address", "add", f"{ip}/32", "dev", "lo", check=False).returncode:
+        if run("ip", "address", "add", f"{ip}/32", "dev", "lo", check=False).returncode:
             raise NodeUnavailable(
-                f"{ip} is on lo already: another real node runs on this machine (`cluster.py "
-                f"down` it), or a killed one left it (`ip address del {ip}/32 dev lo`)")
+                f"{ip} is on lo already: another real node runs on this machine (`python -m "
+                f"tools.k8s.cluster down` it), or a killed one left it "
+                f"(`ip address del {ip}/32 dev lo`)")
         self.cluster.update_state(node={**self.cluster.state["node"], "service_ip": ip})
         self.cluster.start_process("service-proxy", [
             str(HERE / "service_proxy.py"), ip, "443", "127.0.0.1",
             str(self.cluster.state["ports"]["apiserver"])], program=sys.executable)
-        self.cluster.wait(lambda: _listening(ip, 443), 30, "the kubernetes Service proxy")
+        self.cluster.wait(lambda: listening(ip, 443), 30, "the kubernetes Service proxy")
 
     def down(self) -> None:
         """Tear this node down and forget it; the control plane (and KWOK) keep running."""
@@ -488,7 +298,7 @@ def teardown(cluster: Any) -> None:
     cluster.stop_process("kubelet")
     cluster.stop_process("service-proxy")
     if node.get("service_ip"):
-        _run("ip", "address", "del", f"{node['service_ip']}/32", "dev", "lo", check=False)
+        run("ip", "address", "del", f"{node['service_ip']}/32", "dev", "lo", check=False)
     sock = d / "containerd" / "containerd.sock"
     # Every task's id (its bundle; runc's state), for the shim sockets below.
     task_ids = {p.name for top in (d / "containerd/state/io.containerd.runtime.v2.task/k8s.io",
@@ -496,11 +306,11 @@ def teardown(cluster: Any) -> None:
                 for p in top.iterdir()}
     if "containerd" in pids and sock.exists():
         ctr = ("ctr", "--address", str(sock), "--namespace", "k8s.io")
-        listed = _run(*ctr, "containers", "ls", "-q", check=False, timeout=60)
+        listed = run(*ctr, "containers", "ls", "-q", check=False, timeout=60)
         for cid in listed.stdout.split():
             # Kills the task, the shim unmounts its rootfs and exits; then the record.
-            _run(*ctr, "tasks", "delete", "--force", cid, check=False, timeout=60)
-            _run(*ctr, "containers", "delete", cid, check=False, timeout=60)
+            run(*ctr, "tasks", "delete", "--force", cid, check=False, timeout=60)
+            run(*ctr, "containers", "delete", cid, check=False, timeout=60)
     cluster.stop_process("containerd")
     # Anything still running from this node: shims (they outlive containerd; their command
     # line names our socket) and processes left in the node's cgroups.
@@ -541,15 +351,15 @@ def teardown(cluster: Any) -> None:
         if point == str(d) or point.startswith(f"{d}/"):
             mounts.append(point)
     for point in sorted(mounts, key=len, reverse=True):
-        if _run("umount", point, check=False).returncode != 0:
-            _run("umount", "-l", point, check=False)
+        if run("umount", point, check=False).returncode != 0:
+            run("umount", "-l", point, check=False)
     for top in cgroup_dirs:
         if top.exists():
             for sub, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
                 with contextlib.suppress(OSError):
                     os.rmdir(sub)
     if node.get("bridge"):
-        _run("ip", "link", "delete", node["bridge"], check=False)
+        run("ip", "link", "delete", node["bridge"], check=False)
     for key, value in (node.get("sysctls") or {}).items():
         path = Path("/proc/sys", key)
         with contextlib.suppress(OSError):
@@ -564,14 +374,3 @@ def teardown(cluster: Any) -> None:
             with contextlib.suppress(OSError):
                 CONTAINER_LOGS.rmdir()
     cluster.update_state(node=None)
-
-
-def _listening(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex((host, port)) == 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

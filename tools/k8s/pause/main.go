@@ -2,7 +2,7 @@
 // registry.k8s.io/pause cannot be pulled. It holds the pod's namespaces open, reaps
 // children (it is PID 1 when a pod shares its PID namespace) and exits 0 on SIGTERM or
 // SIGINT, which is all the kubelet asks of it. Built static (CGO_ENABLED=0) by
-// tools/k8s/node.py and packed as the image's only file.
+// tools/k8s/images.py and packed as the image's only file.
 package main
 
 import (

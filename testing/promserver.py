@@ -10,43 +10,15 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from conftest import VENV_BIN, require_tool, wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `timeout` seconds; always reaped."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    """(status, body) of a GET; (0, error) when nothing answers yet."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError as e:
-        return 0, str(e)
+from testing.helpers import require_tool, wait_for
+from testing.http import free_port, get
+from testing.paths import VENV_BIN
+from testing.processes import stop
 
 
 @contextlib.contextmanager

@@ -1,19 +1,16 @@
-"""Chart helpers: render the chart with helm, validate objects, check Pod Security."""
+"""The chart as helm renders it, and the Pod Security "restricted" profile."""
 
 from __future__ import annotations
 
-import copy
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import yaml
 
-from conftest import ROOT, require_tool
+from testing.helpers import require_tool
+from testing.paths import CHART
 
-CHART = ROOT / "charts" / "throttledjob"
-K8S_VERSIONS = ("1.30", kubernetes_validate.latest_version())
 RELEASE, NAMESPACE = "tj", "throttledjob-system"
 # Every optional part on: what the "all-optional-on" renders use.
 ALL_ON = {"monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "kps"}},
@@ -21,23 +18,6 @@ ALL_ON = {"monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "
                          "dashboard": {"enabled": True, "namespace": "grafana",
                                        "annotations": {"grafana_folder": "Batch"}}},
           "networkPolicy": {"enabled": True, "namespaces": ["ml"]}}
-
-
-def operator_job(name: str = "train", inject: str = "None", settings: Any = None,
-                 **pod: Any) -> dict[str, Any]:
-    """The Job the operator builds for a small ThrottledJob in namespace "ml" (keyword
-    arguments override pod spec fields of its template), as it sends it."""
-    from throttledjob.operator.children import build_job
-    from throttledjob.operator.settings import OperatorSettings
-    from throttledjob.operator.validation import validate
-
-    from ..operator.conftest import make_tj
-
-    tj = make_tj(name, throttle={"targets": {"cpu": {"peak": "1500m"}}, "maxSlowdown": 1.25,
-                                 "inject": inject}, **pod)
-    job = build_job(tj, validate(tj), settings or OperatorSettings())
-    job["metadata"]["namespace"] = tj["metadata"]["namespace"]
-    return job
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -69,18 +49,6 @@ def render(values: dict[str, Any] | None = None, tmp: Path | None = None,
 
 def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objs if o["kind"] == kind]
-
-
-def k8s_errors(obj: dict[str, Any]) -> list[str]:
-    """kubernetes-validate --strict against Kubernetes 1.30 and the newest bundled."""
-    out = []
-    for version in K8S_VERSIONS:
-        try:
-            kubernetes_validate.validate(copy.deepcopy(obj), version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            out.append(f"{obj['kind']}/{obj['metadata']['name']} invalid for {version}: "
-                       f"{e.message} at {list(e.path)}")
-    return out
 
 
 ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",

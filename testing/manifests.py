@@ -1,0 +1,59 @@
+"""Manifests the tests start from: a small valid ThrottledJob, the Job the operator
+builds for one, and a ThrottledJob whose pods KWOK runs for a while."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from throttledjob.operator import crd
+
+NAMESPACE = "ml"
+
+
+def make_tj(name: str = "train", *, throttle: dict[str, Any] | None = None,
+            parameters: dict[str, Any] | None = None, **pod: Any) -> dict[str, Any]:
+    """A small valid ThrottledJob; keyword arguments override pod spec fields."""
+    container = {"name": "trainer", "image": "python:3.11-slim",
+                 "command": ["python", "train.py"],
+                 "resources": {"limits": {"cpu": "2", "memory": "1Gi"}},
+                 "securityContext": {"allowPrivilegeEscalation": False,
+                                     "capabilities": {"drop": ["ALL"]}}}
+    pod_spec = {"restartPolicy": "Never", "containers": [container],
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
+                                    "seccompProfile": {"type": "RuntimeDefault"}}, **pod}
+    spec: dict[str, Any] = {
+        "jobTemplate": {"metadata": {"labels": {"team": "vision"}},
+                        "spec": {"backoffLimit": 0, "template": {"spec": pod_spec}}},
+        "throttle": throttle if throttle is not None else {
+            "targets": {"cpu": {"peak": "1500m"}}, "maxSlowdown": 1.25,
+            "mode": "Adaptive", "enforcement": "Cooperative", "intervalSeconds": 1},
+    }
+    if parameters is not None:
+        spec["parameters"] = parameters
+    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
+
+
+def operator_job(name: str = "train", inject: str = "None", settings: Any = None,
+                 **pod: Any) -> dict[str, Any]:
+    """The Job the operator builds for a small ThrottledJob in namespace "ml" (keyword
+    arguments override pod spec fields of its template), as it sends it."""
+    from throttledjob.operator.children import build_job
+    from throttledjob.operator.settings import OperatorSettings
+    from throttledjob.operator.validation import validate
+
+    tj = make_tj(name, throttle={"targets": {"cpu": {"peak": "1500m"}}, "maxSlowdown": 1.25,
+                                 "inject": inject}, **pod)
+    job = build_job(tj, validate(tj), settings or OperatorSettings())
+    job["metadata"]["namespace"] = tj["metadata"]["namespace"]
+    return job
+
+
+def tj_manifest(name: str, namespace: str, run_for: str = "2s", **kwargs: Any) -> dict:
+    """A ThrottledJob whose pods KWOK runs for `run_for` before they succeed."""
+    tj = make_tj(name, **kwargs)
+    tj["metadata"]["namespace"] = namespace
+    template = tj["spec"]["jobTemplate"]["spec"]["template"]
+    template.setdefault("metadata", {}).setdefault("annotations", {})[
+        "throttledjob.io/test-run-for"] = run_for
+    return tj

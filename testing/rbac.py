@@ -1,0 +1,21 @@
+"""The API calls the operator makes, as RBAC rules (tests/chart/test_rbac.py has where
+each comes from); the chart must grant exactly these."""
+
+from __future__ import annotations
+
+from throttledjob.operator import crd
+
+Rules = dict[tuple[str, str], frozenset[str]]
+
+NAMESPACED: Rules = {
+    (crd.GROUP, crd.PLURAL): frozenset({"get", "list", "watch", "patch"}),
+    (crd.GROUP, f"{crd.PLURAL}/status"): frozenset({"patch"}),
+    ("batch", "jobs"): frozenset({"get", "list", "watch", "create"}),
+    ("", "configmaps"): frozenset({"get", "create", "patch"}),
+    ("", "pods"): frozenset({"list"}),
+    ("", "pods/resize"): frozenset({"patch"}),
+    ("", "events"): frozenset({"create"}),
+}
+CRDS: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"):
+               frozenset({"list", "watch"})}
+NAMESPACES: Rules = {("", "namespaces"): frozenset({"list", "watch"})}

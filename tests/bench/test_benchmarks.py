@@ -1,0 +1,84 @@
+"""Each benchmark of bench/ at a tiny size, run as `make bench` runs it: it must finish and
+print its table, one row per case. Its figures are never judged here (at these sizes they
+mean nothing): timing claims live in bench/ and docs/benchmarks.md. The operator's load
+benchmark needs the cluster: tests/cluster/test_bench_live.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from testing.benchmarks import run_benchmark, table_rows
+from testing.helpers import require_tool
+from throttledjob.sidecar.cgroups.detection import detect
+
+pytestmark = pytest.mark.bench
+
+# As tests/sidecar/test_quota.py: where the suite runs as root (CI), no quota is a failure.
+needs_cgroup = pytest.mark.skipif(not detect() and not os.environ.get("CI"),
+                                  reason="no writable cgroup cpu controller here")
+CGROUP_V1 = all(Path("/sys/fs/cgroup", c).is_dir() for c in ("cpu", "cpuacct"))
+needs_cgroup_v1 = pytest.mark.skipif(
+    not (CGROUP_V1 and os.geteuid() == 0) and not os.environ.get("CI"),
+    reason="needs root and the cgroup v1 cpu and cpuacct controllers")
+
+
+def test_foundation(tmp_path: Path) -> None:
+    require_tool("cpulimit")
+    out = run_benchmark("run", "--scale", "0.02", "--json", str(tmp_path / "f.json"))
+    # Five workloads, unthrottled and ours; cpulimit beside the one-process one.
+    assert len(table_rows(out, "| case |")) == 11
+    assert "step() cost, ns per call" in out
+    assert len(json.loads((tmp_path / "f.json").read_text())["rows"]) == 11
+
+
+def test_torch_inject() -> None:
+    out = run_benchmark("torch_inject", "--steps", "20")
+    cases = [row[0] for row in table_rows(out, "| case |")]
+    assert cases == ["unthrottled", "--inject (optimizer-step pacing)",
+                     "--enforcement signals"]
+
+
+def test_frontier(tmp_path: Path) -> None:
+    out = run_benchmark("frontier", "--quick", "--workloads", "matmul", "--scale", "0.003",
+                        "--fractions", "0.5", "--json", str(tmp_path / "f.json"),
+                        "--plots", str(tmp_path))
+    assert [row[0] for row in table_rows(out, "| workload | peak P |")] == ["matmul"]
+    assert [row[0] for row in table_rows(out, "| workload | target | ours:")] == ["matmul"]
+    assert (tmp_path / "frontier-matmul.png").stat().st_size > 0
+
+
+def test_gpu_frontier(tmp_path: Path) -> None:
+    out = run_benchmark("gpu_frontier", "--intervals", "30", "--json", str(tmp_path / "g.json"))
+    # Five simulated workloads at three targets each.
+    assert len(table_rows(out, "| workload | peak W |")) == 15
+
+
+def test_sidecar_footprint(tmp_path: Path) -> None:
+    out = run_benchmark("sidecar_footprint", "--seconds", "1", "--scrapes", "5", "--gpus", "1",
+                        "--json", str(tmp_path / "s.json"))
+    figures = json.loads(out)
+    assert {"cpu_percent_of_one_core", "rss_mib", "scrape_ms_median", "scrape_ms_p99",
+            "metrics_bytes"} <= set(figures)
+    assert json.loads((tmp_path / "s.json").read_text()) == figures
+
+
+@needs_cgroup
+def test_quota(tmp_path: Path) -> None:
+    out = run_benchmark("quota", "--workloads", "busy", "--units", "300", "--fractions", "0.5",
+                        "--json", str(tmp_path / "q.json"))
+    cases = [row[1] for row in table_rows(out, "| workload | case |")]
+    assert cases == ["unthrottled", "50%: plain quota (limits.cpu)", "50%: throttledjob run",
+                     "50%: signals", "unthrottled, again"]
+    assert [row[0] for row in table_rows(out, "| workload | target |")] == ["busy"]
+
+
+@needs_cgroup_v1
+def test_quota_spread() -> None:
+    lines = [json.loads(line) for line in
+             run_benchmark("quota_spread", "--runs", "1", "--seconds", "3").splitlines()]
+    assert lines[0]["run"] == 0 and lines[0]["n"] >= 1
+    assert lines[-1]["runs"] == 1 and len(lines[-1]["p99_over_target"]) == 2

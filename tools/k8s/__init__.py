@@ -1,0 +1,9 @@
+"""The test cluster, built from source and run on this machine (docs/testing.md).
+
+    host      what the machine offers: cgroup hierarchies, free ports, commands, the cache
+    cluster   the control plane and KWOK's node (`python -m tools.k8s.cluster up|down`)
+    node      a real node beside it: kubelet, containerd, its network and cgroups
+    images    the images a real node runs, built here (no registry is reachable)
+
+Imports go one way: cluster -> node -> images -> host.
+"""
