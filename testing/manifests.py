@@ -10,6 +10,17 @@ from throttledjob.operator import crd
 NAMESPACE = "ml"
 
 
+def policy_with(path: str, value: Any) -> dict[str, Any]:
+    """A `spec.throttle` document with only `value` at the dotted `path`."""
+    doc: dict[str, Any] = {}
+    node = doc
+    *groups, key = path.split(".")
+    for g in groups:
+        node = node.setdefault(g, {})
+    node[key] = value
+    return doc
+
+
 def make_tj(name: str = "train", *, throttle: dict[str, Any] | None = None,
             parameters: dict[str, Any] | None = None, **pod: Any) -> dict[str, Any]:
     """A small valid ThrottledJob; keyword arguments override pod spec fields."""

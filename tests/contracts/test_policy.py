@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import pytest
 
+from testing.manifests import policy_with
 from throttledjob.contracts.policy import (
     POLICY_FIELDS,
     Policy,
@@ -107,17 +107,13 @@ def test_overrides_are_validated():
     with pytest.raises(PolicyError, match="maxSlowdown"):
         Policy().with_overrides(max_slowdown=0.5)
     assert Policy().with_overrides(cpu_peak_cores=2.0, mode=None).cpu_peak_cores == 2.0
-
-
-def _at(path: str, value: Any) -> dict[str, Any]:
-    """A policy document with `value` at the dotted `path`."""
-    doc: dict[str, Any] = {}
-    node = doc
-    *groups, key = path.split(".")
-    for g in groups:
-        node = node.setdefault(g, {})
-    node[key] = value
-    return doc
+    # A changed field is named as the caller names it (the command line: its flag) ...
+    with pytest.raises(PolicyError, match=r"^--max-slowdown=0.5 is out of range"):
+        Policy().with_overrides(names={"max_slowdown": "--max-slowdown"}, max_slowdown=0.5)
+    # ... and only a changed one: a name for a field left alone is never used.
+    with pytest.raises(PolicyError, match=r"^maxSlowdown=0.5 is out of range"):
+        Policy(max_slowdown=0.5).with_overrides(names={"max_slowdown": "--max-slowdown"},
+                                               interval_seconds=2.0)
 
 
 def test_the_table_is_every_field_of_the_policy_once():
@@ -140,17 +136,17 @@ def test_the_table_is_every_field_of_the_policy_once():
                          ids=lambda f: f.path)
 def test_each_number_is_accepted_at_its_bounds_and_refused_past_them(f):
     for value in (f.minimum, f.maximum):
-        assert getattr(parse_policy(_at(f.path, value)), f.attr) == value
+        assert getattr(parse_policy(policy_with(f.path, value)), f.attr) == value
     step = 1 if f.type == "integer" else 0
     for value, toward in ((f.minimum - step, -math.inf), (f.maximum + step, math.inf)):
         value = value if step else math.nextafter(value, toward)
         with pytest.raises(PolicyError, match=rf"^{f.path}={value} is out of range"):
-            parse_policy(_at(f.path, value))
+            parse_policy(policy_with(f.path, value))
     with pytest.raises(PolicyError, match=rf"^{f.path} must be a number, got 'x'"):
-        parse_policy(_at(f.path, "x"))
+        parse_policy(policy_with(f.path, "x"))
     if f.type == "integer":
         with pytest.raises(PolicyError, match=rf"^{f.path} must be a whole number"):
-            parse_policy(_at(f.path, f.minimum + 0.5))
+            parse_policy(policy_with(f.path, f.minimum + 0.5))
 
 
 def test_nice_and_cpu_affinity_reach_the_policy():
@@ -161,6 +157,6 @@ def test_nice_and_cpu_affinity_reach_the_policy():
 def test_a_choice_is_read_in_any_case_and_refused_by_its_name():
     for f in (f for f in POLICY_FIELDS if f.type == "choice"):
         for choice in f.choices:
-            assert getattr(parse_policy(_at(f.path, choice.upper())), f.attr) == choice
+            assert getattr(parse_policy(policy_with(f.path, choice.upper())), f.attr) == choice
         with pytest.raises(PolicyError, match=rf"^{f.path} must be one of"):
-            parse_policy(_at(f.path, None))
+            parse_policy(policy_with(f.path, None))

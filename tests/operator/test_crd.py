@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testing.manifests import make_tj
+from testing.manifests import make_tj, policy_with
 from testing.paths import ROOT
 from testing.validation import cr_errors, k8s_validate
 from throttledjob.contracts.policy import (
@@ -177,16 +177,6 @@ def _throttle_leaves(node: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
-def _with(path: str, value: Any) -> dict[str, Any]:
-    throttle: dict[str, Any] = {}
-    node = throttle
-    *groups, key = path.split(".")
-    for g in groups:
-        node = node.setdefault(g, {})
-    node[key] = value
-    return throttle
-
-
 def test_spec_throttle_is_the_policy_table_and_inject() -> None:
     assert sorted(_throttle_leaves(THROTTLE)) == sorted(
         [f.path for f in POLICY_FIELDS] + ["inject"])
@@ -199,7 +189,7 @@ def test_spec_throttle_is_the_policy_table_and_inject() -> None:
         if f.type == "choice":
             assert [c.lower() for c in node["enum"]] == list(f.choices), f.path
         if f.crd_default:
-            assert parse_policy(_with(f.path, node["default"])) == parse_policy({}), f.path
+            assert parse_policy(policy_with(f.path, node["default"])) == parse_policy({}), f.path
         else:
             assert "default" not in node, f.path
 
@@ -229,7 +219,7 @@ def test_the_crd_and_the_parser_agree_at_every_bound() -> None:
         else:
             continue  # a CPU quantity: its CEL rule, below
         for value, accepted in cases:
-            throttle = _with(f.path, value)
+            throttle = policy_with(f.path, value)
             assert (_crd_accepts(throttle), _parser_accepts(throttle)) == (
                 accepted, accepted), (f.path, value)
 
