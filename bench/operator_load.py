@@ -15,6 +15,7 @@ The operator runs as the chart's ServiceAccount with the chart's RBAC.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -43,18 +44,36 @@ class Watch(threading.Thread):
         self.cluster, self.path, self.key = cluster, path, key
         self.seen: dict[str, float] = {}
         self.ready = threading.Event()
+        self._done = threading.Event()
+        self._resp: Any = None
+
+    def stop(self) -> None:
+        """End the watch: a later API server restart (the suite's next test) must not
+        find this thread still reading."""
+        self._done.set()
+        if self._resp is not None:
+            with contextlib.suppress(OSError):
+                self._resp.close()
 
     def run(self) -> None:
+        try:
+            self._watch()
+        except (OSError, ValueError):
+            if not self._done.is_set():  # a watch that broke mid-benchmark is an error
+                raise
+
+    def _watch(self) -> None:
         import urllib.request
 
         rv = self.cluster.request("GET", self.path)["metadata"]["resourceVersion"]
-        while True:
+        while not self._done.is_set():
             req = urllib.request.Request(
                 f"{self.cluster.server}{self.path}?watch=1&resourceVersion={rv}"
                 "&allowWatchBookmarks=true",
                 headers={"Authorization": f"Bearer {self.cluster.admin_token}"})
             with urllib.request.urlopen(req, timeout=600,
                                         context=self.cluster.ssl_context()) as resp:
+                self._resp = resp
                 self.ready.set()
                 for line in resp:
                     now = time.monotonic()
@@ -165,6 +184,8 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         _, cpu_end = proc_figures(op.pid)
         steady_cpu = (cpu_end - cpu) / (time.monotonic() - t0)
     finally:
+        for w in (jobs, pods):
+            w.stop()
         op.terminate()
         op.wait(30)
         log.close()
