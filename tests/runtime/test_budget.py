@@ -111,10 +111,9 @@ def test_capped_pauses_leave_no_backlog():
     """What the slowdown budget refused is not paid later: once the budget is lifted the
     work runs at the quota, with no stall for the debt of the capped period."""
     b = CpuBudget(rate_cores=0.5, max_pause_fraction=0.1)
-    simulate(b, 1.0, 10.0)
+    cpu0, wall0 = simulate(b, 1.0, 10.0)
     assert b.pause_capped
     b.set(0.5, 0.9)
-    cpu0, wall0 = 10.0, 10.0
     b.pause_for(cpu0, wall0)  # a new baseline is not needed: the next step pauses little
     pause = b.pause_for(cpu0 + 0.01, wall0 + 0.01)
     assert pause <= 0.05
@@ -192,3 +191,26 @@ def test_a_capped_budget_stays_capped_between_pauses():
     b.set(None, 0.2)
     b.pause_for(cpu, wall + 0.02)
     assert not b.pause_capped
+
+
+@pytest.mark.parametrize("rate", [1.76, 1.4, 1.0])
+def test_another_threads_cpu_handed_over_in_tick_chunks_is_charged(rate):
+    """A 2-thread process at 1.6 ms steps: its own thread's CPU shows at once, the other
+    thread's only at the kernel's ticks, 10 ms at a time (HZ=100). Capping each reading
+    at its own interval dropped most of those chunks: held to 1.76 cores it ran at 2.0,
+    never paused (bench/zoo.py matmul under `--enforcement cooperative`)."""
+    b = CpuBudget(rate_cores=rate, burst_seconds=0.03, min_pause_seconds=0.02,
+                  max_pause_fraction=0.9)
+    wall = cpu = other = 0.0
+    b.pause_for(cpu, wall)
+    while wall < 10:
+        wall += 0.0016
+        cpu += 0.0016
+        other += 0.0016
+        if other >= 0.01:  # the tick lands: the other thread's chunk appears at once
+            cpu, other = cpu + 0.01, other - 0.01
+        pause = b.pause_for(cpu, wall)
+        if pause:
+            wall += pause  # both threads wait (the pause stops the work)
+            b.record_pause(pause)
+    assert cpu / wall == pytest.approx(rate, rel=0.03)

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 # No process tree can use more CPU in an interval than this many cores: CPU seconds
 # beyond that were used before (a child found late) and are not charged.
 CORES = os.cpu_count() or 1
+# ... give or take one scheduler tick per core: the kernel adds a running thread's CPU
+# time to its process's clock at ticks (10 ms at HZ=100) and context switches, so a
+# reading a millisecond after the last may carry another thread's whole chunk. Capped at
+# the interval alone, those chunks were dropped: a 2-thread torch loop paced to 1.76
+# cores at 1.6 ms steps was never paused and ran at 1.99 (bench/zoo.py matmul).
+CLOCK_TICK_SECONDS = 0.01
 
 
 @dataclass
@@ -63,7 +69,8 @@ class CpuBudget:
             self._tokens = 0.0
             return 0.0
         elapsed = max(0.0, now - self._last_wall)
-        used = min(max(0.0, cpu_seconds - self._last_cpu), elapsed * CORES)
+        used = min(max(0.0, cpu_seconds - self._last_cpu),
+                   (elapsed + CLOCK_TICK_SECONDS) * CORES)
         self._last_cpu, self._last_wall = cpu_seconds, now
         if not self.rate_cores:
             self._tokens = 0.0
