@@ -136,7 +136,11 @@ class Agent:
         self._cpu_peaks = PeakTracker()
         self._budget_exhausted_seconds = 0.0
         self._budget_exhausted_at: float | None = None  # the last such interval's end
-        self._lever_cost_seconds = 0.0
+        # Busy (unpaused) seconds run under each lever setting: what a setting costs is
+        # often measured only after the workload ran under it (the defaults are probed
+        # after the reference), and that earlier time costs the same.
+        self._busy_seconds: dict[LeverSetting, float] = {}
+        self._lever_costs: dict[LeverSetting, float] = {}  # the last each was known at
         self.last = LastCycle()
         self.result = self._result(self.started, 0.0)
         # Held by a control cycle and by stand_down, which comes from the HTTP thread.
@@ -215,9 +219,10 @@ class Agent:
                           was_gpu_bound=self._gpu_bound, gpu_duty=gpu_duty,
                           gpu_exhausted=gpu_exhausted)
         self._gpu_bound = decision.gpu_bound
-        # The interval ran under the levers chosen before it: charge what they cost.
-        self._lever_cost_seconds += ((1 - sample.pause_fraction) * sample.elapsed
-                                     * (1 - 1 / self._lever_slowdown()))
+        # The interval ran under the levers chosen before it.
+        levers = self.levers
+        self._busy_seconds[levers] = (self._busy_seconds.get(levers, 0.0)
+                                      + (1 - sample.pause_fraction) * sample.elapsed)
         self._explore(sample)
         rate = decision.rate_cores
         if (stop_pacing(self.plan, self.levers) != self.actuator.stopping
@@ -272,7 +277,7 @@ class Agent:
             controller_rate=self.controller.rate if self.controller else None,
             kernel_throttling=self._kernel_throttling(),
             gpu=self.gpu.state() if self.gpu else None,
-            lever_cost_seconds=self._lever_cost_seconds,
+            lever_cost_seconds=self._lever_cost_seconds(),
             kernel_paused_seconds=self.meter.kernel_paused_seconds,
             budget_exhausted_recently=(self._budget_exhausted_at is not None
                                        and now - self._budget_exhausted_at < RECENT_SAMPLES),
@@ -319,6 +324,16 @@ class Agent:
             self._enforcer.close()
         if self.gpu:
             self.gpu.close()
+
+    def _lever_cost_seconds(self) -> float:
+        """Time the lever settings run so far cost by themselves, each at what it is now
+        known to cost (a setting costing c slows its busy time by 1 - 1/c)."""
+        for levers in self._busy_seconds:  # kept across a new explorer (a live edit)
+            cost = self.explorer.lever_slowdown(levers) if self.explorer else None
+            if cost is not None:
+                self._lever_costs[levers] = cost
+        return sum(busy * (1 - 1 / self._lever_costs.get(levers, 1.0))
+                   for levers, busy in self._busy_seconds.items())
 
     def _lever_slowdown(self) -> float:
         """What the levers in force cost by themselves (1: nothing, or not known)."""

@@ -360,11 +360,11 @@ class Explorer:
         base = self.estimates.get(DEFAULT_SETTING)
         return base.unthrottled_rate if base else None
 
-    def lever_slowdown(self) -> float | None:
-        """What the levers in force cost by themselves (1 or more): R0 over their own
-        unthrottled rate; None where either was not measured."""
+    def lever_slowdown(self, levers: LeverSetting | None = None) -> float | None:
+        """What `levers` (default: those in force) cost by themselves (1 or more): R0 over
+        their own unthrottled rate; None where either was not measured."""
         unthrottled = self.unthrottled_rate()
-        current = self.estimates.get(self.levers)
+        current = self.estimates.get(self.levers if levers is None else levers)
         if not unthrottled or current is None:
             return None
         return max(1.0, unthrottled / max(1e-12, current.unthrottled_rate))
