@@ -420,7 +420,7 @@ def agent_with_scripted_levers(tmp_path, levers: LeverSetting):
                   enforcer=enforcer, clock=lambda: now[0])
     agent.start()
     agent.explorer = types.SimpleNamespace(levers=levers, update=lambda sample: None,
-                                           lever_slowdown=lambda: None)
+                                           lever_slowdown=lambda levers=None: None)
     agent._explorer_steps = 0
     return agent, tree, enforcer, now
 
