@@ -58,8 +58,10 @@ class Watch(threading.Thread):
     def run(self) -> None:
         try:
             self._watch()
-        except (OSError, ValueError):
-            if not self._done.is_set():  # a watch that broke mid-benchmark is an error
+        except Exception:
+            # stop() closes the response under the reader (which then fails in any of a
+            # few ways); a watch that broke mid-benchmark is an error.
+            if not self._done.is_set():
                 raise
 
     def _watch(self) -> None:

@@ -51,6 +51,14 @@ def test_frontier(tmp_path: Path) -> None:
     assert (tmp_path / "frontier-matmul.png").stat().st_size > 0
 
 
+@needs_cgroup
+def test_estimate() -> None:
+    out = run_benchmark("estimate", "--scale", "0.02")
+    assert [row[0] for row in table_rows(out, "| workload | target |")] == [
+        "busy (2 processes)", "matmul (zoo)", "elementwise (zoo)",
+        "torch_train.py (unmodified)"]
+
+
 def test_gpu_frontier(tmp_path: Path) -> None:
     out = run_benchmark("gpu_frontier", "--intervals", "30", "--json", str(tmp_path / "g.json"))
     # Five simulated workloads at three targets each.
