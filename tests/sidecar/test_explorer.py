@@ -621,3 +621,25 @@ def test_the_agent_explores_with_the_policys_budget(tmp_path):
     assert agent.explorer.max_slowdown == 1.25
     assert DEFAULT_SETTING in agent.explorer.estimates
     assert published[-1] is None and agent.explorer.levers == DEFAULT_SETTING
+
+
+def test_time_under_a_setting_whose_cost_is_not_known_yet_is_reported(tmp_path):
+    """A run that ends while the reference (one thread) ran and the defaults were not
+    measured yet cannot know what one thread cost: the report says how long it ran so,
+    rather than print an estimate that leaves it out as if it were free."""
+    from throttledjob.contracts.policy import Policy
+
+    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.25)
+    for run in ("short", "long"):
+        (tmp_path / run).mkdir()
+    short, published = run_agent(tmp_path / "short", policy, memory_bound(), intervals=4)
+    assert DEFAULT_SETTING not in short.explorer.estimates
+    one_busy = sum((1 - s.pause_fraction) * s.elapsed_seconds
+                   for levers, s in short.explorer.trace if levers == ONE)
+    assert one_busy > 0 and published.count(1) >= 2
+    assert short.result.lever_cost_unknown_seconds == pytest.approx(one_busy)
+    assert short.result.lever_cost_seconds == 0.0
+    # Once the defaults are measured the cost is known, and charged for all that time.
+    long, _ = run_agent(tmp_path / "long", policy, memory_bound(), intervals=40)
+    assert long.result.lever_cost_unknown_seconds == 0.0
+    assert long.result.lever_cost_seconds > 0

@@ -87,6 +87,9 @@ class CycleResult:
     # Time the levers in force cost by themselves (fewer threads, smaller batches: slower
     # steps no pause shows), from the explorer's measured unthrottled rate.
     lever_cost_seconds: float = 0.0
+    # Busy time under lever settings whose own cost was never measured: not in
+    # lever_cost_seconds, so the slowdown is a lower bound while this is over 0.
+    lever_cost_unknown_seconds: float = 0.0
     # Time a kernel quota that is not ours held the workload back (in a pod: the
     # containers' CPU limits, seen through ContainerQuota).
     kernel_paused_seconds: float = 0.0
@@ -278,6 +281,7 @@ class Agent:
             kernel_throttling=self._kernel_throttling(),
             gpu=self.gpu.state() if self.gpu else None,
             lever_cost_seconds=self._lever_cost_seconds(),
+            lever_cost_unknown_seconds=self._unknown_cost_seconds(),
             kernel_paused_seconds=self.meter.kernel_paused_seconds,
             budget_exhausted_recently=(self._budget_exhausted_at is not None
                                        and now - self._budget_exhausted_at < RECENT_SAMPLES),
@@ -328,12 +332,23 @@ class Agent:
     def _lever_cost_seconds(self) -> float:
         """Time the lever settings run so far cost by themselves, each at what it is now
         known to cost (a setting costing c slows its busy time by 1 - 1/c)."""
+        self._learn_lever_costs()
+        return sum(busy * (1 - 1 / self._lever_costs.get(levers, 1.0))
+                   for levers, busy in self._busy_seconds.items())
+
+    def _unknown_cost_seconds(self) -> float:
+        """Busy time run under a setting other than the defaults whose own cost is not
+        known (the run ended before the defaults were measured): the slowdown estimate
+        leaves it out, so it is a lower bound while this is over 0."""
+        self._learn_lever_costs()
+        return sum(busy for levers, busy in self._busy_seconds.items()
+                   if levers != DEFAULT_SETTING and levers not in self._lever_costs)
+
+    def _learn_lever_costs(self) -> None:
         for levers in self._busy_seconds:  # kept across a new explorer (a live edit)
             cost = self.explorer.lever_slowdown(levers) if self.explorer else None
             if cost is not None:
                 self._lever_costs[levers] = cost
-        return sum(busy * (1 - 1 / self._lever_costs.get(levers, 1.0))
-                   for levers, busy in self._busy_seconds.items())
 
     def _lever_slowdown(self) -> float:
         """What the levers in force cost by themselves (1: nothing, or not known)."""

@@ -210,6 +210,9 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             # What the levers in force cost by themselves (slower steps, no pause).
             "lever_cost_seconds": round(run.lever_cost_seconds, 3),
             "estimated_slowdown": round(run.slowdown, 3),
+            # Time run under lever settings whose own cost was never measured (the run
+            # ended before the defaults were): over 0, the estimate is a lower bound.
+            "lever_cost_unknown_seconds": round(result.lever_cost_unknown_seconds, 3),
             "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
             # The controller's last rate (the key's "quota" predates the word "rate").
             "final_quota_cores": None if result.controller_rate is None
