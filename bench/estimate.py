@@ -52,6 +52,8 @@ def main() -> None:
                      "unthrottled_s": base["wall_seconds"], "throttled_s": ours["wall_seconds"],
                      "real": round(real, 3), "estimate": estimate,
                      "error": f"{estimate / real - 1:+.1%}",
+                     # over 0: the estimate left this much time's lever cost out
+                     "unknown_cost_s": ours["controller"]["lever_cost_unknown_seconds"],
                      "p99": ours["cpu_peak_cores"],
                      "levers": ",".join(ours["controller"]["levers_used"]) or "-"})
         print(rows[-1], flush=True)
