@@ -418,12 +418,13 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
     status = tj_status(kubectl, namespace, name)
     observed = status.get("observed") or {}
     assert 0 < observed.get("cpuPeakCores", 0) <= TARGET_CORES * 1.1, status
-    if enforcement == "Signals":
-        assert observed.get("throttleLevel", 0) > 0, status
-    else:
-        # The sidecar sees the kernel hold the other container back (its cgroup, read
-        # through the workload's processes): the quota lever and what it cost.
-        assert observed.get("levers") == ["quota"], observed
+    # What held it back over the run, not in the last interval: the operator's last read
+    # may come after the workload ended (a loaded run read throttleLevel 0 then, rightly:
+    # nothing is held back once nothing runs). Under Quota the sidecar sees the kernel
+    # hold the other container back (its cgroup, read through the workload's processes).
+    assert observed.get("levers") == ["signals" if enforcement == "Signals" else "quota"], \
+        observed
+    if enforcement != "Signals":
         assert 1.2 < observed.get("slowdown", 0) < 4, observed
     # TargetMet tells the sidecar's own p99 against the target (with its 5% tolerance): a
     # 10-second run has ten samples, so one start-up second over it shows.
