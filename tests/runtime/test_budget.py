@@ -214,3 +214,49 @@ def test_another_threads_cpu_handed_over_in_tick_chunks_is_charged(rate):
             wall += pause  # both threads wait (the pause stops the work)
             b.record_pause(pause)
     assert cpu / wall == pytest.approx(rate, rel=0.03)
+
+
+def run_phases(budget: CpuBudget, phases, demand_cores: float = 2.0, dt: float = 0.01):
+    """Run a process wanting `demand_cores` through (seconds, max_pause_fraction) phases;
+    returns the pause taken in each phase."""
+    cpu = wall = 0.0
+    budget.pause_for(cpu, wall)
+    paused = []
+    for seconds, fraction in phases:
+        budget.set(budget.rate_cores, fraction)
+        before, end = budget.paused_seconds, wall + seconds
+        while wall < end:
+            cpu += demand_cores * dt
+            wall += dt
+            pause = budget.pause_for(cpu, wall)
+            wall += pause
+            budget.record_pause(pause)
+        paused.append(budget.paused_seconds - before)
+    return paused
+
+
+def test_the_allowance_accrues_at_the_fraction_in_force():
+    """A budget lowered mid-run (a lever's own cost became known) grants the lower
+    fraction from then on: the pause earned before is not spent again at the old rate,
+    nor does the new rate apply to the time already past."""
+    lowered = CpuBudget(rate_cores=0.5)
+    first, second = run_phases(lowered, [(10.0, 0.5), (10.0, 0.1)])
+    assert first == pytest.approx(5.0, rel=0.05)   # held at 0.5 of wall, as allowed
+    # the second phase earns 0.1 of its own wall (0.1 of the whole run would leave
+    # nothing: the first phase paused past it)
+    assert second == pytest.approx(0.1 * 10.0, abs=0.05)
+
+
+def test_a_probe_holds_the_rate_off_the_budgets_books():
+    """max_pause_fraction None (the sidecar measures a lever setting): the rate is held
+    whatever it costs, and what follows is budgeted as if the probe had not run."""
+    probed = CpuBudget(rate_cores=0.5)
+    unprobed = CpuBudget(rate_cores=0.5)
+    before, probe, after = run_phases(probed, [(5.0, 0.2), (5.0, None), (5.0, 0.2)])
+    plain = run_phases(unprobed, [(5.0, 0.2), (5.0, 0.2)])
+    # the probe held 2 cores of demand to 0.5: paused 3/4 of its wall, none refused
+    assert probe / 5.0 == pytest.approx(0.75, abs=0.03)
+    assert probed.paused_seconds == pytest.approx(before + probe + after)
+    # after it, the same pause as a run that never probed: not repaid, not banked
+    assert after == pytest.approx(plain[1], rel=0.05)
+    assert before == pytest.approx(plain[0], rel=0.05)

@@ -23,7 +23,8 @@ def good(**fields) -> dict:
 
 
 def test_round_trip_keeps_every_field():
-    s = Settings(seq=7, time=12.5, cpu_quota_cores=1.25, max_pause_fraction=0.2, threads=3,
+    s = Settings(seq=7, time=12.5, cpu_quota_cores=1.25, max_pause_fraction=0.2,
+                 probing=True, threads=3,
                  batch_scale=0.5, rate_limit_per_second=10.0, gpu_memory_fraction=0.8,
                  dataloader_workers=2, params={"lr": 0.1, "mode": "fast"},
                  stale_after_seconds=5.0)
@@ -35,7 +36,7 @@ def test_round_trip_keeps_every_field():
     ("cpu_quota_cores", "1"), ("cpu_quota_cores", True), ("max_pause_fraction", 1.0),
     ("threads", 0), ("threads", 2.5), ("batch_scale", 0.0), ("batch_scale", 1.5),
     ("gpu_memory_fraction", 2.0), ("stale_after_seconds", 0), ("params", []),
-    ("params", {"x": [1]}), ("params", {"x": float("inf")}),
+    ("params", {"x": [1]}), ("params", {"x": float("inf")}), ("probing", 1),
 ])
 def test_invalid_field_is_refused_by_name(field, value):
     with pytest.raises(SettingsError, match=field):

@@ -296,10 +296,12 @@ def test_bad_configuration_is_refused(kwargs):
 
 # ---- plugged into the agent: settings.json carries the explorer's levers ----------------
 
-def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20):
+def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20,
+              seen: list | None = None):
     """Drive an Agent for `intervals` seconds of fake time; the workload runs `model`
     under the settings it finds (no duty cycling: none is in force with no pacing
-    process), reporting steps unless `model` is None. Returns the threads published."""
+    process), reporting steps unless `model` is None. Returns the threads published;
+    `seen` gets each interval's settings and the explorer's state after it."""
     from throttledjob.contracts.progress import Progress
     from throttledjob.contracts.settings import SETTINGS_FILE, parse_settings
     from throttledjob.runtime.files import read_json_bounded
@@ -322,6 +324,9 @@ def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20):
             write_progress(str(tmp_path), Progress(pid=os.getpid(), steps=int(steps)))
         now[0] += 1.0
         agent.cycle()
+        if seen is not None:
+            seen.append((settings, type(agent.explorer.state).__name__
+                         if agent.explorer else None))
     return agent, published
 
 
@@ -420,7 +425,8 @@ def agent_with_scripted_levers(tmp_path, levers: LeverSetting):
                   enforcer=enforcer, clock=lambda: now[0])
     agent.start()
     agent.explorer = types.SimpleNamespace(levers=levers, update=lambda sample: None,
-                                           lever_slowdown=lambda levers=None: None)
+                                           lever_slowdown=lambda levers=None: None,
+                                           measuring=False)
     agent._explorer_steps = 0
     return agent, tree, enforcer, now
 
@@ -643,3 +649,43 @@ def test_time_under_a_setting_whose_cost_is_not_known_yet_is_reported(tmp_path):
     long, _ = run_agent(tmp_path / "long", policy, memory_bound(), intervals=40)
     assert long.result.lever_cost_unknown_seconds == 0.0
     assert long.result.lever_cost_seconds > 0
+
+
+def test_the_explorers_measurements_hold_the_target_off_the_budgets_books(tmp_path):
+    """The defaults of a compute-bound workload need 2x to hold a 1-core target, past the
+    1.25 budget. Measured under the budget, the probe lifted the rate and the peak with
+    it; it is measured with the target held (`probing`, at most PROBE_HOLD_INTERVALS per
+    setting) and budgeted again once the explorer settles."""
+    from throttledjob.contracts.policy import Policy
+    from throttledjob.sidecar.agent import PROBE_HOLD_INTERVALS
+
+    seen = []
+    agent, _ = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
+                         compute_bound(), intervals=30, seen=seen)
+    assert DEFAULT_SETTING in agent.explorer.estimates  # the defaults were probed
+    # the settings an interval ran under were published after the previous state
+    states = [None] + [state for _, state in seen[:-1]]
+    probing = [settings.probing for settings, _ in seen]
+    assert probing == [state == "Measuring" for state in states], (probing, states)
+    assert 0 < sum(probing) <= PROBE_HOLD_INTERVALS * (1 + len(agent.explorer.estimates))
+    assert all(settings.max_pause_fraction == pytest.approx(0.2) for settings, _ in seen)
+    assert agent.result.probe_seconds == sum(probing)
+
+
+def test_a_measurement_stalled_by_idle_intervals_is_budgeted_again(tmp_path):
+    """Idle intervals tell the explorer nothing, so a measurement can last: the hold
+    ends after PROBE_HOLD_INTERVALS of it, and the budget applies again."""
+    from throttledjob.contracts.policy import Policy
+    from throttledjob.sidecar.agent import PROBE_HOLD_INTERVALS
+
+    class StallsAfterStart(Model):
+        def busy(self, levers, quota):
+            self.calls = getattr(self, "calls", 0) + 1
+            return compute_bound().busy(levers, quota) if self.calls <= 2 else (0.0, 0, 0.0)
+
+    seen = []
+    run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
+              StallsAfterStart({}), intervals=PROBE_HOLD_INTERVALS + 6, seen=seen)
+    assert seen[-1][1] == "Measuring"  # still waiting for a busy interval
+    probing = [settings.probing for settings, _ in seen]
+    assert 0 < sum(probing) <= PROBE_HOLD_INTERVALS and not probing[-1]

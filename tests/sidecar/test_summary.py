@@ -95,6 +95,31 @@ def test_slowdown_counts_at_most_99_percent_of_wall_as_held_back(tmp_path):
     assert report["controller"]["paused_seconds"] == 5.0  # the measure itself, unclamped
 
 
+def test_the_estimates_top_charges_time_of_unknown_cost_at_the_most_it_can_cost(tmp_path):
+    """Time under one thread of two, whose cost was never measured, is left out of the
+    estimate (a lower bound); the interval's top charges it at 2x, the most one thread
+    of two can cost, and both outputs show the pair."""
+    from throttledjob.sidecar.agent import max_lever_cost
+    from throttledjob.sidecar.explorer import LeverSetting
+
+    assert max_lever_cost(LeverSetting(threads=1), 2) == 2.0
+    assert max_lever_cost(LeverSetting(threads=2, batch_scale=0.5), 8) == 8.0
+    assert max_lever_cost(LeverSetting(threads=16), 8) == 1.0
+    agent, result = run(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="signals"),
+                        [1.0] * 10)
+    agent._busy_seconds = {LeverSetting(threads=1): 4.0}   # no explorer: cost unknown
+    result = agent.cycle()
+    report, status = both_ways(result)
+    known = summarize(result)
+    assert known.slowdown == pytest.approx(1.0, abs=0.01)
+    cores = len(os.sched_getaffinity(0))
+    top = result.wall_seconds / (result.wall_seconds - 4.0 * (1 - 1 / cores))
+    assert known.slowdown_high == pytest.approx(top, rel=0.01)
+    assert report["controller"]["estimated_slowdown_high"] == \
+        status["observed"]["slowdownHigh"] == round(known.slowdown_high, 3)
+    agent.close()
+
+
 def test_an_armed_enforcer_that_never_paused_is_no_lever_used(tmp_path):
     _, result = run(tmp_path, Policy(cpu_peak_cores=1.5, enforcement="signals"), [0.5] * 3)
     assert result.last.enforcer_armed

@@ -35,6 +35,10 @@ class Settings:
     cpu_quota_cores: float | None = None
     # Upper bound on the fraction of wall time spent paused: 1 - 1/maxSlowdown.
     max_pause_fraction: float = 0.0
+    # The sidecar is measuring a lever setting: hold the rate whatever it costs, and keep
+    # the pauses off the budget's books (runtime/budget.py). A runtime that predates the
+    # field keeps to max_pause_fraction, which is the budget's.
+    probing: bool = False
     threads: int | None = None
     # Micro-batch size as a fraction of the user's default (gradient accumulation keeps the rest).
     batch_scale: float = 1.0
@@ -69,6 +73,7 @@ def parse_settings(obj: Any) -> Settings:
         time=_number(obj, "time", float, 0.0, None, 0.0),
         cpu_quota_cores=_optional(obj, "cpu_quota_cores", float, 0.001, 4096.0),
         max_pause_fraction=_number(obj, "max_pause_fraction", float, 0.0, 0.99, 0.0),
+        probing=_flag(obj, "probing"),
         threads=_optional(obj, "threads", int, 1, 4096),
         batch_scale=_number(obj, "batch_scale", float, 0.001, 1.0, 1.0),
         rate_limit_per_second=_optional(obj, "rate_limit_per_second", float, 1e-6, 1e9),
@@ -78,6 +83,13 @@ def parse_settings(obj: Any) -> Settings:
         stale_after_seconds=_number(obj, "stale_after_seconds", float, 0.1, 86400.0, 10.0),
     )
     return s
+
+
+def _flag(obj: dict, key: str) -> bool:
+    value = obj.get(key, False)
+    if not isinstance(value, bool):
+        raise SettingsError(f"settings field {key!r} must be true or false, got {value!r:.40}")
+    return value
 
 
 def _optional(obj: dict, key: str, kind: type, low: float, high: float) -> Any:

@@ -71,6 +71,11 @@ OBSERVED: tuple[ObservedField, ...] = (
     ObservedField("slowdown", "number", "factor", Aggregate.WORST,
                   "estimated wall time over unthrottled wall time",
                   nullable=False, minimum=0, default=1),
+    ObservedField("slowdownHigh", "number", "factor", Aggregate.WORST,
+                  "the most the slowdown can be: lever settings whose own cost was not "
+                  "measured yet charged at the most they can cost (equal to slowdown "
+                  "once every cost is known)",
+                  nullable=False, minimum=0, default=1),
     ObservedField("cpuCores", "number", "cores", Aggregate.POD,
                   "the workload's CPU use in the last control interval", nullable=False),
     ObservedField("steps", "integer", "steps", Aggregate.SUM,

@@ -28,7 +28,14 @@ class CpuBudget:
     Any 1-second window then uses at most rate * (1 + burst_seconds) core-seconds, so a
     small burst keeps 1-second peaks within a few percent of the rate. Pauses are capped
     so that, over the whole run, paused time stays within `max_pause_fraction` of wall
-    time: slowdown <= 1 / (1 - max_pause_fraction), whatever the workload does.
+    time: slowdown <= 1 / (1 - max_pause_fraction), whatever the workload does. The
+    allowance accrues at the fraction in force at each reading (the sidecar lowers it
+    once a lever's own cost is known).
+
+    `max_pause_fraction` None holds the rate whatever it costs, off the budget's books:
+    the sidecar's probe of a lever setting is measured under the target (its pauses
+    still count in `paused_seconds`, which the slowdown estimate reads, but neither
+    spend the allowance nor add to it).
     """
 
     rate_cores: float | None = None
@@ -39,7 +46,7 @@ class CpuBudget:
     # the main thread sleeps, and run cold when it wakes), so short steps paced one by
     # one lost over half their CPU to it (2-thread torch matmul at 1 ms steps).
     min_pause_seconds: float = 0.0
-    max_pause_fraction: float = 0.0
+    max_pause_fraction: float | None = 0.0
     # When the work began (monotonic seconds): time run unpaused before the first
     # reading counts towards the slowdown budget. None: at the first reading.
     start_wall: float | None = None
@@ -47,18 +54,22 @@ class CpuBudget:
     _last_cpu: float | None = None
     _last_wall: float = 0.0
     paused_seconds: float = 0.0
+    _allowance: float = 0.0         # pause seconds the budget has granted so far
+    _charged: float = 0.0           # pause seconds spent against it
+    _accrued_at: float | None = None
     # The last pause the bucket wanted was cut short by the slowdown budget. Kept until a
     # pause is granted in full: a reading that wants no pause (the bucket refilled while
     # the work was stopped a little longer than asked) says nothing about the budget.
     pause_capped: bool = False
 
-    def set(self, rate_cores: float | None, max_pause_fraction: float) -> None:
-        """Change the limits in place; elapsed time and pauses so far keep counting."""
+    def set(self, rate_cores: float | None, max_pause_fraction: float | None) -> None:
+        """Change the limits in place; the allowance and pauses so far keep counting."""
         self.rate_cores = rate_cores
         self.max_pause_fraction = max_pause_fraction
 
     def pause_for(self, cpu_seconds: float, now: float) -> float:
         """Seconds to pause now, given cumulative CPU seconds used and the wall clock."""
+        self._accrue(now)
         if self._last_cpu is None:
             self._last_cpu, self._last_wall = cpu_seconds, now
             if self.start_wall is None:
@@ -86,8 +97,10 @@ class CpuBudget:
         wanted = -self._tokens / self.rate_cores
         if wanted < self.min_pause_seconds:
             return 0.0
-        start = now if self.start_wall is None else self.start_wall
-        allowed = max(0.0, self.max_pause_fraction * (now - start) - self.paused_seconds)
+        if self.max_pause_fraction is None:  # a probe: hold the rate
+            self.pause_capped = False
+            return wanted
+        allowed = max(0.0, self._allowance - self._charged)
         self.pause_capped = wanted > allowed
         if self.pause_capped:
             # What the slowdown budget refuses is forgiven, not carried: a backlog would
@@ -102,6 +115,17 @@ class CpuBudget:
     def record_pause(self, seconds: float) -> None:
         """Account for time actually spent paused (it may differ from what was asked)."""
         self.paused_seconds += max(0.0, seconds)
+        if self.max_pause_fraction is not None:
+            self._charged += max(0.0, seconds)
+
+    def _accrue(self, now: float) -> None:
+        """Grant the allowance for the time since the last reading (from the start of the
+        work at the first), at the fraction in force; none while probing."""
+        if self._accrued_at is None:
+            self._accrued_at = now if self.start_wall is None else self.start_wall
+        if self.max_pause_fraction is not None:
+            self._allowance += self.max_pause_fraction * max(0.0, now - self._accrued_at)
+        self._accrued_at = max(self._accrued_at, now)
 
     def _capacity(self) -> float:
         return (self.rate_cores or 0.0) * self.burst_seconds

@@ -172,7 +172,8 @@ class Throttle:
     def _apply(self, settings: Settings, force: bool = False) -> None:
         self._settings = settings
         quota = settings.cpu_quota_cores
-        self._budget.set(quota / self._peers if quota else None, settings.max_pause_fraction)
+        self._budget.set(quota / self._peers if quota else None,
+                         None if settings.probing else settings.max_pause_fraction)
         self._threads.apply(settings.threads, force)
         if force or settings.gpu_memory_fraction != self._memory_fraction:
             self._memory_fraction = settings.gpu_memory_fraction

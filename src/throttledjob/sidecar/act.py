@@ -49,10 +49,11 @@ class Actuator:
         self.stopping = False
 
     def act(self, rate: float | None, policy: Policy, plan: Plan, levers: LeverSetting,
-            max_pause: float, enforcer: Enforcer | None, idle_seconds: float,
+            max_pause: float | None, enforcer: Enforcer | None, idle_seconds: float,
             now: float) -> Acted:
         """Publish `rate` (cores, None: none) under `levers`; `idle_seconds`: since the
-        workload last reported a step."""
+        workload last reported a step. `max_pause` None: a probe, held at the rate off
+        the budget's books (CpuBudget)."""
         stopping = stop_pacing(plan, levers)
         handing_over, self.stopping = self.stopping, stopping
         paced = plan.pacing and not stopping
@@ -66,7 +67,8 @@ class Actuator:
             # Published even while the enforcer holds the tree: a process that starts
             # calling step() paces from its first call, with no unthrottled hand-over gap.
             cpu_quota_cores=rate if paced else None,
-            max_pause_fraction=max_pause,
+            max_pause_fraction=policy.max_pause_fraction if max_pause is None else max_pause,
+            probing=max_pause is None,
             threads=levers.threads, batch_scale=levers.batch_scale,
             rate_limit_per_second=policy.rate_limit_per_second,
             gpu_memory_fraction=policy.gpu_memory_fraction, params=policy.params,

@@ -31,6 +31,11 @@ from .os_levers import OsLevers
 from .processes import ProcessTree, resume
 from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker
 
+# The explorer's measurements run with the target held, off the slowdown budget's books
+# (a probe is the product's experiment, not the user's cost), each for at most this many
+# control intervals: a measurement stalled by idle intervals is budgeted again.
+PROBE_HOLD_INTERVALS = 8
+
 if TYPE_CHECKING:
     from .gpu import GpuAgent, GpuState
 
@@ -90,6 +95,11 @@ class CycleResult:
     # Busy time under lever settings whose own cost was never measured: not in
     # lever_cost_seconds, so the slowdown is a lower bound while this is over 0.
     lever_cost_unknown_seconds: float = 0.0
+    # The most the levers run so far can have cost: lever_cost_seconds, plus the unknown
+    # time at the most its setting can cost (max_lever_cost).
+    lever_cost_bound_seconds: float = 0.0
+    # Wall time the explorer's probes held the target off the budget's books.
+    probe_seconds: float = 0.0
     # Time a kernel quota that is not ours held the workload back (in a pod: the
     # containers' CPU limits, seen through ContainerQuota).
     kernel_paused_seconds: float = 0.0
@@ -144,6 +154,9 @@ class Agent:
         # after the reference), and that earlier time costs the same.
         self._busy_seconds: dict[LeverSetting, float] = {}
         self._lever_costs: dict[LeverSetting, float] = {}  # the last each was known at
+        self._probed: LeverSetting | None = None   # the setting being measured
+        self._probe_intervals = 0     # intervals in a row it was held for
+        self._probe_seconds = 0.0
         self.last = LastCycle()
         self.result = self._result(self.started, 0.0)
         # Held by a control cycle and by stand_down, which comes from the HTTP thread.
@@ -226,7 +239,13 @@ class Agent:
         levers = self.levers
         self._busy_seconds[levers] = (self._busy_seconds.get(levers, 0.0)
                                       + (1 - sample.pause_fraction) * sample.elapsed)
+        if self._probing():
+            self._probe_seconds += sample.elapsed
         self._explore(sample)
+        measured = self.levers if self.explorer and self.explorer.measuring else None
+        self._probe_intervals = (0 if measured is None else self._probe_intervals + 1
+                                 if measured == self._probed else 1)
+        self._probed = measured
         rate = decision.rate_cores
         if (stop_pacing(self.plan, self.levers) != self.actuator.stopping
                 and self.controller and not decision.gpu_bound):
@@ -265,8 +284,13 @@ class Agent:
 
     def _act(self, rate: float | None, now: float) -> None:
         self._acted = self.actuator.act(
-            rate, self.policy, self.plan, self.levers, self._max_pause_fraction(),
+            rate, self.policy, self.plan, self.levers,
+            None if self._probing() else self._max_pause_fraction(),
             self._enforcer, now - self._last_step_time, now)
+
+    def _probing(self) -> bool:
+        """The next interval measures a lever setting: held at the target, unbudgeted."""
+        return 0 < self._probe_intervals <= PROBE_HOLD_INTERVALS
 
     def _result(self, now: float, cycle_seconds: float) -> CycleResult:
         return CycleResult(
@@ -282,6 +306,8 @@ class Agent:
             gpu=self.gpu.state() if self.gpu else None,
             lever_cost_seconds=self._lever_cost_seconds(),
             lever_cost_unknown_seconds=self._unknown_cost_seconds(),
+            lever_cost_bound_seconds=self._lever_cost_bound_seconds(),
+            probe_seconds=self._probe_seconds,
             kernel_paused_seconds=self.meter.kernel_paused_seconds,
             budget_exhausted_recently=(self._budget_exhausted_at is not None
                                        and now - self._budget_exhausted_at < RECENT_SAMPLES),
@@ -343,6 +369,14 @@ class Agent:
         self._learn_lever_costs()
         return sum(busy for levers, busy in self._busy_seconds.items()
                    if levers != DEFAULT_SETTING and levers not in self._lever_costs)
+
+    def _lever_cost_bound_seconds(self) -> float:
+        """lever_cost_seconds with each unknown setting charged at max_lever_cost."""
+        self._learn_lever_costs()
+        return sum(busy * (1 - 1 / self._lever_costs.get(
+                       levers, 1.0 if levers == DEFAULT_SETTING
+                       else max_lever_cost(levers, _usable_cores())))
+                   for levers, busy in self._busy_seconds.items())
 
     def _learn_lever_costs(self) -> None:
         for levers in self._busy_seconds:  # kept across a new explorer (a live edit)
@@ -414,6 +448,14 @@ class Agent:
             "trace": [[str(levers), round(s.usage_cores, 3), round(s.pause_fraction, 3),
                        round(s.steps / s.elapsed_seconds, 1)] for levers, s in ex.trace],
         }
+
+
+def max_lever_cost(levers: LeverSetting, cores: int) -> float:
+    """The most a setting can cost by itself on `cores` CPUs: k threads of n run at
+    k/n of the speed at worst (perfect scaling lost), a batch scaled by s at s of it (a
+    step's cost all fixed overhead); stopping instead of sleeping costs nothing more."""
+    threads = min(cores, levers.threads or cores)
+    return (cores / threads) / levers.batch_scale
 
 
 def _usable_cores() -> int:

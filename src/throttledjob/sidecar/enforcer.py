@@ -33,9 +33,10 @@ class Enforcer(Protocol):
     def start(self) -> None:
         """Begin enforcing (unarmed until `set` gives a rate)."""
 
-    def set(self, rate_cores: float | None, max_pause_fraction: float) -> None:
+    def set(self, rate_cores: float | None, max_pause_fraction: float | None) -> None:
         """The rate from now on (None: disarmed), never pausing more than
-        `max_pause_fraction` of wall time (the slowdown budget)."""
+        `max_pause_fraction` of wall time (the slowdown budget; None: a probe, held at
+        the rate off the budget's books)."""
 
     def close(self) -> None:
         """Stop enforcing and leave nothing held back. Safe to call twice."""
@@ -85,7 +86,7 @@ class SignalEnforcer:
         self._thread = threading.Thread(target=self._run, name="throttledjob-enforcer",
                                         daemon=True)
 
-    def set(self, rate_cores: float | None, max_pause_fraction: float) -> None:
+    def set(self, rate_cores: float | None, max_pause_fraction: float | None) -> None:
         with self._lock:
             self.budget.set(rate_cores, max_pause_fraction)
 

@@ -315,6 +315,11 @@ class Explorer:
     def levers(self) -> LeverSetting:
         return self.state.levers
 
+    @property
+    def measuring(self) -> bool:
+        """A setting is being measured (the agent holds the target meanwhile)."""
+        return isinstance(self.state, Measuring)
+
     def set_target(self, target_cores: float) -> None:
         """A new target re-ranks what was measured (no re-probing), unless it starts from
         another reference, which was not measured."""

@@ -213,6 +213,10 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             # Time run under lever settings whose own cost was never measured (the run
             # ended before the defaults were): over 0, the estimate is a lower bound.
             "lever_cost_unknown_seconds": round(result.lever_cost_unknown_seconds, 3),
+            # The estimate's top: that time charged at the most its setting can cost.
+            "estimated_slowdown_high": round(run.slowdown_high, 3),
+            # Wall time the explorer's probes held the target off the budget's books.
+            "probe_seconds": round(result.probe_seconds, 3),
             "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
             # The controller's last rate (the key's "quota" predates the word "rate").
             "final_quota_cores": None if result.controller_rate is None

@@ -127,6 +127,9 @@ def _control(s: Snapshot) -> Iterator[Metric]:
                       "the workload back, 0 to 1.", s.last.gpu_duty)
     yield from _gauge("slowdown_estimate_ratio", "Estimated slowdown so far: wall time over "
                       "wall time minus time held back.", s.slowdown)
+    yield from _gauge("slowdown_estimate_high_ratio", "The most the slowdown so far can be: "
+                      "lever settings of unmeasured cost charged at their worst.",
+                      s.slowdown_high)
     yield from _gauge("throttling", "1 while a controller is holding the workload back.",
                       float(s.last.throttling))
     yield from _gauge("target_met", "1 while the recent p99 of every target is at or under "

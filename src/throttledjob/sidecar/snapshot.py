@@ -64,6 +64,7 @@ class Snapshot:
     gpu_power_limit_lever: bool
     throttle_level: float
     slowdown: float
+    slowdown_high: float
     paused_seconds: dict[str, float]
     budget_exhausted_seconds: float
     levers: tuple[str, ...]
@@ -123,6 +124,7 @@ def snapshot_of(result: CycleResult, health: Health,
         gpu_util=run.gpu_util, gpu_power=run.gpu_power,
         gpu_power_limit_lever=bool(gpu and gpu.power_limit_lever),
         throttle_level=run.throttle_level, slowdown=run.slowdown,
+        slowdown_high=run.slowdown_high,
         paused_seconds=_paused_by_lever(run, result),
         budget_exhausted_seconds=result.budget_exhausted_seconds, levers=run.levers,
         target_met=run.target_met, budget_exhausted=run.budget_exhausted,
@@ -150,6 +152,7 @@ def status_document(s: Snapshot) -> StatusDocument:
             "gpuMaxPowerWatts": _round(s.gpu_power.max, 1),
             "throttleLevel": round(s.throttle_level, 3),
             "slowdown": round(s.slowdown, 3),
+            "slowdownHigh": round(s.slowdown_high, 3),
             "cpuCores": round(s.last.usage_cores, 3),
             "steps": s.last.steps,
         }),

@@ -8,7 +8,9 @@ Rules (each in one place, so the two outputs cannot disagree):
 - slowdown: wall / (wall - held back - lever cost), counted at most 99% of wall (so at
   most 100, maxSlowdown's own limit), wall from the agent's start; the lever cost is
   the time the levers in force lost by themselves (one thread instead of two: slower
-  steps no pause shows), from the explorer's measured unthrottled rate;
+  steps no pause shows), from the explorer's measured unthrottled rate; slowdown_high is
+  the same with a lever setting whose cost was never measured charged at the most it
+  can cost (agent.max_lever_cost): the estimate's interval, one figure while all is known;
 - levers used: a duty-cycle lever (the kernel's quota or signals, pacing) once it has
   held the workload back,
   a setting while it is in force (threads and batch scale as published, the explorer's
@@ -55,6 +57,7 @@ class RunSummary:
     paused_seconds: float
     lever_cost_seconds: float
     slowdown: float
+    slowdown_high: float   # the interval's top: unknown lever costs at their worst
     throttle_level: float  # the last interval's held-back fraction, 0..1
     levers: tuple[str, ...]
     target_met: bool
@@ -92,8 +95,8 @@ def summarize(result: CycleResult) -> RunSummary:
         enforcer_lever=enforcer_lever,
         paused_seconds=paused,
         lever_cost_seconds=result.lever_cost_seconds,
-        slowdown=wall / (wall - min(paused + result.lever_cost_seconds,
-                                    MAX_PAUSED_SHARE * wall)),
+        slowdown=_slowdown(wall, paused + result.lever_cost_seconds),
+        slowdown_high=_slowdown(wall, paused + result.lever_cost_bound_seconds),
         throttle_level=min(1.0, max(0.0, result.last.pause_fraction)),
         levers=tuple(name for name in LEVERS if used[name]),
         target_met=(_cpu_met(result.cpu.recent_p99, p.cpu_peak_cores)
@@ -101,6 +104,10 @@ def summarize(result: CycleResult) -> RunSummary:
                     and _met(power.recent_p99, p.gpu_peak_power_watts)),
         budget_exhausted=result.budget_exhausted_recently,
     )
+
+
+def _slowdown(wall: float, held_back: float) -> float:
+    return wall / (wall - min(held_back, MAX_PAUSED_SHARE * wall))
 
 
 def cpu_peak_bound(target: float) -> float:
