@@ -98,8 +98,10 @@ class CycleResult:
     # The most the levers run so far can have cost: lever_cost_seconds, plus the unknown
     # time at the most its setting can cost (max_lever_cost).
     lever_cost_bound_seconds: float = 0.0
-    # Wall time the explorer's probes held the target off the budget's books.
+    # Wall time the explorer's probes held the target off the budget's books, and the
+    # most CPU an interval of it used (None: no probe yet).
     probe_seconds: float = 0.0
+    probe_max_cores: float | None = None
     # Time a kernel quota that is not ours held the workload back (in a pod: the
     # containers' CPU limits, seen through ContainerQuota).
     kernel_paused_seconds: float = 0.0
@@ -157,6 +159,7 @@ class Agent:
         self._probed: LeverSetting | None = None   # the setting being measured
         self._probe_intervals = 0     # intervals in a row it was held for
         self._probe_seconds = 0.0
+        self._probe_max_cores: float | None = None
         self.last = LastCycle()
         self.result = self._result(self.started, 0.0)
         # Held by a control cycle and by stand_down, which comes from the HTTP thread.
@@ -241,6 +244,7 @@ class Agent:
                                       + (1 - sample.pause_fraction) * sample.elapsed)
         if self._probing():
             self._probe_seconds += sample.elapsed
+            self._probe_max_cores = max(self._probe_max_cores or 0.0, sample.usage_cores)
         self._explore(sample)
         measured = self.levers if self.explorer and self.explorer.measuring else None
         self._probe_intervals = (0 if measured is None else self._probe_intervals + 1
@@ -307,7 +311,7 @@ class Agent:
             lever_cost_seconds=self._lever_cost_seconds(),
             lever_cost_unknown_seconds=self._unknown_cost_seconds(),
             lever_cost_bound_seconds=self._lever_cost_bound_seconds(),
-            probe_seconds=self._probe_seconds,
+            probe_seconds=self._probe_seconds, probe_max_cores=self._probe_max_cores,
             kernel_paused_seconds=self.meter.kernel_paused_seconds,
             budget_exhausted_recently=(self._budget_exhausted_at is not None
                                        and now - self._budget_exhausted_at < RECENT_SAMPLES),
@@ -426,7 +430,7 @@ class Agent:
             self.explorer = Explorer(self.policy.cpu_peak_cores, candidates,
                                      max_slowdown=self.policy.max_slowdown)
         self.explorer.update(LeverSample(sample.usage_cores, sample.pause_fraction, done,
-                                         sample.elapsed))
+                                         sample.elapsed, cores=_usable_cores()))
 
     def explorer_report(self) -> dict | None:
         """What the explorer measured and chose (None when it never ran)."""
