@@ -27,7 +27,7 @@ from throttledjob.contracts.policy import PolicyError
 from . import cpu_limits
 from .children import LABEL_NAME, job_owner_name, owned_by, sidecar_endpoint
 from .kube import Kube
-from .kueue import active_patch, queued_by_kueue, workloads_path
+from .kueue import active_patch, carried_labels, queued_by_kueue, workloads_path
 from .resize import limit_for, resize_pod
 from .settings import OperatorSettings
 from .sidecar_status import StatusReader, StatusReadError
@@ -180,8 +180,15 @@ def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
     key = (tj["metadata"].get("namespace", ""), tj["metadata"].get("name", ""))
     live = {pod["metadata"].get("uid", "") for pod, _ in read}
     refused = {uid: t for uid, t in state.refused_limits.pop(key, {}).items() if uid in live}
+    # Kueue admitted the pods by the template's requests (a request left out defaults to
+    # the limit, the target's share): no lift past them (kueue.py).
+    queued = queued_by_kueue({"metadata": {"labels": {
+        **((spec.get("jobTemplate") or {}).get("metadata") or {}).get("labels", {}),
+        **carried_labels(tj["metadata"].get("labels"))}}})
+    ceiling = (cpu_limits.total_request({"containers": template}) or target) if queued \
+        else None
     for pod, report in read:
-        total = limit_for(target, report.get("cpuLimitWantedCores"))
+        total = limit_for(target, report.get("cpuLimitWantedCores"), ceiling)
         uid = pod["metadata"].get("uid", "")
         if refused.get(uid) == total:
             continue
