@@ -123,8 +123,8 @@ def stop(cluster: Cluster, names: Iterable[str]) -> None:
         if not info:
             continue
         kubectl = _kubectl(cluster)
-        kubectl("delete", "--ignore-not-found", "mutatingwebhookconfiguration",
-                f"{name}-mutating", "validatingwebhookconfiguration", f"{name}-validating")
+        kubectl("delete", "--ignore-not-found", f"mutatingwebhookconfiguration/{name}-mutating",
+                f"validatingwebhookconfiguration/{name}-validating")
         for crd in info.get("conversion", []):
             kubectl("patch", "crd", crd, "--type", "json", "-p", json.dumps(
                 [{"op": "replace", "path": "/spec/conversion", "value": {"strategy": "None"}}]))
