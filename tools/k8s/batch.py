@@ -123,8 +123,12 @@ def stop(cluster: Cluster, names: Iterable[str]) -> None:
         if not info:
             continue
         kubectl = _kubectl(cluster)
-        kubectl("delete", "--ignore-not-found", f"mutatingwebhookconfiguration/{name}-mutating",
-                f"validatingwebhookconfiguration/{name}-validating")
+        hooks = (f"mutatingwebhookconfiguration/{name}-mutating",
+                 f"validatingwebhookconfiguration/{name}-validating")
+        kubectl("delete", "--ignore-not-found", *hooks)
+        left = kubectl("get", "--ignore-not-found", "-o", "name", *hooks).stdout.split()
+        if left:
+            raise RuntimeError(f"{name}'s webhooks outlived it: {left}")
         for crd in info.get("conversion", []):
             kubectl("patch", "crd", crd, "--type", "json", "-p", json.dumps(
                 [{"op": "replace", "path": "/spec/conversion", "value": {"strategy": "None"}}]))
