@@ -89,7 +89,8 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 # The cluster's binaries, built from source once (about 16 minutes cold), then cached;
-# with Kueue and JobSet, which tests/cluster/test_batch_live.py starts beside it.
+# with Kueue and JobSet, which tests/cluster/test_batch_live.py starts beside it (about
+# 9 minutes more cold, docs/testing.md).
 k8s-build:
 	$(K8S) build --with-kueue --with-jobset >/dev/null
 
