@@ -105,8 +105,18 @@ def start(cluster: Cluster, names: Iterable[str], timeout: float = 120.0) -> lis
     """Start the components of `names` that are not running yet (CRDs, manager,
     webhooks) and return once the API server calls their webhooks; returns those it
     started."""
-    started = []
-    for name in ordered(names):
+    wanted, started = ordered(names), []
+    frameworks = cluster.state.get("batch", {}).get(KUEUE, {}).get("frameworks", [])
+    if {JOBSET, KUEUE} <= set(wanted) and running(cluster, KUEUE) \
+            and "jobset.x-k8s.io/jobset" not in frameworks:
+        # A Kueue started without JobSet manages no JobSet: it starts again after JobSet
+        # (and stays running: it is not one of those this call started).
+        stop(cluster, [KUEUE])
+        if not running(cluster, JOBSET):
+            _start_one(cluster, JOBSET, timeout)
+            started.append(JOBSET)
+        _start_one(cluster, KUEUE, timeout)
+    for name in wanted:
         if running(cluster, name):
             continue
         _start_one(cluster, name, timeout)
