@@ -18,11 +18,19 @@ KUEUE_API = "kueue.x-k8s.io/v1beta2"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 RUN_FOR = "throttledjob.io/test-run-for"  # tools/k8s/kwok-stages.yaml
 TIMEOUT = 60.0
+# KWOK's node, where nothing runs and pods go Running then Succeeded: its label, and a
+# toleration of a taint `throttledjob.io/kwok` that keeps other pods off it (harmless
+# where the node has none).
+ON_KWOK: dict[str, Any] = {
+    "nodeSelector": {"type": "kwok"},
+    "tolerations": [{"key": "throttledjob.io/kwok", "operator": "Equal", "value": "true",
+                     "effect": "NoSchedule"}]}
 
 
 def pod_spec(cpu: str = "100m") -> dict[str, Any]:
-    """A pod Pod Security "restricted" admits, asking for `cpu`."""
+    """A pod on KWOK's node that Pod Security "restricted" admits, asking for `cpu`."""
     return {
+        **ON_KWOK,
         "restartPolicy": "Never",
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
                             "seccompProfile": {"type": "RuntimeDefault"}},
