@@ -105,7 +105,18 @@ def start(cluster: Cluster, names: Iterable[str], timeout: float = 120.0) -> lis
     """Start the components of `names` that are not running yet (CRDs, manager,
     webhooks) and return once the API server calls their webhooks; returns those it
     started."""
-    wanted, started = ordered(names), []
+    wanted, started, restarted = ordered(names), [], []
+    try:
+        _start(cluster, wanted, started, restarted, timeout)
+    except BaseException:
+        # Half a component is worse than none: its webhooks would refuse what they match.
+        stop(cluster, [*started, *restarted])
+        raise
+    return started
+
+
+def _start(cluster: Cluster, wanted: list[str], started: list[str], restarted: list[str],
+           timeout: float) -> None:
     frameworks = cluster.state.get("batch", {}).get(KUEUE, {}).get("frameworks", [])
     if {JOBSET, KUEUE} <= set(wanted) and running(cluster, KUEUE) \
             and "jobset.x-k8s.io/jobset" not in frameworks:
@@ -113,15 +124,15 @@ def start(cluster: Cluster, names: Iterable[str], timeout: float = 120.0) -> lis
         # (and stays running: it is not one of those this call started).
         stop(cluster, [KUEUE])
         if not running(cluster, JOBSET):
-            _start_one(cluster, JOBSET, timeout)
             started.append(JOBSET)
+            _start_one(cluster, JOBSET, timeout)
+        restarted.append(KUEUE)
         _start_one(cluster, KUEUE, timeout)
     for name in wanted:
         if running(cluster, name):
             continue
-        _start_one(cluster, name, timeout)
         started.append(name)
-    return started
+        _start_one(cluster, name, timeout)
 
 
 def stop(cluster: Cluster, names: Iterable[str]) -> None:
@@ -187,15 +198,15 @@ def _start_one(cluster: Cluster, name: str, timeout: float) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
             stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": webhooks}))
     conversion = _conversion_crds(source) if name == KUEUE else []
+    batch = cluster.state.get("batch", {})
+    batch[name]["conversion"] = conversion
+    cluster.update_state(batch=batch)
     for crd in conversion:
         kubectl("patch", "crd", crd, "--type", "merge", "-p", json.dumps({"spec": {
             "conversion": {"strategy": "Webhook", "webhook": {
                 "conversionReviewVersions": ["v1"],
                 "clientConfig": {"url": f"{url}/convert",
                                  "caBundle": _b64(ca)}}}}}))
-    batch = cluster.state.get("batch", {})
-    batch[name]["conversion"] = conversion
-    cluster.update_state(batch=batch)
     probe = _kueue_probe if name == KUEUE else _jobset_probe
     cluster.wait(lambda: probe(kubectl), timeout, f"the API server calling {name}'s webhooks")
     batch[name]["start_seconds"] = round(time.monotonic() - started, 1)
