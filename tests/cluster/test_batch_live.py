@@ -293,3 +293,25 @@ def test_throttledjobs_wait_in_kueues_queue_and_suspend_through_it(
              "the unlabelled ThrottledJob Succeeded")
     assert workload_of(kubectl, namespace, "plain") is None
     assert condition(tj_of(kubectl, namespace, "plain"), "Admitted") == {}
+
+
+def test_an_indexed_throttledjob_is_admitted_whole_or_not_at_all(
+        kubectl: Kubectl, namespace: str, local_queue: str,
+        kueue_operator: OperatorProcess) -> None:
+    """Two ranks of 600m do not fit 1 CPU: Kueue admits the Job as one workload, so
+    neither rank runs (one would fit) until the quota holds both; then both do."""
+    tj = queued_tj("ranks", namespace, local_queue, run_for="2s")
+    tj["spec"]["jobTemplate"]["spec"].update(
+        {"completionMode": "Indexed", "parallelism": 2, "completions": 2})
+    kubectl.apply(tj)
+    wait_for(lambda: condition(tj_of(kubectl, namespace, "ranks"), "Admitted")
+             .get("reason") == "Pending", TIMEOUT, 0.2, "the ranks Queued with Kueue's reason")
+    assert phase(kubectl, namespace, "ranks") == "Queued"
+    assert pods_of(kubectl, namespace, "job-name=ranks") == []
+    kubectl("patch", "clusterqueues.kueue.x-k8s.io", f"{namespace}-cq", "--type", "json", "-p",
+            '[{"op": "replace", "path": '
+            '"/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota", "value": "2"}]')
+    wait_for(lambda: len(pods_of(kubectl, namespace, "job-name=ranks")) == 2, TIMEOUT, 0.2,
+             "both ranks' pods")
+    wait_for(lambda: phase(kubectl, namespace, "ranks") == "Succeeded", TIMEOUT, 0.2,
+             "the ranks Succeeded")
