@@ -371,10 +371,12 @@ def suspended_job(queue: str | None = None, suspend: bool = True) -> dict[str, A
     ("team", True, "Suspended", "SuspendRequested"),  # both: ours is what to say
 ])
 def test_a_suspended_job_is_queued_only_where_kueue_holds_it(queue, asked, phase, reason):
-    st = status_from_job({}, suspended_job(queue), {"suspend": asked}, NOW)
+    st = status_from_job({}, suspended_job(queue), {"metadata": {"generation": 3},
+                                                    "spec": {"suspend": asked}}, NOW)
     assert st["phase"] == phase
     assert condition(st, "Suspended")["status"] == "True"
     assert condition(st, "Suspended")["reason"] == reason
+    assert condition(st, "Suspended")["observedGeneration"] == 3
     assert condition(st, "Admitted") is None  # not admitted: Kueue's reason comes later
 
 
@@ -408,8 +410,9 @@ def workload(active: bool = True, **conditions: tuple[str, str, str]) -> dict[st
 def test_the_admitted_condition_says_what_kueue_says(wl, admitted, reason) -> None:
     from throttledjob.operator.status import status_with_admission
 
-    c = condition(status_with_admission({}, wl, NOW), "Admitted")
-    assert (c["status"], c["reason"]) == (admitted, reason)
+    c = condition(status_with_admission({}, wl, {"metadata": {"generation": 2}}, NOW),
+                  "Admitted")
+    assert (c["status"], c["reason"], c["observedGeneration"]) == (admitted, reason, 2)
     if wl and reason == "Inadmissible":
         assert c["message"] == "LocalQueue nope doesn't exist"
 

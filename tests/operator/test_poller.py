@@ -93,7 +93,7 @@ class MemoryKube:
         with self.lock:
             tj = self.tjs[(namespace, name)]
             old = dict(tj.get("status") or {})
-            tj["status"] = new = mutate(dict(old), dict(tj.get("spec") or {}))
+            tj["status"] = new = mutate(dict(old), tj)
             return tj, old, new
 
 

@@ -158,8 +158,8 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     now = now_iso()
     # The phase comes from the Job as it is now: after a restart the Job may be running
     # or finished already, and its events may have been handled before this.
-    kube.update_status(ns, name, lambda st, spec: status_from_job(status_job_created(
-        st, job["metadata"]["name"], generation, now), current, spec, now))
+    kube.update_status(ns, name, lambda st, tj: status_from_job(status_job_created(
+        st, job["metadata"]["name"], generation, now), current, tj, now))
     if created:
         logger.info("created Job %s", job["metadata"]["name"])
         kopf.info(body, reason=Reason.JOB_CREATED,
@@ -298,7 +298,7 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
     now = now_iso()
     try:
         result = state.kube.update_status(
-            namespace, owner, lambda st, spec: status_from_job(st, body, spec, now))
+            namespace, owner, lambda st, tj: status_from_job(st, body, tj, now))
     except ApiError as e:
         # Event handlers are not retried by kopf; the poller's resync catches up.
         logger.warning("cannot update %s/%s from its Job: %s", namespace, owner, e)

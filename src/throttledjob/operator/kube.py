@@ -179,11 +179,11 @@ class Kube:
         return items[0] if items else None
 
     def update_status(self, namespace: str, name: str,
-                      mutate: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]],
+                      mutate: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]],
                       ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
         """Read-modify-write of a ThrottledJob's status, guarded by resourceVersion:
-        `mutate(status, spec)` makes the new status from a copy of the old one and the
-        ThrottledJob's spec as read.
+        `mutate(status, tj)` makes the new status from a copy of the old one and the
+        ThrottledJob as read.
 
         Several writers (the create handler, the Job watcher, the sidecar timer) own
         different conditions of one list, and a merge patch replaces a list whole: the
@@ -195,7 +195,7 @@ class Kube:
             if tj is None:
                 return None
             old = dict(tj.get("status") or {})
-            new = mutate(dict(old), dict(tj.get("spec") or {}))
+            new = mutate(dict(old), tj)
             if new == old:
                 return tj, old, new
             # Keys the new status drops must be nulled: a merge patch only adds.

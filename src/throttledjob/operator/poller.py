@@ -89,7 +89,7 @@ def resync_from_job(state: OperatorState, namespace: str, name: str,
         return
     now = now_iso()
     state.kube.update_status(namespace, name,
-                             lambda st, spec: status_from_job(st, job, spec, now))
+                             lambda st, tj: status_from_job(st, job, tj, now))
 
 
 def set_workload_active(kube: Kube, namespace: str, job: Mapping[str, Any],
@@ -118,8 +118,8 @@ def read_queue(state: OperatorState, namespace: str, name: str,
     workload = set_workload_active(kube, namespace, job,
                                    bool((tj.get("spec") or {}).get("suspend")))
     now = now_iso()
-    kube.update_status(namespace, name, lambda st, spec: status_with_admission(
-        status_from_job(st, job, spec, now), workload, now))
+    kube.update_status(namespace, name, lambda st, fresh: status_with_admission(
+        status_from_job(st, job, fresh, now), workload, fresh, now))
 
 
 def read_sidecars(state: OperatorState, namespace: str, name: str,

@@ -142,12 +142,13 @@ def status_job_created(status: Mapping[str, Any], job: str, generation: int | No
 
 
 def status_from_job(status: Mapping[str, Any], job: Mapping[str, Any] | None,
-                    spec: Mapping[str, Any], now: str) -> dict[str, Any]:
+                    tj: Mapping[str, Any], now: str) -> dict[str, Any]:
     """Phase, times and Complete/Failed from the Job, as the Job controller writes its
     status (conditions Complete/Failed, active/ready counters, start/completion); a
     suspended Job is Suspended where the ThrottledJob's `spec.suspend` (or the Job
     itself) holds it, Queued where Kueue does (kueue.py)."""
     js = (job or {}).get("status") or {}
+    spec, generation = tj.get("spec") or {}, (tj.get("metadata") or {}).get("generation")
     out = dict(status)
     job_conds = {c.get("type"): c for c in js.get("conditions") or []
                  if c.get("status") == "True"}
@@ -171,18 +172,19 @@ def status_from_job(status: Mapping[str, Any], job: Mapping[str, Any] | None,
                            else (Reason.QUEUED, "Kueue holds the Job until its queue admits "
                                  "it (see the Admitted condition)") if queued
                            else (Reason.JOB_SUSPENDED, "the Job's spec.suspend is true"))
-        conds = set_condition(conds, Condition.SUSPENDED, True, reason, message, now)
+        conds = set_condition(conds, Condition.SUSPENDED, True, reason, message, now,
+                              generation)
     elif js.get("active") or js.get("ready"):
         out["phase"] = Phase.RUNNING
     else:
         out["phase"] = Phase.PENDING
     if not suspended and (condition(status, Condition.SUSPENDED) or {}).get("status") == "True":
         conds = set_condition(conds, Condition.SUSPENDED, False, Reason.RESUMED,
-                              "the Job runs again", now)
+                              "the Job runs again", now, generation)
     if queued and not suspended and job is not None:
         # Kueue un-suspends a Job only once its Workload is admitted.
         conds = set_condition(conds, Condition.ADMITTED, True, "Admitted", "admitted by Kueue",
-                              now)
+                              now, generation)
     if out["phase"] != Phase.RUNNING and condition(status, Condition.THROTTLING):
         # Nothing to throttle any more (or yet): the last observed peaks stay.
         conds = set_condition(conds, Condition.THROTTLING, False, Reason.NOT_RUNNING,
@@ -208,13 +210,14 @@ def status_held_back(status: Mapping[str, Any], generation: int | None,
 
 
 def status_with_admission(status: Mapping[str, Any], workload: Mapping[str, Any] | None,
-                          now: str) -> dict[str, Any]:
+                          tj: Mapping[str, Any], now: str) -> dict[str, Any]:
     """The Admitted condition from the Job's Kueue Workload, in Kueue's words (why it
     waits: Pending, Inadmissible, ... with Kueue's message)."""
     admitted, reason, message = admission(workload)
     out = dict(status)
     out["conditions"] = set_condition(status.get("conditions"), Condition.ADMITTED, admitted,
-                                      reason, message, now)
+                                      reason, message, now,
+                                      (tj.get("metadata") or {}).get("generation"))
     return out
 
 
