@@ -4,6 +4,7 @@
     cluster   the control plane and KWOK's node (`python -m tools.k8s.cluster up|down`)
     node      a real node beside it: kubelet, containerd, its network and cgroups
     images    the images a real node runs, built here (no registry is reachable)
+    dns       the cluster's DNS (CoreDNS) for a real node's pods
 
-Imports go one way: cluster -> node -> images -> host.
+Imports go one way: cluster -> node -> images, dns -> host.
 """
