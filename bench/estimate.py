@@ -7,7 +7,10 @@ For each workload, side by side in one invocation: an unthrottled run (the same 
 of the unthrottled p99; the default enforcement, the kernel's quota, and `--inject` for
 the unmodified PyTorch script). The real slowdown is the throttled wall over the
 unthrottled wall; the estimate is the report's `controller.estimated_slowdown`; error is
-estimate / real - 1 (negative: the report says it cost less than it did).
+estimate / real - 1 (negative: the report says it cost less than it did); estimate_high
+is the top of the report's interval; probe_s the time the explorer's probes held the
+target off the budget's books. With `--max-slowdown 1.25` (the default budget) the real
+slowdown is judged against the budget.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ def main() -> None:
                      "unthrottled_s": base["wall_seconds"], "throttled_s": ours["wall_seconds"],
                      "real": round(real, 3), "estimate": estimate,
                      "error": f"{estimate / real - 1:+.1%}",
+                     # the interval's top (unknown lever costs at their worst)
+                     "estimate_high": ours["controller"]["estimated_slowdown_high"],
+                     "probe_s": ours["controller"]["probe_seconds"],
                      # over 0: the estimate left this much time's lever cost out
                      "unknown_cost_s": ours["controller"]["lever_cost_unknown_seconds"],
                      "p99": ours["cpu_peak_cores"],

@@ -10,12 +10,14 @@ Rules = dict[tuple[str, str], frozenset[str]]
 NAMESPACED: Rules = {
     (crd.GROUP, crd.PLURAL): frozenset({"get", "list", "watch", "patch"}),
     (crd.GROUP, f"{crd.PLURAL}/status"): frozenset({"patch"}),
-    ("batch", "jobs"): frozenset({"get", "list", "watch", "create"}),
+    ("batch", "jobs"): frozenset({"get", "list", "watch", "create", "patch"}),
     ("", "configmaps"): frozenset({"get", "create", "patch"}),
     ("", "pods"): frozenset({"list"}),
     ("", "pods/resize"): frozenset({"patch"}),
     ("", "events"): frozenset({"create"}),
 }
+# With the chart's kueue.enabled: Kueue's Workloads of queued ThrottledJobs.
+KUEUE: Rules = {("kueue.x-k8s.io", "workloads"): frozenset({"list", "patch"})}
 CRDS: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"):
                frozenset({"list", "watch"})}
 NAMESPACES: Rules = {("", "namespaces"): frozenset({"list", "watch"})}

@@ -59,6 +59,13 @@ def test_estimate() -> None:
         "torch_train.py (unmodified)"]
 
 
+@needs_cgroup
+def test_probes() -> None:
+    out = run_benchmark("probes", "--runs", "1", "--steps", "20")
+    assert [row[1] for row in table_rows(out, "| run | enforcement |")] == [
+        "cooperative", "quota"]
+
+
 def test_gpu_frontier(tmp_path: Path) -> None:
     out = run_benchmark("gpu_frontier", "--intervals", "30", "--json", str(tmp_path / "g.json"))
     # Five simulated workloads at three targets each.

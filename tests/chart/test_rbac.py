@@ -5,6 +5,8 @@ The calls (docs/operator.md, "API calls"), from operator/handlers.py and operato
 - kopf watches ThrottledJobs (list, watch) and patches them (its progress annotations);
   kube.update_status gets one and merge-patches its /status;
 - kopf watches Jobs for the Job watcher (list, watch); _ensure gets and creates Jobs;
+  suspend_changed patches a Job's spec.suspend (and, with kueue.enabled, read_queue and
+  suspend_changed list and patch Kueue's Workloads);
 - _ensure / policy_changed get, create and merge-patch the policy ConfigMap;
 - the sidecar timer lists Pods (kube.list_pods); kopf.info/warn create Events;
 - policy_changed, under enforcement Quota, lists the Pods and patches their pods/resize;
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 
 from testing.chart import NAMESPACE, by_kind, render
-from testing.rbac import CRDS, NAMESPACED, NAMESPACES, Rules
+from testing.rbac import CRDS, KUEUE, NAMESPACED, NAMESPACES, Rules
 from throttledjob.operator import crd
 
 
@@ -108,3 +110,11 @@ def test_throttledjobs_are_aggregated_into_edit_and_view(tmp_path) -> None:
     assert by_label["view"] == {(crd.GROUP, r): frozenset({"get", "list", "watch"})
                                 for r in (crd.PLURAL, f"{crd.PLURAL}/status")}
     assert not [o for o in by_kind(render({"rbac": {"create": False}}, tmp_path), "ClusterRole")]
+
+
+def test_kueue_adds_exactly_the_workload_calls(tmp_path) -> None:
+    """kueue.enabled: the operator holds a queued ThrottledJob's Workload to its suspend
+    and reads why it waits (operator/poller.py read_queue): list and patch, no more."""
+    (role,) = by_kind(operator_rbac(render({"kueue": {"enabled": True}}, tmp_path)),
+                      "ClusterRole")
+    assert rules_of(role) == {**NAMESPACED, **KUEUE, **CRDS}

@@ -22,6 +22,7 @@ from testing.helpers import require_tool
 from testing.operator_process import OperatorProcess
 from testing.paths import CHART, ROOT
 from throttledjob.operator import crd
+from tools.k8s import batch
 from tools.k8s import cluster as k8s
 from tools.k8s import node as node_mod
 
@@ -79,6 +80,22 @@ def real_node(cluster: Any) -> Iterator[Any]:
     node = cluster.add_real_node(REAL_NODE_START_TIMEOUT)
     yield node
     node.down()
+
+
+@pytest.fixture(scope="module")
+def batch_components(cluster: Any) -> Iterator[Any]:
+    """JobSet and Kueue (tools/k8s/batch.py) on the session's cluster, for one module's
+    tests: built on first use (cached), started for the module and stopped after it, so
+    no other test's Job goes through Kueue's webhooks. Ones `make cluster WITH=...`
+    started are used and left running. Yields the cluster."""
+    require_tool("go")
+    require_tool("openssl")
+    batch.build(batch.COMPONENTS)
+    started = batch.start(cluster, batch.COMPONENTS)
+    try:
+        yield cluster
+    finally:
+        batch.stop(cluster, started)
 
 
 @pytest.fixture(scope="session")

@@ -175,7 +175,7 @@ def audited_calls(cluster: Any, user: str, namespace: str,
 
 def exercise(kubectl: Kubectl, op: OperatorProcess, namespace: str) -> None:
     """A ThrottledJob's whole life: create, run, edit (under Quota: the running pod's
-    limits are resized), restart the operator, complete."""
+    limits are resized), suspend and resume, restart the operator, complete."""
     op.start()
     kubectl.apply(tj_manifest("rbac", namespace, run_for="10s", throttle={
         "targets": {"cpu": {"peak": "1500m"}}, "enforcement": "Quota"}))
@@ -190,6 +190,11 @@ def exercise(kubectl: Kubectl, op: OperatorProcess, namespace: str) -> None:
     # path, for real (the resize itself: tests/cluster/test_end_to_end_live.py).
     wait_for(lambda: ("Warning", "QuotaResizeRefused") in tj_events(kubectl, namespace, "rbac"),
              timeout=60, what="the resize asked for, and refused")
+    for suspend, phase in (("true", "Suspended"), ("false", "Running")):
+        kubectl("patch", "tj", "-n", namespace, "rbac", "--type=merge",
+                "-p", f'{{"spec":{{"suspend":{suspend}}}}}')
+        wait_json(kubectl, lambda o, phase=phase: (o.get("status") or {}).get("phase") == phase,
+                  "tj", "-n", namespace, "rbac", what=f"phase {phase}")
     assert op.stop() == 0
     op.start()
     wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Succeeded",

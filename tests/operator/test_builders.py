@@ -222,6 +222,19 @@ def _container_set(tj: dict[str, Any], **changes: Any) -> dict[str, Any]:
 
 
 # Specs the CRD schema lets through but the operator must refuse (no Job).
+def queued(tj: dict[str, Any], queue: str, template: str | None = None,
+           priority: str | None = None) -> dict[str, Any]:
+    """`tj` with Kueue's queue label (and a priority class), on the ThrottledJob and, where
+    `template` is given, another on its jobTemplate."""
+    tj = copy.deepcopy(tj)
+    tj["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue,
+                                **({"kueue.x-k8s.io/priority-class": priority} if priority
+                                   else {})}
+    if template:
+        tj["spec"]["jobTemplate"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = template
+    return tj
+
+
 REFUSED = [
     (make_tj(throttle={"targets": {"cpu": {"peak": "3"}}}), "UnreachableTarget",
      "exceeds the pod's CPU limit"),
@@ -260,6 +273,8 @@ REFUSED = [
     (_pod_set(make_tj(), hostNetwork=True), "HostAccessRefused", "hostNetwork"),
     (_container_set(make_tj(), securityContext={"privileged": True}), "HostAccessRefused",
      "privileged"),
+    (queued(make_tj(), "team-a", template="team-b"), "LabelClash",
+     "kueue.x-k8s.io/queue-name=team-a of the ThrottledJob and kueue.x-k8s.io/queue-name=team-b"),
 ]
 
 
@@ -270,6 +285,25 @@ def test_refused_specs(tj: dict[str, Any], reason: str, message: str) -> None:
         validate(owned(tj))
     assert info.value.reason == reason
     assert message in str(info.value)
+
+
+def test_kueues_labels_are_carried_and_a_queued_job_starts_suspended() -> None:
+    """Kueue queues the Job by its queue label and un-suspends it on admission: made
+    suspended, it never starts before (whether or not Kueue's webhook ran)."""
+    job, _ = built(queued(make_tj(), "team-a", priority="high"))
+    labels = job["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert labels["kueue.x-k8s.io/priority-class"] == "high"
+    assert labels["team"] == "vision"  # the template's own kept
+    assert job["spec"]["suspend"] is True
+    k8s_validate(job)  # raises on an invalid object
+    plain, _ = built(make_tj())
+    assert "suspend" not in plain["spec"]
+    assert not any(k.startswith("kueue.x-k8s.io/") for k in plain["metadata"]["labels"])
+    tj = make_tj()
+    tj["spec"]["suspend"] = True
+    asked, _ = built(tj)
+    assert asked["spec"]["suspend"] is True
 
 
 def test_host_access_is_accepted_when_the_operator_allows_it() -> None:
@@ -312,16 +346,81 @@ def test_conditions_keep_transition_time_unless_status_flips() -> None:
     ({"conditions": [{"type": "Failed", "status": "False"}], "active": 1}, "Running"),
 ])
 def test_phase_from_job_status(job_status: dict[str, Any] | None, phase: str) -> None:
-    assert status_from_job({}, job_status, NOW)["phase"] == phase
+    assert status_from_job({}, {"status": job_status}, {}, NOW)["phase"] == phase
 
 
 def test_failed_job_reason_reaches_the_condition() -> None:
-    st = status_from_job({}, {"conditions": [{"type": "Failed", "status": "True",
-                                                "reason": "DeadlineExceeded",
-                                                "message": "too slow"}]}, NOW)
+    st = status_from_job({}, {"status": {"conditions": [{"type": "Failed", "status": "True",
+                                                          "reason": "DeadlineExceeded",
+                                                          "message": "too slow"}]}}, {}, NOW)
     assert condition(st, "Failed") == {"type": "Failed", "status": "True",
                                          "reason": "DeadlineExceeded", "message": "too slow",
                                          "lastTransitionTime": NOW}
+
+
+def suspended_job(queue: str | None = None, suspend: bool = True) -> dict[str, Any]:
+    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+    return {"metadata": {"labels": labels}, "spec": {"suspend": suspend},
+            "status": {"conditions": [{"type": "Suspended", "status": str(suspend)}]}}
+
+
+@pytest.mark.parametrize(("queue", "asked", "phase", "reason"), [
+    (None, True, "Suspended", "SuspendRequested"),
+    (None, False, "Suspended", "JobSuspended"),       # the Job's own suspend, set by hand
+    ("team", False, "Queued", "Queued"),              # Kueue holds it
+    ("team", True, "Suspended", "SuspendRequested"),  # both: ours is what to say
+])
+def test_a_suspended_job_is_queued_only_where_kueue_holds_it(queue, asked, phase, reason):
+    st = status_from_job({}, suspended_job(queue), {"suspend": asked}, NOW)
+    assert st["phase"] == phase
+    assert condition(st, "Suspended")["status"] == "True"
+    assert condition(st, "Suspended")["reason"] == reason
+    assert condition(st, "Admitted") is None  # not admitted: Kueue's reason comes later
+
+
+def test_a_job_kueue_lets_run_is_admitted_and_resumed() -> None:
+    queued = status_from_job({}, suspended_job("team"), {}, NOW)
+    running = status_from_job(queued, {**suspended_job("team", suspend=False),
+                                        "status": {"active": 1}}, {}, NOW)
+    assert running["phase"] == "Running"
+    assert condition(running, "Suspended")["reason"] == "Resumed"
+    assert condition(running, "Admitted")["status"] == "True"
+    plain = status_from_job({}, {"status": {"active": 1}}, {}, NOW)
+    assert condition(plain, "Admitted") is None and condition(plain, "Suspended") is None
+
+
+def workload(active: bool = True, **conditions: tuple[str, str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": "job-train-1a2b3"}, "spec": {"active": active},
+            "status": {"conditions": [{"type": t, "status": s, "reason": r, "message": m}
+                                      for t, (s, r, m) in conditions.items()]}}
+
+
+@pytest.mark.parametrize(("wl", "admitted", "reason"), [
+    (None, "False", "Pending"),  # Kueue has not made it yet
+    (workload(QuotaReserved=("False", "Pending", "insufficient unused quota for cpu")),
+     "False", "Pending"),
+    (workload(QuotaReserved=("False", "Inadmissible", "LocalQueue nope doesn't exist")),
+     "False", "Inadmissible"),
+    (workload(False, Evicted=("True", "Deactivated", "")), "False", "Deactivated"),
+    (workload(QuotaReserved=("True", "QuotaReserved", ""), Admitted=("True", "Admitted", "ok")),
+     "True", "Admitted"),
+])
+def test_the_admitted_condition_says_what_kueue_says(wl, admitted, reason) -> None:
+    from throttledjob.operator.status import status_with_admission
+
+    c = condition(status_with_admission({}, wl, NOW), "Admitted")
+    assert (c["status"], c["reason"]) == (admitted, reason)
+    if wl and reason == "Inadmissible":
+        assert c["message"] == "LocalQueue nope doesn't exist"
+
+
+def test_the_workload_is_held_to_the_throttledjobs_suspend() -> None:
+    from throttledjob.operator.kueue import active_patch
+
+    assert active_patch(workload(True), suspend=True) == {"spec": {"active": False}}
+    assert active_patch(workload(False), suspend=False) == {"spec": {"active": True}}
+    assert active_patch(workload(True), suspend=False) is None
+    assert active_patch({"spec": {}}, suspend=False) is None  # active by default
 
 
 def report(cpu: float, level: float, met: bool = True, exhausted: bool = False,

@@ -104,7 +104,7 @@ def test_status_schema_accepts_what_the_builders_write() -> None:
 
     now = "2026-01-01T00:00:00Z"
     st = status_job_created({}, "train", 1, now)
-    st = status_from_job(st, {"active": 1, "startTime": now}, now)
+    st = status_from_job(st, {"status": {"active": 1, "startTime": now}}, {}, now)
     st = status_with_observed(st, [{"observed": {
         "cpuPeakCores": 1.2, "cpuMaxCores": 1.5, "gpuPeakUtilizationPercent": None,
         "gpuPeakPowerWatts": None, "throttleLevel": 0.3, "slowdown": 1.1, "steps": 42},

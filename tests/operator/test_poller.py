@@ -93,7 +93,7 @@ class MemoryKube:
         with self.lock:
             tj = self.tjs[(namespace, name)]
             old = dict(tj.get("status") or {})
-            tj["status"] = new = mutate(dict(old))
+            tj["status"] = new = mutate(dict(old), dict(tj.get("spec") or {}))
             return tj, old, new
 
 
@@ -230,6 +230,30 @@ def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
                                                          "enforcement": "Signals"}}}
     follow_wanted_limits(state, signals, [(running("1000m"), wants(1.6))])
     assert len(kube.patches) == 2
+
+
+@pytest.mark.parametrize(("requests", "lifted"), [(None, None), ("1200m", "1200m")])
+def test_under_kueue_a_lift_stays_within_the_admitted_requests(
+        monkeypatch: pytest.MonkeyPatch, requests: str | None, lifted: str | None) -> None:
+    """Kueue admits a queued Job's pods by their requests (the limit where none is set:
+    the target's share). The budget's lift would take more than was admitted: it stops
+    at the template's requests, and where there are none it does not lift at all."""
+    monkeypatch.setattr(kopf, "info", lambda *a, **k: None)
+    kube = ResizingKube(node_cores=4)
+    state = OperatorState(OperatorSettings(), kube, HttpStatusReader(DEADLINE))  # type: ignore[arg-type]
+    work = {"name": "work", "image": "train:1",
+            **({"resources": {"requests": {"cpu": requests}}} if requests else {})}
+    tj = {"metadata": {"name": "train", "namespace": "ml",
+                       "labels": {"kueue.x-k8s.io/queue-name": "team"}}, "spec": {
+        "jobTemplate": {"spec": {"template": {"spec": {"containers": [work]}}}},
+        "throttle": {"targets": {"cpu": {"peak": "1"}}, "enforcement": "Quota"}}}
+    pod = {"metadata": {"name": "train-0", "namespace": "ml", "uid": "u1"},
+           "status": {"phase": "Running"},
+           "spec": {"containers": [{"name": "work", "resources": {
+               "requests": {"cpu": requests or "1"}, "limits": {"cpu": "1"}}}]}}
+    follow_wanted_limits(state, tj, [(pod, {**STATUS_DOC, "cpuLimitWantedCores": 1.6})])
+    got = [p["spec"]["containers"][0]["resources"]["limits"]["cpu"] for p in kube.patches]
+    assert got == ([lifted] if lifted else [])
 
 
 def test_the_limit_is_split_by_what_each_container_wanted(

@@ -16,6 +16,7 @@ import pytest
 from testing.fake_tree import FakeTree
 from throttledjob.sidecar.explorer import (
     DEFAULT_SETTING,
+    Estimate,
     Explorer,
     LeverSample,
     LeverSetting,
@@ -328,6 +329,16 @@ def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20,
             seen.append((settings, type(agent.explorer.state).__name__
                          if agent.explorer else None))
     return agent, published
+
+
+def test_no_demand_is_read_past_the_cpus_the_workload_may_use():
+    """Read through a deep pause, usage / (1 - pause) overshoots: a 2-thread loop on 2
+    cores read 2.42 cores, and the defaults' unthrottled rate (every lever's cost) with
+    it."""
+    deep = LeverSample(usage_cores=0.97, pause_fraction=0.6, steps=80, cores=2)
+    assert deep.demand_cores == 2
+    assert LeverSample(usage_cores=0.97, pause_fraction=0.6, steps=80).demand_cores > 2
+    assert Estimate.of(DEFAULT_SETTING, [deep]).peak_cores == 2
 
 
 def test_agent_publishes_the_explorers_threads(tmp_path):

@@ -99,15 +99,15 @@ def test_the_estimates_top_charges_time_of_unknown_cost_at_the_most_it_can_cost(
     """Time under one thread of two, whose cost was never measured, is left out of the
     estimate (a lower bound); the interval's top charges it at 2x, the most one thread
     of two can cost, and both outputs show the pair."""
-    from throttledjob.sidecar.agent import max_lever_cost
     from throttledjob.sidecar.explorer import LeverSetting
+    from throttledjob.sidecar.lever_time import max_lever_cost
 
     assert max_lever_cost(LeverSetting(threads=1), 2) == 2.0
     assert max_lever_cost(LeverSetting(threads=2, batch_scale=0.5), 8) == 8.0
     assert max_lever_cost(LeverSetting(threads=16), 8) == 1.0
     agent, result = run(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="signals"),
                         [1.0] * 10)
-    agent._busy_seconds = {LeverSetting(threads=1): 4.0}   # no explorer: cost unknown
+    agent.ledger.add(LeverSetting(threads=1), 4.0)   # no explorer: its cost is unknown
     result = agent.cycle()
     report, status = both_ways(result)
     known = summarize(result)

@@ -15,6 +15,9 @@ cluster makes lives in its directory and goes with `down`.
     python -m tools.k8s.cluster up --node real          also a real node beside KWOK: a
                                                         kubelet on containerd running real
                                                         pods (tools/k8s/node.py)
+    python -m tools.k8s.cluster up --with-kueue --with-jobset
+                                                        also Kueue and JobSet, built from
+                                                        their modules (tools/k8s/batch.py)
 
 Run from the repository root (the module is `tools.k8s.cluster`).
 """
@@ -39,7 +42,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tools.k8s import images
+from tools.k8s import batch, images
 from tools.k8s import node as real_node
 from tools.k8s.host import cache_dir, cgroup_mounts, cpu_mount, free_port, run
 
@@ -483,15 +486,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--with-torch", action="store_true",
                         help="also load the example PyTorch image on the real node "
                              "(examples/pytorch/: 2.7 GB, built once)")
+    for name in batch.COMPONENTS:
+        parser.add_argument(f"--with-{name}", action="store_true",
+                            help=f"also {name} (tools/k8s/batch.py), built on first use")
     args = parser.parse_args(argv)
+    components = [n for n in batch.COMPONENTS if getattr(args, f"with_{n}")]
     if args.action == "build":
         print(build())
+        batch.build(components)
         return 0
     cluster = Cluster(Path(args.dir))
     if args.action == "down":
         cluster.down()
         return 0
     build()
+    batch.build(components)
     started = time.monotonic()
     was_running = cluster.running()
     try:
@@ -500,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             real = cluster.add_real_node(timeout=900)  # a cold start builds the images
             if args.with_torch:
                 real.load(images.torch_archive())
+        batch.start(cluster, components)
     except (RuntimeError, TimeoutError, OSError) as e:
         # A cluster that was already running keeps running (a failed node undoes itself).
         if not was_running:

@@ -100,7 +100,7 @@ posts Events; operator/kube.py gets, creates and patches the rest.
   verbs: [patch]
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, list, watch, create]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
@@ -113,4 +113,9 @@ posts Events; operator/kube.py gets, creates and patches the rest.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- if .Values.kueue.enabled }}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [list, patch]
+{{- end }}
 {{- end -}}

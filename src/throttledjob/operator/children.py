@@ -30,6 +30,7 @@ from .crd import (
     SHARED_VOLUME,
     SIDECAR_CONTAINER,
 )
+from .kueue import QUEUE_LABEL, carried_labels
 from .settings import OperatorSettings
 
 SHARED_DIR = "/var/run/throttledjob"
@@ -234,7 +235,8 @@ def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
               settings: OperatorSettings) -> dict[str, Any]:
     """The Job: the user's jobTemplate, kept as written, plus the sidecar, the shared
     directory, the policy volume, the runtime's environment and the labels that link
-    each pod to its ThrottledJob. Ownership (ownerReferences) is added by kopf.adopt."""
+    each pod to its ThrottledJob (and Kueue's queue and priority labels of the
+    ThrottledJob, kueue.py). Ownership (ownerReferences) is added by kopf.adopt."""
     name = body["metadata"]["name"]
     template = copy.deepcopy(dict(body["spec"]["jobTemplate"]))
     meta = template.get("metadata") or {}
@@ -290,12 +292,18 @@ def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
                                       "readOnly": True})
     pod["initContainers"] = [*ours, *(pod.get("initContainers") or [])]
     pod.setdefault("volumes", []).extend(volumes)
+    labels = {**(meta.get("labels") or {}),
+              **carried_labels(body["metadata"].get("labels")), **_labels(name)}
+    if body["spec"].get("suspend") or labels.get(QUEUE_LABEL):
+        # Kueue's own webhook suspends a queued Job at creation, and un-suspends it on
+        # admission; set here too, a Job made before Kueue's webhook runs never starts.
+        job_spec["suspend"] = True
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": job_name(name),
-            "labels": {**(meta.get("labels") or {}), **_labels(name)},
+            "labels": labels,
             "annotations": dict(meta.get("annotations") or {}),
         },
         "spec": job_spec,

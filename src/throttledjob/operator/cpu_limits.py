@@ -143,6 +143,13 @@ def limits_by_name(pod_spec: Mapping[str, Any]) -> dict[str, float]:
     return {name: cores for name, cores in out.items() if cores is not None}
 
 
+def total_request(pod_spec: Mapping[str, Any]) -> float | None:
+    """The sum of a pod's container CPU requests (what Kueue admits), cores; None when
+    one has none (the API server defaults a request to the limit: it is set then)."""
+    requests = [_cpu(c, "requests") for c in pod_spec.get("containers") or []]
+    return sum(requests) if requests and all(x is not None for x in requests) else None  # type: ignore[misc]
+
+
 def total_limit(pod_spec: Mapping[str, Any]) -> float | None:
     """The sum of a pod's container CPU limits, cores; None when one has none."""
     limits = [_cpu(c, "limits") for c in pod_spec.get("containers") or []]

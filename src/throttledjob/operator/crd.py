@@ -44,7 +44,7 @@ INJECT_MODES = ["Auto", "None"]
 # that import torch gain anything (see docs/operator.md, "Zero-code injection").
 DEFAULT_INJECT = "None"
 MAX_NAME_LENGTH = 63  # the Job is named after the ThrottledJob; Job names are label values
-PHASES = ["Pending", "Running", "Succeeded", "Failed"]
+PHASES = ["Pending", "Queued", "Suspended", "Running", "Succeeded", "Failed"]
 PARAMETER_TYPES = ["Integer", "Number", "Boolean", "String"]
 
 _GENERATED_HEADER = (
@@ -306,6 +306,12 @@ def openapi_schema() -> dict[str, Any]:
                     "jobTemplate": job_template_schema(),
                     "throttle": throttle_schema(),
                     "parameters": parameters_schema(),
+                    "suspend": {
+                        "type": "boolean",
+                        "description": "As a Job's spec.suspend: true suspends the Job "
+                                       "(its pods go), false resumes it. Where Kueue queues "
+                                       "the Job, it holds the Workload inactive instead, so "
+                                       "the Job runs only when neither says suspend."},
                 },
             },
             "status": status_schema(),

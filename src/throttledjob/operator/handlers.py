@@ -20,7 +20,8 @@ from . import cpu_limits
 from .children import LABEL_NAME, build_configmap, build_job, job_owner_name, owned_by
 from .crd import DEFAULT_INJECT, GROUP, PLURAL, VERSION
 from .kube import ApiError, Kube, load_client
-from .poller import OperatorState, poll
+from .kueue import queued_by_kueue
+from .poller import OperatorState, poll, set_workload_active
 from .resize import resize_pod
 from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
@@ -31,6 +32,7 @@ from .status import (
     now_iso,
     set_condition,
     status_from_job,
+    status_held_back,
     status_invalid,
     status_job_created,
 )
@@ -104,7 +106,7 @@ def _refuse(kube: Kube, body: kopf.Body, error: SpecError,
     """A spec the operator will not run: status, a Warning event, no retry."""
     now = now_iso()
     kube.update_status(body.meta.namespace or "", body.meta.name or "",
-                       lambda st: status_invalid(st, error, generation, now))
+                       lambda st, _: status_invalid(st, error, generation, now))
     kopf.warn(body, reason=error.reason, message=str(error))
     raise kopf.PermanentError(f"{error.reason}: {error}")
 
@@ -113,7 +115,7 @@ def _set_condition(kube: Kube, body: kopf.Body, type_: Condition, ok: bool, reas
                    message: str, **status: Any) -> None:
     """One condition of the ThrottledJob (and any other status fields) for this generation."""
     now, generation = now_iso(), body.meta.get("generation")
-    kube.update_status(body.meta.namespace or "", body.meta.name or "", lambda st: {
+    kube.update_status(body.meta.namespace or "", body.meta.name or "", lambda st, _: {
         **st, **status, "conditions": set_condition(st.get("conditions"), type_, ok, reason,
                                                     message, now, generation)})
 
@@ -137,6 +139,12 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
                     f"{cm['metadata']['name']} exists and is not ours"), generation)
         kube.merge_patch(f"{cm_path}/{cm['metadata']['name']}", {"data": cm["data"]})
     job = build_job(body, doc, state.settings)
+    if (body.spec.get("suspend") and queued_by_kueue(job)
+            and not (body.status or {}).get("jobName")):
+        # Kueue admits a Job whose Workload is active at once; made suspended, the Job
+        # could start before the Workload is held inactive. It is made on resume.
+        kube.update_status(ns, name, lambda st, _: status_held_back(st, generation, now_iso()))
+        return
     kopf.adopt(job, owner=body)
     jobs_path = f"/apis/batch/v1/namespaces/{ns}/jobs"
     current = kube.create(jobs_path, job)
@@ -150,8 +158,8 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     now = now_iso()
     # The phase comes from the Job as it is now: after a restart the Job may be running
     # or finished already, and its events may have been handled before this.
-    kube.update_status(ns, name, lambda st: status_from_job(status_job_created(
-        st, job["metadata"]["name"], generation, now), current.get("status"), now))
+    kube.update_status(ns, name, lambda st, spec: status_from_job(status_job_created(
+        st, job["metadata"]["name"], generation, now), current, spec, now))
     if created:
         logger.info("created Job %s", job["metadata"]["name"])
         kopf.info(body, reason=Reason.JOB_CREATED,
@@ -222,6 +230,31 @@ def _resize_pods(kube: Kube, body: kopf.Body, doc: dict[str, Any], retry: int) -
         raise _retry_later(e, retry) from e
 
 
+@kopf.on.update(*RESOURCE, field="spec.suspend")
+def suspend_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, new: Any,
+                    retry: int = 0, **_: Any) -> None:
+    """spec.suspend, as a Job's: the Job's own suspend, or where Kueue queues the Job,
+    its Workload's spec.active (kueue.py: Kueue owns the Job's suspend)."""
+    state = _state(memo)
+    job = (body.status or {}).get("jobName")
+    if not job:  # made suspended under Kueue, so not made yet
+        return ensure(body=body, memo=memo, logger=logger, retry=retry)
+    ns = body.meta.namespace or ""
+    path = f"/apis/batch/v1/namespaces/{ns}/jobs/{job}"
+    try:
+        current = state.kube.get(path)
+        if current is None:
+            return
+        if queued_by_kueue(current):
+            set_workload_active(state.kube, ns, current, bool(new))
+        else:
+            state.kube.merge_patch(path, {"spec": {"suspend": bool(new)}})
+    except ApiError as e:
+        raise _retry_later(e, retry) from e
+    kopf.info(body, reason=Reason.SUSPEND_REQUESTED if new else Reason.RESUMED,
+              message=f"Job {job} {'suspended' if new else 'resumed'} (spec.suspend)")
+
+
 @kopf.on.update(*RESOURCE, field="spec.jobTemplate")
 def template_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
                      retry: int = 0, **_: Any) -> None:
@@ -265,7 +298,7 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
     now = now_iso()
     try:
         result = state.kube.update_status(
-            namespace, owner, lambda st: status_from_job(st, body.get("status"), now))
+            namespace, owner, lambda st, spec: status_from_job(st, body, spec, now))
     except ApiError as e:
         # Event handlers are not retried by kopf; the poller's resync catches up.
         logger.warning("cannot update %s/%s from its Job: %s", namespace, owner, e)

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from .crd import GROUP, PLURAL, VERSION
+from .kueue import workload_query, workloads_path
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -166,11 +167,23 @@ class Kube:
                            query={"labelSelector": selector})
         return list(doc.get("items") or [])
 
+    def workload_of(self, namespace: str, job_uid: str) -> dict[str, Any] | None:
+        """Kueue's Workload of a Job (kueue.py), or None: not made yet, or no Kueue."""
+        try:
+            doc = self.request("GET", workloads_path(namespace), query=workload_query(job_uid))
+        except ApiError as e:
+            if e.status == 404:  # Kueue's CRD is not installed
+                return None
+            raise
+        items = doc.get("items") or []
+        return items[0] if items else None
+
     def update_status(self, namespace: str, name: str,
-                      mutate: Callable[[dict[str, Any]], dict[str, Any]],
+                      mutate: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]],
                       ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
         """Read-modify-write of a ThrottledJob's status, guarded by resourceVersion:
-        `mutate` makes the new status from a copy of the old one.
+        `mutate(status, spec)` makes the new status from a copy of the old one and the
+        ThrottledJob's spec as read.
 
         Several writers (the create handler, the Job watcher, the sidecar timer) own
         different conditions of one list, and a merge patch replaces a list whole: the
@@ -182,7 +195,7 @@ class Kube:
             if tj is None:
                 return None
             old = dict(tj.get("status") or {})
-            new = mutate(dict(old))
+            new = mutate(dict(old), dict(tj.get("spec") or {}))
             if new == old:
                 return tj, old, new
             # Keys the new status drops must be nulled: a merge patch only adds.

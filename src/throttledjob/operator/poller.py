@@ -27,6 +27,7 @@ from throttledjob.contracts.policy import PolicyError
 from . import cpu_limits
 from .children import LABEL_NAME, job_owner_name, owned_by, sidecar_endpoint
 from .kube import Kube
+from .kueue import active_patch, carried_labels, queued_by_kueue, workloads_path
 from .resize import limit_for, resize_pod
 from .settings import OperatorSettings
 from .sidecar_status import StatusReader, StatusReadError
@@ -38,6 +39,7 @@ from .status import (
     now_iso,
     pending_resizes,
     status_from_job,
+    status_with_admission,
     status_with_observed,
     status_with_resizes,
 )
@@ -87,7 +89,37 @@ def resync_from_job(state: OperatorState, namespace: str, name: str,
         return
     now = now_iso()
     state.kube.update_status(namespace, name,
-                             lambda st: status_from_job(st, job.get("status"), now))
+                             lambda st, spec: status_from_job(st, job, spec, now))
+
+
+def set_workload_active(kube: Kube, namespace: str, job: Mapping[str, Any],
+                        suspend: bool) -> dict[str, Any] | None:
+    """Hold Kueue's Workload of `job` inactive while the ThrottledJob asks to suspend, and
+    active otherwise; returns the Workload (None: Kueue has not made it yet)."""
+    uid = (job.get("metadata") or {}).get("uid", "")
+    workload = kube.workload_of(namespace, uid)
+    patch = active_patch(workload, suspend) if workload else None
+    if workload and patch:
+        meta = workload["metadata"]
+        kube.merge_patch(f"{workloads_path(namespace)}/{meta['name']}", patch)
+    return workload
+
+
+def read_queue(state: OperatorState, namespace: str, name: str,
+               job_name: str | None) -> None:
+    """A Job that Kueue queues: its Workload's admission into the Admitted condition, and
+    the Workload held to the ThrottledJob's suspend (a Workload made anew is active)."""
+    kube = state.kube
+    job = kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job_name}") if job_name \
+        else None
+    tj = kube.get(kube.tj_path(namespace, name))
+    if job is None or tj is None or not queued_by_kueue(job):
+        return
+    workload = set_workload_active(kube, namespace, job,
+                                   bool((tj.get("spec") or {}).get("suspend")))
+    now = now_iso()
+    kube.update_status(namespace, name, lambda st, spec: status_with_admission(
+        status_from_job(st, job, spec, now), workload, now))
 
 
 def read_sidecars(state: OperatorState, namespace: str, name: str,
@@ -119,7 +151,7 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         except StatusReadError as e:
             failures.append(f"pod {pod['metadata'].get('name')}: {e}")
     now = now_iso()
-    result = kube.update_status(namespace, name, lambda st: status_with_resizes(
+    result = kube.update_status(namespace, name, lambda st, _: status_with_resizes(
         status_with_observed(st, reports, failures, now), pending, now))
     if result:
         tj, old, new = result
@@ -148,8 +180,15 @@ def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
     key = (tj["metadata"].get("namespace", ""), tj["metadata"].get("name", ""))
     live = {pod["metadata"].get("uid", "") for pod, _ in read}
     refused = {uid: t for uid, t in state.refused_limits.pop(key, {}).items() if uid in live}
+    # Kueue admitted the pods by the template's requests (a request left out defaults to
+    # the limit, the target's share): no lift past them (kueue.py).
+    queued = queued_by_kueue({"metadata": {"labels": {
+        **((spec.get("jobTemplate") or {}).get("metadata") or {}).get("labels", {}),
+        **carried_labels(tj["metadata"].get("labels"))}}})
+    ceiling = (cpu_limits.total_request({"containers": template}) or target) if queued \
+        else None
     for pod, report in read:
-        total = limit_for(target, report.get("cpuLimitWantedCores"))
+        total = limit_for(target, report.get("cpuLimitWantedCores"), ceiling)
         uid = pod["metadata"].get("uid", "")
         if refused.get(uid) == total:
             continue
@@ -176,6 +215,9 @@ def due(seen: Mapping[TjKey, tuple[str | None, str | None]],
     work: list[tuple[Read, str, str, str | None]] = [
         (read_sidecars, ns, name, job) for (ns, name), (phase, job) in seen.items()
         if phase == Phase.RUNNING]
+    # Waiting in Kueue's queue (or held by it): why, each tick.
+    work += [(read_queue, ns, name, job) for (ns, name), (phase, job) in seen.items()
+             if job and phase in (Phase.QUEUED, Phase.SUSPENDED)]
     if resync:
         work += [(resync_from_job, ns, name, job) for (ns, name), (phase, job) in seen.items()
                  if job and phase not in (Phase.SUCCEEDED, Phase.FAILED)]

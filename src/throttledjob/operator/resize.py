@@ -20,10 +20,13 @@ from .kube import ApiError, Kube
 from .status import Reason
 
 
-def limit_for(target_cores: float, wanted_cores: float | None) -> float:
-    """The pod's summed limit: the sidecar's where the budget needs more than the target."""
-    return wanted_cores if wanted_cores is not None and wanted_cores > target_cores \
-        else target_cores
+def limit_for(target_cores: float, wanted_cores: float | None,
+              ceiling_cores: float | None = None) -> float:
+    """The pod's summed limit: the sidecar's where the budget needs more than the target,
+    up to `ceiling_cores` (what Kueue admitted, where it queues the Job)."""
+    if wanted_cores is None or wanted_cores <= target_cores:
+        return target_cores
+    return max(target_cores, min(wanted_cores, ceiling_cores or wanted_cores))
 
 
 def resize_pod(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], total: float,

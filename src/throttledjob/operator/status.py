@@ -20,11 +20,14 @@ from throttledjob.contracts.status import (
     finite_number,
 )
 
+from .kueue import admission, queued_by_kueue
 from .validation import SpecError
 
 
 class Phase(Choice):
     PENDING = "Pending"
+    QUEUED = "Queued"        # Kueue holds the Job suspended until its queue admits it
+    SUSPENDED = "Suspended"  # spec.suspend (or the Job's own) holds it
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
@@ -41,6 +44,8 @@ class Condition(Choice):
     POLICY_APPLIED = "PolicyApplied"
     TEMPLATE_APPLIED = "TemplateApplied"
     QUOTA_RESIZED = "QuotaResized"
+    SUSPENDED = "Suspended"
+    ADMITTED = "Admitted"  # Kueue's admission, where Kueue queues the Job (kueue.py)
 
 
 class Reason(Choice):
@@ -63,6 +68,10 @@ class Reason(Choice):
     INJECT_IMMUTABLE = "InjectImmutable"  # TemplateApplied False; also the event
     QUOTA_RESIZED = "QuotaResized"  # QuotaResized True; also the event of a resize
     RESIZE_PENDING = "ResizePending"  # QuotaResized False
+    SUSPEND_REQUESTED = "SuspendRequested"  # Suspended True: spec.suspend
+    QUEUED = "Queued"  # Suspended True: Kueue holds the Job (Admitted has Kueue's reason)
+    JOB_SUSPENDED = "JobSuspended"  # Suspended True: the Job's own spec.suspend
+    RESUMED = "Resumed"  # Suspended False
     # Events only.
     POLICY_UPDATED = "PolicyUpdated"
     SIGNALS_MAY_FAIL = "SignalsMayFail"
@@ -132,15 +141,19 @@ def status_job_created(status: Mapping[str, Any], job: str, generation: int | No
     return out
 
 
-def status_from_job(status: Mapping[str, Any], job_status: Mapping[str, Any] | None,
-                    now: str) -> dict[str, Any]:
-    """Phase, times and Complete/Failed from the Job's status, as the Job controller
-    writes it (conditions Complete/Failed, active/ready counters, start/completion)."""
-    js = job_status or {}
+def status_from_job(status: Mapping[str, Any], job: Mapping[str, Any] | None,
+                    spec: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """Phase, times and Complete/Failed from the Job, as the Job controller writes its
+    status (conditions Complete/Failed, active/ready counters, start/completion); a
+    suspended Job is Suspended where the ThrottledJob's `spec.suspend` (or the Job
+    itself) holds it, Queued where Kueue does (kueue.py)."""
+    js = (job or {}).get("status") or {}
     out = dict(status)
     job_conds = {c.get("type"): c for c in js.get("conditions") or []
                  if c.get("status") == "True"}
     conds = list(status.get("conditions") or [])
+    queued = queued_by_kueue(job or {})
+    suspended = bool(((job or {}).get("spec") or {}).get("suspend"))
     if Condition.COMPLETE in job_conds:
         out["phase"] = Phase.SUCCEEDED
         conds = set_condition(conds, Condition.COMPLETE, True, Reason.JOB_COMPLETE,
@@ -151,10 +164,25 @@ def status_from_job(status: Mapping[str, Any], job_status: Mapping[str, Any] | N
         c = job_conds[Condition.FAILED]
         conds = set_condition(conds, Condition.FAILED, True, c.get("reason") or Reason.JOB_FAILED,
                               c.get("message") or "the Job failed", now)
+    elif suspended:
+        asked = bool(spec.get("suspend"))
+        out["phase"] = Phase.QUEUED if queued and not asked else Phase.SUSPENDED
+        reason, message = ((Reason.SUSPEND_REQUESTED, "spec.suspend is true") if asked
+                           else (Reason.QUEUED, "Kueue holds the Job until its queue admits "
+                                 "it (see the Admitted condition)") if queued
+                           else (Reason.JOB_SUSPENDED, "the Job's spec.suspend is true"))
+        conds = set_condition(conds, Condition.SUSPENDED, True, reason, message, now)
     elif js.get("active") or js.get("ready"):
         out["phase"] = Phase.RUNNING
     else:
         out["phase"] = Phase.PENDING
+    if not suspended and (condition(status, Condition.SUSPENDED) or {}).get("status") == "True":
+        conds = set_condition(conds, Condition.SUSPENDED, False, Reason.RESUMED,
+                              "the Job runs again", now)
+    if queued and not suspended and job is not None:
+        # Kueue un-suspends a Job only once its Workload is admitted.
+        conds = set_condition(conds, Condition.ADMITTED, True, "Admitted", "admitted by Kueue",
+                              now)
     if out["phase"] != Phase.RUNNING and condition(status, Condition.THROTTLING):
         # Nothing to throttle any more (or yet): the last observed peaks stay.
         conds = set_condition(conds, Condition.THROTTLING, False, Reason.NOT_RUNNING,
@@ -163,6 +191,30 @@ def status_from_job(status: Mapping[str, Any], job_status: Mapping[str, Any] | N
         if js.get(key):
             out[key] = js[key]
     out["conditions"] = conds
+    return out
+
+
+def status_held_back(status: Mapping[str, Any], generation: int | None,
+                     now: str) -> dict[str, Any]:
+    """Suspended before its Job was made (spec.suspend under Kueue): no Job yet."""
+    out = dict(status)
+    out["phase"] = Phase.SUSPENDED
+    out["observedGeneration"] = generation
+    out["conditions"] = set_condition(
+        status.get("conditions"), Condition.SUSPENDED, True, Reason.SUSPEND_REQUESTED,
+        "spec.suspend is true: the Job is made when it is cleared (Kueue would admit it "
+        "before it could be held)", now, generation)
+    return out
+
+
+def status_with_admission(status: Mapping[str, Any], workload: Mapping[str, Any] | None,
+                          now: str) -> dict[str, Any]:
+    """The Admitted condition from the Job's Kueue Workload, in Kueue's words (why it
+    waits: Pending, Inadmissible, ... with Kueue's message)."""
+    admitted, reason, message = admission(workload)
+    out = dict(status)
+    out["conditions"] = set_condition(status.get("conditions"), Condition.ADMITTED, admitted,
+                                      reason, message, now)
     return out
 
 

@@ -25,6 +25,7 @@ from .children import (
     workload_uid,
 )
 from .crd import INJECT_VOLUME, MAX_NAME_LENGTH, POLICY_VOLUME, RESERVED_CONTAINERS, SHARED_VOLUME
+from .kueue import label_clash
 
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 
@@ -44,6 +45,7 @@ class Refusal(Choice):
     PROCESS_NAMESPACE_REQUIRED = "ProcessNamespaceRequired"
     HOST_ACCESS_REFUSED = "HostAccessRefused"
     UNREACHABLE_TARGET = "UnreachableTarget"
+    LABEL_CLASH = "LabelClash"
     # Found when creating: an object of the child's name exists and is not ours.
     CONFIG_MAP_NAME_TAKEN = "ConfigMapNameTaken"
     JOB_NAME_TAKEN = "JobNameTaken"
@@ -141,6 +143,10 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False) -> dict[s
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE,
                         "jobTemplate.spec.template.spec.containers is empty")
     doc = policy_document(spec)
+    clash = label_clash(body.get("metadata", {}).get("labels"),
+                        (spec.get("jobTemplate", {}).get("metadata") or {}).get("labels"))
+    if clash:
+        raise SpecError(Refusal.LABEL_CLASH, clash)
     init = pod.get("initContainers") or []
     if not allow_host_access:
         _refuse_host_access(pod, [*containers, *init])

@@ -26,6 +26,7 @@ from .decide import cpu_controller, decide
 from .enforcement import Plan, plan_as_written
 from .enforcer import Enforcer
 from .explorer import DEFAULT_SETTING, Explorer, LeverSample, LeverSetting, probe_order
+from .lever_time import LeverLedger
 from .measure import Meter, Sample
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume
@@ -96,10 +97,12 @@ class CycleResult:
     # lever_cost_seconds, so the slowdown is a lower bound while this is over 0.
     lever_cost_unknown_seconds: float = 0.0
     # The most the levers run so far can have cost: lever_cost_seconds, plus the unknown
-    # time at the most its setting can cost (max_lever_cost).
+    # time at the most its setting can cost (lever_time.max_lever_cost).
     lever_cost_bound_seconds: float = 0.0
-    # Wall time the explorer's probes held the target off the budget's books.
+    # Wall time the explorer's probes held the target off the budget's books, and the
+    # most CPU an interval of it used (None: no probe yet).
     probe_seconds: float = 0.0
+    probe_max_cores: float | None = None
     # Time a kernel quota that is not ours held the workload back (in a pod: the
     # containers' CPU limits, seen through ContainerQuota).
     kernel_paused_seconds: float = 0.0
@@ -149,14 +152,12 @@ class Agent:
         self._cpu_peaks = PeakTracker()
         self._budget_exhausted_seconds = 0.0
         self._budget_exhausted_at: float | None = None  # the last such interval's end
-        # Busy (unpaused) seconds run under each lever setting: what a setting costs is
-        # often measured only after the workload ran under it (the defaults are probed
-        # after the reference), and that earlier time costs the same.
-        self._busy_seconds: dict[LeverSetting, float] = {}
-        self._lever_costs: dict[LeverSetting, float] = {}  # the last each was known at
+        # Busy time under each lever setting, for what the settings cost (lever_time.py).
+        self.ledger = LeverLedger(_usable_cores())
         self._probed: LeverSetting | None = None   # the setting being measured
         self._probe_intervals = 0     # intervals in a row it was held for
         self._probe_seconds = 0.0
+        self._probe_max_cores: float | None = None
         self.last = LastCycle()
         self.result = self._result(self.started, 0.0)
         # Held by a control cycle and by stand_down, which comes from the HTTP thread.
@@ -237,10 +238,10 @@ class Agent:
         self._gpu_bound = decision.gpu_bound
         # The interval ran under the levers chosen before it.
         levers = self.levers
-        self._busy_seconds[levers] = (self._busy_seconds.get(levers, 0.0)
-                                      + (1 - sample.pause_fraction) * sample.elapsed)
+        self.ledger.add(levers, (1 - sample.pause_fraction) * sample.elapsed)
         if self._probing():
             self._probe_seconds += sample.elapsed
+            self._probe_max_cores = max(self._probe_max_cores or 0.0, sample.usage_cores)
         self._explore(sample)
         measured = self.levers if self.explorer and self.explorer.measuring else None
         self._probe_intervals = (0 if measured is None else self._probe_intervals + 1
@@ -293,6 +294,8 @@ class Agent:
         return 0 < self._probe_intervals <= PROBE_HOLD_INTERVALS
 
     def _result(self, now: float, cycle_seconds: float) -> CycleResult:
+        lost = self.ledger.time(
+            lambda levers: self.explorer.lever_slowdown(levers) if self.explorer else None)
         return CycleResult(
             time=now, wall_seconds=now - self.started, policy=self.policy, plan=self.plan,
             last=self.last,
@@ -304,10 +307,9 @@ class Agent:
             controller_rate=self.controller.rate if self.controller else None,
             kernel_throttling=self._kernel_throttling(),
             gpu=self.gpu.state() if self.gpu else None,
-            lever_cost_seconds=self._lever_cost_seconds(),
-            lever_cost_unknown_seconds=self._unknown_cost_seconds(),
-            lever_cost_bound_seconds=self._lever_cost_bound_seconds(),
-            probe_seconds=self._probe_seconds,
+            lever_cost_seconds=lost.known, lever_cost_unknown_seconds=lost.unknown,
+            lever_cost_bound_seconds=lost.bound,
+            probe_seconds=self._probe_seconds, probe_max_cores=self._probe_max_cores,
             kernel_paused_seconds=self.meter.kernel_paused_seconds,
             budget_exhausted_recently=(self._budget_exhausted_at is not None
                                        and now - self._budget_exhausted_at < RECENT_SAMPLES),
@@ -355,35 +357,6 @@ class Agent:
         if self.gpu:
             self.gpu.close()
 
-    def _lever_cost_seconds(self) -> float:
-        """Time the lever settings run so far cost by themselves, each at what it is now
-        known to cost (a setting costing c slows its busy time by 1 - 1/c)."""
-        self._learn_lever_costs()
-        return sum(busy * (1 - 1 / self._lever_costs.get(levers, 1.0))
-                   for levers, busy in self._busy_seconds.items())
-
-    def _unknown_cost_seconds(self) -> float:
-        """Busy time run under a setting other than the defaults whose own cost is not
-        known (the run ended before the defaults were measured): the slowdown estimate
-        leaves it out, so it is a lower bound while this is over 0."""
-        self._learn_lever_costs()
-        return sum(busy for levers, busy in self._busy_seconds.items()
-                   if levers != DEFAULT_SETTING and levers not in self._lever_costs)
-
-    def _lever_cost_bound_seconds(self) -> float:
-        """lever_cost_seconds with each unknown setting charged at max_lever_cost."""
-        self._learn_lever_costs()
-        return sum(busy * (1 - 1 / self._lever_costs.get(
-                       levers, 1.0 if levers == DEFAULT_SETTING
-                       else max_lever_cost(levers, _usable_cores())))
-                   for levers, busy in self._busy_seconds.items())
-
-    def _learn_lever_costs(self) -> None:
-        for levers in self._busy_seconds:  # kept across a new explorer (a live edit)
-            cost = self.explorer.lever_slowdown(levers) if self.explorer else None
-            if cost is not None:
-                self._lever_costs[levers] = cost
-
     def _lever_slowdown(self) -> float:
         """What the levers in force cost by themselves (1: nothing, or not known)."""
         return (self.explorer.lever_slowdown() if self.explorer else None) or 1.0
@@ -426,7 +399,7 @@ class Agent:
             self.explorer = Explorer(self.policy.cpu_peak_cores, candidates,
                                      max_slowdown=self.policy.max_slowdown)
         self.explorer.update(LeverSample(sample.usage_cores, sample.pause_fraction, done,
-                                         sample.elapsed))
+                                         sample.elapsed, cores=_usable_cores()))
 
     def explorer_report(self) -> dict | None:
         """What the explorer measured and chose (None when it never ran)."""
@@ -448,14 +421,6 @@ class Agent:
             "trace": [[str(levers), round(s.usage_cores, 3), round(s.pause_fraction, 3),
                        round(s.steps / s.elapsed_seconds, 1)] for levers, s in ex.trace],
         }
-
-
-def max_lever_cost(levers: LeverSetting, cores: int) -> float:
-    """The most a setting can cost by itself on `cores` CPUs: k threads of n run at
-    k/n of the speed at worst (perfect scaling lost), a batch scaled by s at s of it (a
-    step's cost all fixed overhead); stopping instead of sleeping costs nothing more."""
-    threads = min(cores, levers.threads or cores)
-    return (cores / threads) / levers.batch_scale
 
 
 def _usable_cores() -> int:

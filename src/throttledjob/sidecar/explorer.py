@@ -115,6 +115,9 @@ class LeverSample:
     pause_fraction: float       # fraction of the interval paused by duty cycling
     steps: float                # steps the workload completed in the interval
     elapsed_seconds: float = 1.0
+    # The CPUs the workload may use: no demand is more. Read through a deep pause, the
+    # demand of a 2-thread loop on 2 cores read 2.42, and R0 with it (every lever's cost).
+    cores: float = float("inf")
 
     @property
     def informative(self) -> bool:
@@ -124,7 +127,8 @@ class LeverSample:
     @property
     def demand_cores(self) -> float:
         """The usage the workload would have had unpaused."""
-        return self.usage_cores / (1.0 - min(self.pause_fraction, MAX_PAUSE_FOR_DEMAND))
+        return min(self.cores,
+                   self.usage_cores / (1.0 - min(self.pause_fraction, MAX_PAUSE_FOR_DEMAND)))
 
     @property
     def efficiency(self) -> float:

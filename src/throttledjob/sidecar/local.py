@@ -215,8 +215,11 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             "lever_cost_unknown_seconds": round(result.lever_cost_unknown_seconds, 3),
             # The estimate's top: that time charged at the most its setting can cost.
             "estimated_slowdown_high": round(run.slowdown_high, 3),
-            # Wall time the explorer's probes held the target off the budget's books.
+            # Wall time the explorer's probes held the target off the budget's books,
+            # and the most CPU (cores) an interval of them used.
             "probe_seconds": round(result.probe_seconds, 3),
+            "probe_max_cores": None if result.probe_max_cores is None
+            else round(result.probe_max_cores, 3),
             "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
             # The controller's last rate (the key's "quota" predates the word "rate").
             "final_quota_cores": None if result.controller_rate is None

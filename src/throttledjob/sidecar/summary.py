@@ -10,7 +10,7 @@ Rules (each in one place, so the two outputs cannot disagree):
   the time the levers in force lost by themselves (one thread instead of two: slower
   steps no pause shows), from the explorer's measured unthrottled rate; slowdown_high is
   the same with a lever setting whose cost was never measured charged at the most it
-  can cost (agent.max_lever_cost): the estimate's interval, one figure while all is known;
+  can cost (lever_time.max_lever_cost): the estimate's interval, one figure while all is known;
 - levers used: a duty-cycle lever (the kernel's quota or signals, pacing) once it has
   held the workload back,
   a setting while it is in force (threads and batch scale as published, the explorer's

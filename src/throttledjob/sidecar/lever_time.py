@@ -1,0 +1,64 @@
+"""What the cooperative lever settings cost by themselves over a run (one thread instead
+of two: slower steps that no pause shows), for the slowdown estimate and its interval.
+
+A setting's cost is often measured only after the workload ran under it (the reference,
+one thread, runs before the defaults are measured), and that earlier time costs the same:
+so the busy time under each setting is kept, and charged at what the setting is known to
+cost when the estimate is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .explorer import DEFAULT_SETTING, LeverSetting
+
+
+@dataclass(frozen=True)
+class LeverTime:
+    """Seconds lost to the lever settings by themselves, so far."""
+
+    known: float = 0.0    # each setting at what it is known to cost
+    # Busy time under settings other than the defaults whose cost is not known: `known`
+    # leaves it out, so it is a lower bound while this is over 0.
+    unknown: float = 0.0
+    bound: float = 0.0    # `known`, plus the unknown time at max_lever_cost
+
+
+def max_lever_cost(levers: LeverSetting, cores: int) -> float:
+    """The most a setting can cost by itself on `cores` CPUs: k threads of n run at
+    k/n of the speed at worst (perfect scaling lost), a batch scaled by s at s of it (a
+    step's cost all fixed overhead); stopping instead of sleeping costs nothing more."""
+    threads = min(cores, levers.threads or cores)
+    return (cores / threads) / levers.batch_scale
+
+
+@dataclass
+class LeverLedger:
+    """Busy seconds run under each setting, and the last cost each was known at (kept
+    across a new explorer: a live edit)."""
+
+    cores: int
+    busy: dict[LeverSetting, float] = field(default_factory=dict)
+    costs: dict[LeverSetting, float] = field(default_factory=dict)
+
+    def add(self, levers: LeverSetting, busy_seconds: float) -> None:
+        self.busy[levers] = self.busy.get(levers, 0.0) + busy_seconds
+
+    def time(self, cost_of: Callable[[LeverSetting], float | None]) -> LeverTime:
+        """The time lost so far, `cost_of` giving what a setting is known to cost now
+        (None: not known); a setting costing c slows its busy time by 1 - 1/c."""
+        for levers in self.busy:
+            cost = cost_of(levers)
+            if cost is not None:
+                self.costs[levers] = cost
+        known = unknown = worst = 0.0
+        for levers, busy in self.busy.items():
+            cost = self.costs.get(levers)
+            if cost is None and levers != DEFAULT_SETTING:
+                unknown += busy
+                worst += busy * (1 - 1 / max_lever_cost(levers, self.cores))
+            else:
+                known += busy * (1 - 1 / (cost or 1.0))
+        return LeverTime(known, unknown, known + worst)

@@ -1,0 +1,197 @@
+"""Kueue and JobSet (tools/k8s/batch.py), built from their modules and run beside the
+test cluster: a queued Job, and a queued JobSet, wait suspended until their ClusterQueue
+has room; a JobSet makes its Jobs, its headless Service and their pods (KWOK pods:
+Running, then Succeeded)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from testing.cluster_cli import Kubectl, wait_json
+from testing.helpers import wait_for
+from tools.k8s.batch import JOBSET_NAME_LABEL, QUEUE_LABEL
+from tools.k8s.cluster import ON_KWOK  # KWOK's node: pods go Running, then Succeeded
+
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+RUN_FOR = "throttledjob.io/test-run-for"  # tools/k8s/kwok-stages.yaml
+TIMEOUT = 60.0
+
+
+def pod_spec(cpu: str = "100m") -> dict[str, Any]:
+    """A pod on KWOK's node that Pod Security "restricted" admits, asking for `cpu`."""
+    return {
+        **ON_KWOK,
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": "main", "image": "localhost/none:never",
+            "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}},
+            "securityContext": {"allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}}}],
+    }
+
+
+def queued_job(name: str, namespace: str, queue: str, cpu: str,
+               run_for: str = "2s") -> dict[str, Any]:
+    """A Job for the LocalQueue `queue`, not suspended: Kueue's webhook must do that."""
+    template = {"metadata": {"annotations": {RUN_FOR: run_for}}, "spec": pod_spec(cpu)}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}},
+            "spec": {"backoffLimit": 0, "template": template}}
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == type_), {})
+
+
+def jobset(name: str, namespace: str, cpu: str = "100m") -> dict[str, Any]:
+    """A JobSet of two replicas of a one-pod Job."""
+    return {"apiVersion": JOBSET_API, "kind": "JobSet",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicatedJobs": [{"name": "worker", "replicas": 2, "template": {"spec": {
+                "parallelism": 1, "completions": 1, "backoffLimit": 0,
+                "template": {"spec": pod_spec(cpu)}}}}]}}
+
+
+def workload_of(kubectl: Kubectl, namespace: str, owner: str,
+                kind: str = "Job") -> dict[str, Any] | None:
+    """The Kueue Workload that stands for the `kind` named `owner`."""
+    listed = kubectl.json("get", "workloads.kueue.x-k8s.io", "-n", namespace) or {}
+    return next((w for w in listed.get("items") or []
+                 if any(o.get("kind") == kind and o.get("name") == owner
+                        for o in w["metadata"].get("ownerReferences") or [])), None)
+
+
+def pods_of(kubectl: Kubectl, namespace: str, selector: str) -> list[dict[str, Any]]:
+    return (kubectl.json("get", "pods", "-n", namespace, "-l", selector) or {}).get("items") or []
+
+
+def wait_admitted(kubectl: Kubectl, namespace: str, job: str) -> None:
+    """Kueue admitted the Job's Workload, unsuspended the Job, and its pod exists."""
+    wait_for(lambda: condition(workload_of(kubectl, namespace, job), "Admitted")
+             .get("status") == "True", TIMEOUT, 0.2, f"{job}'s Workload Admitted")
+    wait_json(kubectl, lambda j: j["spec"].get("suspend") is False, "job", "-n", namespace,
+              job, what=f"{job} unsuspended")
+    wait_for(lambda: pods_of(kubectl, namespace, f"job-name={job}"), TIMEOUT, 0.2,
+             f"a pod of {job}")
+
+
+@pytest.fixture
+def local_queue(batch_components: Any, kubectl: Kubectl, namespace: str) -> Iterator[str]:
+    """A LocalQueue of the namespace, on a ClusterQueue of its own with room for 1 CPU
+    (cluster-scoped objects, removed after the test); yields its name."""
+    flavor, cluster_queue, queue = f"{namespace}-flavor", f"{namespace}-cq", "queue"
+    kubectl.apply(
+        {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+        {"apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": {"name": cluster_queue},
+         "spec": {
+             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+             "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{
+                 "name": flavor, "resources": [{"name": "cpu", "nominalQuota": "1"},
+                                               {"name": "memory", "nominalQuota": "1Gi"}]}]}]}},
+        {"apiVersion": KUEUE_API, "kind": "LocalQueue",
+         "metadata": {"name": queue, "namespace": namespace},
+         "spec": {"clusterQueue": cluster_queue}})
+    wait_json(kubectl, lambda q: condition(q, "Active").get("status") == "True",
+              "localqueues.kueue.x-k8s.io", "-n", namespace, queue,
+              what="the LocalQueue Active")
+    yield queue
+    for kind in ("jobs", "jobsets.jobset.x-k8s.io"):
+        kubectl("delete", kind, "--all", "-n", namespace, "--wait=false", check=False)
+    kubectl("delete", "localqueues.kueue.x-k8s.io", "-n", namespace, queue, "--wait=false",
+            check=False)
+    kubectl("delete", "clusterqueues.kueue.x-k8s.io", cluster_queue, "--wait=false",
+            check=False)
+    kubectl("delete", "resourceflavors.kueue.x-k8s.io", flavor, "--wait=false", check=False)
+
+
+def pending_workload(kubectl: Kubectl, namespace: str, kind: str,
+                     owner: str) -> dict[str, Any]:
+    """The Workload of `owner` once Kueue judged it and found no room."""
+    found = wait_for(
+        lambda: (w := workload_of(kubectl, namespace, owner, kind)) is not None
+        and condition(w, "QuotaReserved").get("status") == "False" and w,
+        TIMEOUT, 0.2, f"{owner}'s Workload judged and left pending")
+    assert isinstance(found, dict)
+    assert "insufficient" in condition(found, "QuotaReserved").get("message", "")
+    assert condition(found, "Admitted").get("status") != "True"
+    return found
+
+
+def test_a_queued_job_waits_suspended_until_its_cluster_queue_has_room(
+        kubectl: Kubectl, namespace: str, local_queue: str) -> None:
+    # The first Job takes the whole quota and keeps it (its pod runs for an hour).
+    kubectl.apply(queued_job("first", namespace, local_queue, cpu="1", run_for="1h"))
+    wait_admitted(kubectl, namespace, "first")
+
+    kubectl.apply(queued_job("second", namespace, local_queue, cpu="1"))
+    pending_workload(kubectl, namespace, "Job", "second")
+    second = kubectl.json("get", "job", "-n", namespace, "second")
+    assert second["spec"]["suspend"] is True
+    assert pods_of(kubectl, namespace, "job-name=second") == []
+
+    kubectl("delete", "job", "-n", namespace, "first", "--cascade=background")
+    wait_admitted(kubectl, namespace, "second")
+    wait_json(kubectl, lambda j: condition(j, "Complete").get("status") == "True",
+              "job", "-n", namespace, "second", what="the second Job Complete")
+
+
+def test_a_queued_jobset_waits_for_quota_then_runs(
+        kubectl: Kubectl, namespace: str, local_queue: str) -> None:
+    """Kueue manages JobSets too when both run: two 1-CPU pods do not fit the queue's
+    1 CPU, so the JobSet stays suspended (no pods) until the quota grows."""
+    obj = jobset("pair", namespace, cpu="1")
+    obj["metadata"]["labels"] = {QUEUE_LABEL: local_queue}
+    kubectl.apply(obj)
+    pending_workload(kubectl, namespace, "JobSet", "pair")
+    held = kubectl.json("get", "jobsets.jobset.x-k8s.io", "-n", namespace, "pair")
+    assert held["spec"]["suspend"] is True
+    assert pods_of(kubectl, namespace, f"{JOBSET_NAME_LABEL}=pair") == []
+
+    cluster_queue = f"{namespace}-cq"
+    kubectl("patch", "clusterqueues.kueue.x-k8s.io", cluster_queue, "--type", "json", "-p",
+            '[{"op": "replace", "path": '
+            '"/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota", "value": "2"}]')
+    wait_for(lambda: condition(workload_of(kubectl, namespace, "pair", "JobSet"), "Admitted")
+             .get("status") == "True", TIMEOUT, 0.2, "the JobSet's Workload Admitted")
+    wait_for(lambda: len(pods_of(kubectl, namespace, f"{JOBSET_NAME_LABEL}=pair")) == 2,
+             TIMEOUT, 0.2, "the JobSet's two pods")
+    wait_json(kubectl, lambda js: condition(js, "Completed").get("status") == "True",
+              "jobsets.jobset.x-k8s.io", "-n", namespace, "pair", what="the JobSet Completed")
+
+
+def test_a_jobset_makes_its_jobs_headless_service_and_pods(
+        batch_components: Any, kubectl: Kubectl, namespace: str) -> None:
+    name = "pair"
+    kubectl.apply(jobset(name, namespace))
+    selector = f"{JOBSET_NAME_LABEL}={name}"
+
+    def jobs() -> list[str]:
+        listed = kubectl.json("get", "jobs", "-n", namespace, "-l", selector) or {}
+        return sorted(j["metadata"]["name"] for j in listed.get("items") or [])
+
+    wait_for(lambda: len(jobs()) == 2, TIMEOUT, 0.2, "the JobSet's two Jobs")
+    assert jobs() == [f"{name}-worker-0", f"{name}-worker-1"]
+
+    service = wait_json(kubectl, lambda s: True, "service", "-n", namespace, name,
+                        what="the JobSet's headless Service")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {JOBSET_NAME_LABEL: name}
+
+    wait_for(lambda: len(pods_of(kubectl, namespace, selector)) == 2, TIMEOUT, 0.2,
+             "a pod of each Job")
+    pods = pods_of(kubectl, namespace, selector)
+    assert {p["spec"]["subdomain"] for p in pods} == {name}
+    assert sorted(p["spec"]["hostname"] for p in pods) == [f"{name}-worker-0-0",
+                                                           f"{name}-worker-1-0"]
+    wait_json(kubectl, lambda js: condition(js, "Completed").get("status") == "True",
+              "jobsets.jobset.x-k8s.io", "-n", namespace, name,
+              what="the JobSet Completed (KWOK's pods succeed)")
+    assert {p["status"]["phase"] for p in pods_of(kubectl, namespace, selector)} <= {
+        "Running", "Succeeded"}
