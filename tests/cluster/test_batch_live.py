@@ -5,13 +5,17 @@ Running, then Succeeded)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testing.cluster_cli import Kubectl, wait_json
+from testing.cluster_cli import Kubectl, operator_identity, wait_json
 from testing.helpers import wait_for
+from testing.manifests import tj_manifest
+from testing.operator_process import OperatorProcess
 from tools.k8s.batch import JOBSET_NAME_LABEL, QUEUE_LABEL
 from tools.k8s.cluster import ON_KWOK  # KWOK's node: pods go Running, then Succeeded
 
@@ -195,3 +199,113 @@ def test_a_jobset_makes_its_jobs_headless_service_and_pods(
               what="the JobSet Completed (KWOK's pods succeed)")
     assert {p["status"]["phase"] for p in pods_of(kubectl, namespace, selector)} <= {
         "Running", "Succeeded"}
+
+
+# ---- ThrottledJobs queued by Kueue (operator/kueue.py, docs/operator.md) ---------------
+
+def queued_tj(name: str, namespace: str, queue: str, run_for: str) -> dict[str, Any]:
+    """A ThrottledJob for the LocalQueue `queue` whose pod asks for 600m: with the
+    sidecar's requests one fits the test's 1-CPU ClusterQueue, two do not."""
+    tj = tj_manifest(name, namespace, run_for=run_for, throttle={
+        "targets": {"cpu": {"peak": "500m"}}, "enforcement": "Cooperative"}, **ON_KWOK)
+    tj["metadata"]["labels"] = {QUEUE_LABEL: queue}
+    (work,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    work["resources"] = {"requests": {"cpu": "600m", "memory": "64Mi"},
+                         "limits": {"cpu": "600m", "memory": "64Mi"}}
+    return tj
+
+
+def tj_of(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    return kubectl.json("get", "tj", "-n", namespace, name) or {}
+
+
+def phase(kubectl: Kubectl, namespace: str, name: str) -> str | None:
+    return (tj_of(kubectl, namespace, name).get("status") or {}).get("phase")
+
+
+@pytest.fixture
+def kueue_operator(batch_components: Any, kubectl: Kubectl, crd_installed: None,
+                   tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator as the chart's ServiceAccount with `kueue.enabled` (Workloads list and
+    patch), reading the sidecars and queues every second."""
+    kubeconfig, _, _ = operator_identity(batch_components, kubectl, "kq",
+                                         {"kueue": {"enabled": True}}, tmp_path)
+    op = OperatorProcess(kubeconfig, tmp_path)
+    op.env["THROTTLEDJOB_STATUS_INTERVAL"] = "1"
+    op.start()
+    yield op
+    op.stop()
+
+
+def test_throttledjobs_wait_in_kueues_queue_and_suspend_through_it(
+        kubectl: Kubectl, namespace: str, local_queue: str,
+        kueue_operator: OperatorProcess) -> None:
+    """Two ThrottledJobs, room for one: the second is Queued with Kueue's reason and no
+    pod until the first completes, then admitted; suspended mid-run through its Workload,
+    its pods go, and resumed it finishes. A queue no LocalQueue has: Queued, Kueue's
+    reason, nothing runs. One without the label runs as without Kueue."""
+    kubectl.apply(queued_tj("first", namespace, local_queue, run_for="6s"))
+    wait_for(lambda: phase(kubectl, namespace, "first") == "Running", TIMEOUT, 0.2,
+             "the first admitted and Running")
+    kubectl.apply(queued_tj("second", namespace, local_queue, run_for="8s"))
+    wait_for(lambda: (c := condition(tj_of(kubectl, namespace, "second"), "Admitted"))
+             .get("reason") == "Pending" and "insufficient" in c.get("message", ""),
+             TIMEOUT, 0.2, "the second Queued with Kueue's reason")
+    assert phase(kubectl, namespace, "second") == "Queued"
+    job = kubectl.json("get", "job", "-n", namespace, "second")
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"][QUEUE_LABEL] == local_queue
+    deadline = time.monotonic() + TIMEOUT
+    while phase(kubectl, namespace, "first") != "Succeeded":  # no pod of it meanwhile
+        assert pods_of(kubectl, namespace, "job-name=second") == []
+        assert time.monotonic() < deadline, "the first never Succeeded"
+    wait_for(lambda: phase(kubectl, namespace, "second") == "Running", TIMEOUT, 0.2,
+             "the second admitted and Running")
+    assert condition(tj_of(kubectl, namespace, "second"), "Admitted")["status"] == "True"
+
+    kubectl("patch", "tj", "-n", namespace, "second", "--type=merge",
+            "-p", '{"spec":{"suspend":true}}')
+    wait_for(lambda: phase(kubectl, namespace, "second") == "Suspended"
+             and not pods_of(kubectl, namespace, "job-name=second"), TIMEOUT, 0.2,
+             "the second Suspended, its pods gone")
+    assert workload_of(kubectl, namespace, "second")["spec"]["active"] is False
+    kubectl("patch", "tj", "-n", namespace, "second", "--type=merge",
+            "-p", '{"spec":{"suspend":false}}')
+    wait_for(lambda: phase(kubectl, namespace, "second") == "Succeeded", TIMEOUT, 0.2,
+             "the second resumed and Succeeded")
+
+    kubectl.apply(queued_tj("lost", namespace, "nope", run_for="1s"))
+    wait_for(lambda: condition(tj_of(kubectl, namespace, "lost"), "Admitted")
+             .get("reason") == "Inadmissible", TIMEOUT, 0.2, "Kueue's reason for no queue")
+    lost = tj_of(kubectl, namespace, "lost")
+    assert lost["status"]["phase"] == "Queued"
+    assert "nope" in condition(lost, "Admitted")["message"]
+    assert pods_of(kubectl, namespace, "job-name=lost") == []
+    # Without the label, Kueue running beside it changes nothing: no Workload, it runs.
+    kubectl.apply(tj_manifest("plain", namespace, run_for="1s", **ON_KWOK))
+    wait_for(lambda: phase(kubectl, namespace, "plain") == "Succeeded", TIMEOUT, 0.2,
+             "the unlabelled ThrottledJob Succeeded")
+    assert workload_of(kubectl, namespace, "plain") is None
+    assert condition(tj_of(kubectl, namespace, "plain"), "Admitted") == {}
+
+
+def test_an_indexed_throttledjob_is_admitted_whole_or_not_at_all(
+        kubectl: Kubectl, namespace: str, local_queue: str,
+        kueue_operator: OperatorProcess) -> None:
+    """Two ranks of 600m do not fit 1 CPU: Kueue admits the Job as one workload, so
+    neither rank runs (one would fit) until the quota holds both; then both do."""
+    tj = queued_tj("ranks", namespace, local_queue, run_for="2s")
+    tj["spec"]["jobTemplate"]["spec"].update(
+        {"completionMode": "Indexed", "parallelism": 2, "completions": 2})
+    kubectl.apply(tj)
+    wait_for(lambda: condition(tj_of(kubectl, namespace, "ranks"), "Admitted")
+             .get("reason") == "Pending", TIMEOUT, 0.2, "the ranks Queued with Kueue's reason")
+    assert phase(kubectl, namespace, "ranks") == "Queued"
+    assert pods_of(kubectl, namespace, "job-name=ranks") == []
+    kubectl("patch", "clusterqueues.kueue.x-k8s.io", f"{namespace}-cq", "--type", "json", "-p",
+            '[{"op": "replace", "path": '
+            '"/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota", "value": "2"}]')
+    wait_for(lambda: len(pods_of(kubectl, namespace, "job-name=ranks")) == 2, TIMEOUT, 0.2,
+             "both ranks' pods")
+    wait_for(lambda: phase(kubectl, namespace, "ranks") == "Succeeded", TIMEOUT, 0.2,
+             "the ranks Succeeded")
