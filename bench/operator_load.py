@@ -109,7 +109,7 @@ def tj(name: str, namespace: str) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"jobTemplate": {"spec": {"backoffLimit": 0, "template": {
                 "metadata": {"annotations": {"throttledjob.io/test-run-for": "1h"}},
-                "spec": {"restartPolicy": "Never", "containers": [container],
+                "spec": {**k8s.ON_KWOK, "restartPolicy": "Never", "containers": [container],
                          "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
                                              "seccompProfile": {"type": "RuntimeDefault"}}}}}},
                 "throttle": {"targets": {"cpu": {"peak": "1"}}}}}

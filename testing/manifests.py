@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from throttledjob.operator import crd
+from tools.k8s.cluster import ON_KWOK
 
 NAMESPACE = "ml"
 
@@ -61,8 +62,9 @@ def operator_job(name: str = "train", inject: str = "None", settings: Any = None
 
 
 def tj_manifest(name: str, namespace: str, run_for: str = "2s", **kwargs: Any) -> dict:
-    """A ThrottledJob whose pods KWOK runs for `run_for` before they succeed."""
-    tj = make_tj(name, **kwargs)
+    """A ThrottledJob whose pods KWOK runs for `run_for` before they succeed (they ask
+    for KWOK's node, which is tainted: a pod that names no node goes to a real one)."""
+    tj = make_tj(name, **{**ON_KWOK, **kwargs})
     tj["metadata"]["namespace"] = namespace
     template = tj["spec"]["jobTemplate"]["spec"]["template"]
     template.setdefault("metadata", {}).setdefault("annotations", {})[

@@ -17,18 +17,12 @@ from testing.helpers import wait_for
 from testing.manifests import tj_manifest
 from testing.operator_process import OperatorProcess
 from tools.k8s.batch import JOBSET_NAME_LABEL, QUEUE_LABEL
+from tools.k8s.cluster import ON_KWOK  # KWOK's node: pods go Running, then Succeeded
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 RUN_FOR = "throttledjob.io/test-run-for"  # tools/k8s/kwok-stages.yaml
 TIMEOUT = 60.0
-# KWOK's node, where nothing runs and pods go Running then Succeeded: its label, and a
-# toleration of a taint `throttledjob.io/kwok` that keeps other pods off it (harmless
-# where the node has none).
-ON_KWOK: dict[str, Any] = {
-    "nodeSelector": {"type": "kwok"},
-    "tolerations": [{"key": "throttledjob.io/kwok", "operator": "Equal", "value": "true",
-                     "effect": "NoSchedule"}]}
 
 
 def pod_spec(cpu: str = "100m") -> dict[str, Any]:

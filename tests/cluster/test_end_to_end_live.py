@@ -48,7 +48,6 @@ from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
 from tools.k8s import cluster as k8s
 from tools.k8s import images
-from tools.k8s import node as node_mod
 
 pytestmark = pytest.mark.timeout(1200)
 TARGET_CORES = 1.0
@@ -81,11 +80,10 @@ UID = 65532  # the image's user
 
 
 def on_real_node(spec: dict[str, Any]) -> dict[str, Any]:
-    """A pod spec placed on the real node, as "restricted" requires it."""
+    """A pod spec as "restricted" requires it; with no node selector, it lands on the
+    real node (KWOK's is tainted)."""
     return {
         **spec,
-        "nodeSelector": node_mod.LABELS,
-        "tolerations": [{**node_mod.TAINT, "operator": "Equal"}],
         "restartPolicy": "Never",
         "securityContext": {"runAsNonRoot": True, "runAsUser": UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
@@ -283,7 +281,12 @@ def pod_monitor_job(cluster: Any, kubectl: Kubectl, namespace: str,
 
 
 def wait_complete(kubectl: Kubectl, namespace: str, name: str) -> Any:
-    """`kubectl wait --for=condition=Complete` on the ThrottledJob's Job."""
+    """`kubectl wait --for=condition=Complete` on the ThrottledJob's Job, once the
+    operator has created it (a wait on a Job not there yet fails at once: NotFound)."""
+    created = kubectl("wait", "--for=create", f"job/{name}", "-n", namespace,
+                      "--timeout=60s", check=False)
+    if created.returncode != 0:
+        return created
     return kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n", namespace,
                    f"--timeout={int(RUN_TIMEOUT)}s", check=False)
 
@@ -490,7 +493,7 @@ def test_inject_auto_paces_a_workload_at_its_steps_with_the_injected_library(
     (container,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     container["command"] = two_processes(STEPPING)
     workload, pod = run_to_completion(tj, real_node, kubectl)
-    out = real_node.pod_log(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], "work")
+    out = kubectl("logs", "-n", namespace, pod["metadata"]["name"], "-c", "work").stdout
     paths = [line.split()[1] for line in out.splitlines() if line.startswith("runtime ")]
     assert len(paths) == 2 and all(p.startswith(f"{INJECT_DIR}/") for p in paths), out
     print(f"inject Auto, Cooperative: {workload.seconds:.1f} s p99 {workload.p99():.2f} "
@@ -689,10 +692,10 @@ def test_the_pytorch_example_is_the_workload_of_this_test() -> None:
     assert float(throttle["targets"]["cpu"]["peak"]) == TARGET_CORES
 
 
-def trained(real_node: Any, pod: dict[str, Any]) -> dict[str, str]:
+def trained(kubectl: Kubectl, pod: dict[str, Any]) -> dict[str, str]:
     """The script's last line: steps=N loss=L threads=T seconds=S."""
     meta = pod["metadata"]
-    out = real_node.pod_log(meta["namespace"], meta["name"], meta["uid"], "work")
+    out = kubectl("logs", "-n", meta["namespace"], meta["name"], "-c", "work").stdout
     (line,) = [x for x in out.splitlines() if x.startswith("steps=")]
     return dict(kv.split("=") for kv in line.split())
 
@@ -713,7 +716,7 @@ def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_
 
     tj = torch_example(name, namespace)  # inject Auto, maxSlowdown 2
     workload, pod = run_to_completion(tj, real_node, kubectl)
-    ours, theirs = trained(real_node, pod), trained(real_node, plain_pod_)
+    ours, theirs = trained(kubectl, pod), trained(kubectl, plain_pod_)
     ratio = workload.seconds / plain.seconds
     print(f"torch, plain limits.cpu 1: {plain.seconds:.1f} s p99 {plain.p99():.2f} "
           f"{theirs}; ThrottledJob inject Auto: {workload.seconds:.1f} s p99 "
@@ -922,7 +925,7 @@ def test_a_sidecar_killed_inside_a_stop_never_leaves_the_workload_stopped(
           f"{statistics.mean(cost.cores or [0]):.4f} cores, memory "
           f"{max(cost.memory_bytes or [0]) / 2**20:.1f} MiB")
     meta = pod["metadata"]
-    said = real_node.pod_log(namespace, meta["name"], meta["uid"], "throttledjob-guard")
+    said = kubectl("logs", "-n", namespace, meta["name"], "-c", "throttledjob-guard").stdout
     # Past the stop's announced end: the guard's slack and poll, and the scheduler.
     assert max(b for _, b in killed) <= GUARD_BOUND - 0.1, (killed, said)
     assert max(a for a, _ in killed) <= GUARD_BOUND, killed
@@ -968,17 +971,22 @@ def test_a_deleted_pods_sigterm_handler_saves_its_checkpoint_unthrottled(
     wait_for(lambda: tj_status(kubectl, namespace, name).get("observed"), timeout=60,
              what="the sidecar's first report")
     meta = pod["metadata"]
-    kubectl("delete", "pod", "-n", namespace, meta["name"], "--wait=false")
-    # The log is read while the pod terminates: the kubelet removes it with the pod.
-    holder: dict[str, str] = {}
-
-    def saved() -> bool:
-        out = real_node.pod_log(namespace, meta["name"], meta["uid"], "work")
-        holder.update(line.split(" ", 1) for line in out.splitlines()
-                      if line.startswith("checkpoint "))
-        return "checkpoint" in holder
-    wait_for(saved, timeout=60, interval=0.02, what="the checkpoint written on SIGTERM")
-    figures = json.loads(holder["checkpoint"])
+    # Followed from before the delete to the container's end: the kubelet removes the
+    # log with the pod.
+    follow = subprocess.Popen(
+        [str(k8s.bin_dir() / "kubectl"), "--kubeconfig", str(kubectl.kubeconfig), "logs",
+         "-f", "-n", namespace, meta["name"], "-c", "work"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        kubectl("delete", "pod", "-n", namespace, meta["name"], "--wait=false")
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+        follow.wait()
+    saved = dict(line.split(" ", 1) for line in out.splitlines()
+                 if line.startswith("checkpoint "))
+    assert "checkpoint" in saved, (out, err)
+    figures = json.loads(saved["checkpoint"])
     print(f"{enforcement or 'Quota'}: checkpoint handler {figures}")
     kubectl("delete", "tj", "-n", namespace, name, "--wait=false")
     if enforcement == "Signals":  # nothing held it back at all

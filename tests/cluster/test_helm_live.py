@@ -6,11 +6,13 @@ reported Running by the KWOK node; nothing executes it (see tools/k8s/cluster.py
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 from testing.cluster_cli import Kubectl, helm
 from testing.paths import CHART
+from tools.k8s import cluster as k8s
 
 # Every kind the chart renders with the default values, besides the CRD.
 RELEASED_KINDS = "deployments,serviceaccounts,configmaps,roles,rolebindings"
@@ -35,7 +37,10 @@ def test_install_upgrade_uninstall(cluster: Any, kubectl: Kubectl) -> None:
     try:
         helm(cluster, "install", release, str(CHART), "-n", namespace, "--wait",
              "--timeout", "120s", "--set", "image.repository=localhost/throttledjob",
-             "--set", "image.tag=dev", "--set", "image.pullPolicy=Never")
+             "--set", "image.tag=dev", "--set", "image.pullPolicy=Never",
+             # KWOK's node (tainted: a pod that names no node goes to a real one).
+             "--set-json", f"nodeSelector={json.dumps(k8s.KWOK_LABELS)}",
+             "--set-json", f"tolerations={json.dumps(k8s.ON_KWOK['tolerations'])}")
         deployment = kubectl.json("get", "deployment", "-n", namespace, "-l",
                                   f"app.kubernetes.io/instance={release}")["items"][0]
         assert deployment["status"].get("availableReplicas") == 1

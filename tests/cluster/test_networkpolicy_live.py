@@ -17,6 +17,7 @@ from typing import Any
 
 from testing.cluster_cli import OPERATOR_NAMESPACE, Kubectl, helm_template, wait_json
 from testing.manifests import operator_job
+from tools.k8s.cluster import ON_KWOK
 
 
 def selector_arg(selector: dict[str, Any]) -> str:
@@ -61,7 +62,7 @@ def test_the_server_accepts_the_policies_and_they_select_the_built_pods(
         # A Job as the operator builds it: its pods are what the policy selects, and
         # their sidecar's metrics port is the one the policy guards.
         (policy,) = [p for p in policies if p["metadata"]["namespace"] == namespace]
-        job = operator_job(name="np-train")
+        job = operator_job(name="np-train", **ON_KWOK)
         job["metadata"]["namespace"] = namespace
         kubectl.apply(job)
         pods = wait_json(kubectl, lambda o: o["items"], "pods", "-n", namespace, "-l",

@@ -1,6 +1,8 @@
 """A real node (tools/k8s/node.py): the kubelet on containerd and runc runs the product's
 image, built from the project's Dockerfile, as a real pod, under Pod Security
-"restricted", in a network namespace of its own.
+"restricted", in a network namespace of its own. A pod that names no node lands there;
+`kubectl logs`, `logs -f` and `exec` reach it through the API server, which alone may
+call the kubelet.
 
 Needs root and Debian's containerd, runc, containernetworking-plugins, podman and
 debootstrap: without them the tests skip, or fail under CI=true (as require_tool does).
@@ -12,6 +14,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
 import uuid
 from typing import Any
 
@@ -38,13 +44,13 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-def pod_manifest(namespace: str, exit_code: int) -> dict[str, Any]:
+def pod_manifest(namespace: str, exit_code: int, script: str = SCRIPT) -> dict[str, Any]:
+    """A pod of the product image running `script`, with no node selector or toleration:
+    the scheduler's choice alone puts it on the real node."""
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"real-{uuid.uuid4().hex[:6]}", "namespace": namespace},
         "spec": {
-            "nodeSelector": node_mod.LABELS,
-            "tolerations": [{**node_mod.TAINT, "operator": "Equal"}],
             "restartPolicy": "Never",
             "securityContext": {"runAsNonRoot": True,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
@@ -52,7 +58,7 @@ def pod_manifest(namespace: str, exit_code: int) -> dict[str, Any]:
                 "name": "main", "image": images.PRODUCT_IMAGE,
                 # Loaded into containerd by hand: there is no registry to pull from.
                 "imagePullPolicy": "Never",
-                "command": ["python", "-c", SCRIPT, str(exit_code)],
+                "command": ["python", "-c", script, str(exit_code)],
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "securityContext": {"allowPrivilegeEscalation": False,
                                     "capabilities": {"drop": ["ALL"]}},
@@ -83,7 +89,7 @@ def test_a_real_pod_runs_the_image_to_success(real_node: Any, kubectl: Kubectl,
     state = terminated(pod)
     assert state["exitCode"] == 0 and state["reason"] == "Completed", state
     assert state["startedAt"] <= state["finishedAt"]
-    out = real_node.pod_log(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], "main")
+    out = kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout
     lines = dict(line.split(" ", 1) for line in out.splitlines())
     assert lines["uid"] == "65532", out  # the image's USER, as "restricted" requires
     assert lines["version"] == throttledjob.__version__, out
@@ -120,3 +126,82 @@ def test_the_node_and_its_control_plane_share_one_weighted_cgroup(real_node: Any
     pods = state["node"]["cgroup_root"]
     assert pods.startswith(state["cgroup"] + "/"), pods
     assert (mount / pods.lstrip("/") / "kubepods").is_dir(), pods
+
+
+# Waits for a word that only `kubectl exec` can give it, then says it and exits.
+WAITING = """
+import pathlib, sys, time
+print("waiting", flush=True)
+go = pathlib.Path("/work/go")
+deadline = time.monotonic() + 90
+while not go.exists():
+    if time.monotonic() > deadline:
+        sys.exit("nobody wrote /work/go")
+    time.sleep(0.1)
+print("got", go.read_text().strip(), flush=True)
+"""
+
+
+def test_logs_follow_and_exec_reach_a_real_pod(real_node: Any, kubectl: Kubectl,
+                                                namespace: str) -> None:
+    pod = pod_manifest(namespace, 0, WAITING)
+    pod["spec"]["volumes"] = [{"name": "work", "emptyDir": {}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "work", "mountPath": "/work"}]
+    name = pod["metadata"]["name"]
+    kubectl.apply(pod)
+    wait_json(kubectl, lambda p: p["status"].get("phase") == "Running", "pod", "-n",
+              namespace, name, what=f"pod {name} Running", timeout=POD_TIMEOUT)
+    # `logs -f` streams what the running container writes, and ends when it does.
+    follow = subprocess.Popen(
+        [str(k8s.bin_dir() / "kubectl"), "--kubeconfig", str(kubectl.kubeconfig), "logs",
+         "-f", "-n", namespace, name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        assert follow.stdout is not None
+        assert follow.stdout.readline() == "waiting\n"
+        exec_ = ["exec", "-n", namespace, name, "--"]
+        who = kubectl(*exec_, "python", "-c", "import os; print(os.getuid(), os.getpid())")
+        uid, pid = who.stdout.split()
+        assert uid == "65532" and pid != "1", who.stdout  # a new process in the container
+        failed = kubectl(*exec_, "sh", "-c", "echo oops >&2; exit 7", check=False)
+        assert failed.returncode == 7 and "oops" in failed.stderr, failed
+        kubectl(*exec_, "sh", "-c", "echo hello > /work/go")
+        rest, err = follow.communicate(timeout=POD_TIMEOUT)
+    finally:
+        follow.kill()
+        follow.wait()
+    assert follow.returncode == 0, err
+    assert rest == "got hello\n", (rest, err)
+    done = wait_json(kubectl, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+                     "pod", "-n", namespace, name, what=f"pod {name} to finish")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert kubectl("logs", "-n", namespace, name).stdout == "waiting\ngot hello\n"
+
+
+def test_the_kubelet_serves_tls_of_the_cluster_ca_and_asks_the_api_server_who_may_call(
+        real_node: Any, kubectl: Kubectl, namespace: str) -> None:
+    """The kubelet listens on the node's IP only, with a certificate of the cluster's CA
+    for that IP; nobody anonymous gets in, and a token gets in only as far as the API
+    server's RBAC says (webhook authentication and authorization)."""
+    cluster = k8s.Cluster(real_node.cluster.dir)
+    node = kubectl.json("get", "node", node_mod.NODE_NAME)
+    (ip,) = [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"]
+    assert ip == cluster.state["node"]["gateway"], node["status"]["addresses"]
+    port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+    ca = ssl.create_default_context(cafile=str(cluster.dir / "certs" / "ca.crt"))
+
+    def status(token: str | None) -> int:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        req = urllib.request.Request(f"https://{ip}:{port}/pods", headers=headers)
+        try:  # the certificate is checked for the IP (ssl's hostname check)
+            with urllib.request.urlopen(req, timeout=10, context=ca) as resp:
+                return resp.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert status(None) == 401
+    kubectl("create", "serviceaccount", "-n", namespace, "nobody")
+    assert status(cluster.service_account_token(namespace, "nobody")) == 403
+    assert status(cluster.admin_token) == 200
+    # Nothing listens on the machine's other addresses, loopback included.
+    assert not host.listening("127.0.0.1", port)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the pinned Kubernetes control plane, kubectl, the kubelet (the real node,
-# tools/k8s/node.py), etcd, KWOK and Prometheus (with Kubernetes discovery) from Go modules
-# (the module proxy is the only source reachable here) into a cache outside the repo.
+# tools/k8s/node.py), etcd, KWOK, CoreDNS (the cluster's DNS, tools/k8s/dns.py) and
+# Prometheus (with Kubernetes discovery) from Go modules (the module proxy is the only
+# source reachable here) into a cache outside the repo.
 # Idempotent: a second run with the binaries present returns at once.
 #
 #   tools/k8s/build.sh              build what is missing, print the bin directory
@@ -90,6 +91,10 @@ if [[ ! -x "$bin/prometheus" ]]; then
     echo "building prometheus $PROMETHEUS_VERSION (Kubernetes discovery only)" >&2
     GOBIN="$bin" go install -tags remove_all_sd,enable_kubernetes_sd -ldflags "-s -w" \
         "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION"
+fi
+if [[ ! -x "$bin/coredns" ]]; then
+    echo "building coredns $COREDNS_VERSION" >&2
+    GOBIN="$bin" go install -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
 fi
 # Kueue and JobSet, each into a binary named after its version. Kueue's go.mod has no
 # replace directives: `go install pkg@version` builds it from its own module. JobSet's

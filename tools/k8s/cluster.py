@@ -44,11 +44,17 @@ from typing import Any
 
 from tools.k8s import batch, images
 from tools.k8s import node as real_node
-from tools.k8s.host import cache_dir, cgroup_mounts, cpu_mount, free_port
+from tools.k8s.host import cache_dir, cgroup_mounts, cpu_mount, free_port, run
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 NODE_NAME = "kwok-node-0"
+# Only pods that ask for KWOK's node land there (the suite's fast tests, whose images
+# exist nowhere): a pod with no node selector goes to a real node, if there is one.
+KWOK_TAINT = {"key": "throttledjob.io/kwok", "value": "true", "effect": "NoSchedule"}
+KWOK_LABELS = {"type": "kwok"}
+ON_KWOK: dict[str, Any] = {"nodeSelector": KWOK_LABELS,
+                           "tolerations": [{**KWOK_TAINT, "operator": "Equal"}]}
 SERVICE_CIDR = "10.96.0.0/16"
 ADMIN = "admin"
 # The cluster's weight on the machine's CPU (cgroup v1 cpu.shares; a lone process has
@@ -147,6 +153,23 @@ class Cluster:
         except (OSError, ssl.SSLError):
             return False
 
+    def issue_cert(self, name: str, subject: str, usage: str, ips: tuple[str, ...] = (),
+                   dns: tuple[str, ...] = ()) -> Path:
+        """A key and a certificate signed by the cluster's CA, certs/NAME.{key,crt}, for
+        `usage` (serverAuth or clientAuth); returns the certificate's path."""
+        certs = self.dir / "certs"
+        extensions = ["-addext", "basicConstraints=critical,CA:FALSE",
+                      "-addext", f"extendedKeyUsage={usage}"]
+        names = [f"IP:{ip}" for ip in ips] + [f"DNS:{d}" for d in dns]
+        if names:
+            extensions += ["-addext", "subjectAltName=" + ",".join(names)]
+        run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "3650",
+            "-CA", str(certs / "ca.crt"), "-CAkey", str(certs / "ca.key"),
+            "-keyout", str(certs / f"{name}.key"), "-out", str(certs / f"{name}.crt"),
+            "-subj", subject, *extensions)
+        return certs / f"{name}.crt"
+
     def kubeconfig_for(self, token: str, path: Path, user: str = "user") -> Path:
         """A kubeconfig for another identity (a ServiceAccount's token) on this cluster."""
         ca = base64.b64encode((self.dir / "certs" / "apiserver.crt").read_bytes()).decode()
@@ -186,6 +209,15 @@ class Cluster:
         (self.dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         subprocess.run(["openssl", "genrsa", "-out", str(self.dir / "sa.key"), "2048"],
                        check=True, capture_output=True)
+        # The cluster's CA: it signs a real node's serving certificate and the API
+        # server's client certificate for kubelets (logs, exec), which the kubelet checks.
+        certs = self.dir / "certs"
+        run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "3650",
+            "-keyout", str(certs / "ca.key"), "-out", str(certs / "ca.crt"),
+            "-subj", "/CN=throttledjob-cluster-ca")
+        self.issue_cert("kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+                        usage="clientAuth")
         ports = {k: free_port() for k in ("etcd", "peer", "apiserver")}
         server = f"https://127.0.0.1:{ports['apiserver']}"
         pod_ip = "127." + ".".join(str(secrets.randbelow(254) + 1) for _ in range(3))
@@ -213,7 +245,12 @@ class Cluster:
             "--endpoint-reconciler-type", "none", "--allow-privileged=true",
             "--audit-policy-file", str(self.dir / "audit-policy.yaml"),
             "--audit-log-path", str(self.dir / "audit.log"), "--audit-log-format", "json",
-            "--storage-media-type", "application/json", "--v", "1"])
+            "--storage-media-type", "application/json",
+            "--kubelet-client-certificate", str(certs / "kubelet-client.crt"),
+            "--kubelet-client-key", str(certs / "kubelet-client.key"),
+            "--kubelet-certificate-authority", str(certs / "ca.crt"),
+            # A node's name resolves nowhere here: call the kubelet at its InternalIP.
+            "--kubelet-preferred-address-types", "InternalIP", "--v", "1"])
         self._wait(lambda: (self.dir / "certs" / "apiserver.crt").exists() and self.running(),
                    timeout, "kube-apiserver /readyz")
         admin = self.kubeconfig_for(token, self.kubeconfig, ADMIN)
@@ -367,7 +404,8 @@ class Cluster:
         node = {"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": NODE_NAME, "annotations": {"kwok.x-k8s.io/node": "fake"},
             "labels": {"kubernetes.io/hostname": NODE_NAME, "kubernetes.io/os": "linux",
-                       "kubernetes.io/arch": "amd64", "type": "kwok"}},
+                       "kubernetes.io/arch": "amd64", **KWOK_LABELS}},
+            "spec": {"taints": [KWOK_TAINT]},
             "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "5000"},
                        "capacity": {"cpu": "64", "memory": "256Gi", "pods": "5000"}}}
         with contextlib.suppress(urllib.error.HTTPError):
@@ -381,7 +419,8 @@ class Cluster:
         ready = any(c["type"] == "Ready" and c["status"] == "True"
                     for c in (node.get("status") or {}).get("conditions") or [])
         # The node-lifecycle controller lifts the not-ready taint once it sees the lease.
-        return ready and not (node.get("spec") or {}).get("taints")
+        taints = (node.get("spec") or {}).get("taints") or []
+        return ready and [t["key"] for t in taints] == [KWOK_TAINT["key"]]
 
 
 def _cpu_cgroup() -> str:
@@ -477,9 +516,31 @@ def main(argv: list[str] | None = None) -> int:
             cluster.down()
         print(f"cluster: {e}", file=sys.stderr)
         return 1
-    print(f"cluster ready in {time.monotonic() - started:.1f}s: "
-          f"export KUBECONFIG={cluster.kubeconfig}")
+    print(f"cluster ready in {time.monotonic() - started:.1f}s. Next:")
+    print("\n".join(f"  {line}" for line in next_steps(cluster, args.node == "real")))
     return 0
+
+
+def next_steps(cluster: Cluster, real: bool) -> list[str]:
+    """What a user types next (docs/install.md): kubectl and helm on the PATH, this
+    cluster's kubeconfig; on a real node, the operator from this checkout's chart."""
+    path = [str(bin_dir())]
+    helm = ROOT / ".venv" / "bin" / "helm"  # `make cluster` installs it there
+    if helm.exists():
+        path.append(str(helm.parent))
+    steps = [f"export KUBECONFIG={cluster.kubeconfig} PATH={':'.join(path)}:$PATH"]
+    if real:
+        steps.append(f"helm install throttledjob {_here(ROOT / 'charts/throttledjob')} "
+                     f"-n throttledjob-system --create-namespace "
+                     f"-f {_here(ROOT / 'examples/one-machine/values.yaml')}")
+    return steps
+
+
+def _here(path: Path) -> str:
+    """`path` as typed from the current directory (relative when under it)."""
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(Path.cwd()))
+    return str(path)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import os
 import secrets
@@ -30,14 +31,14 @@ import urllib.error
 from pathlib import Path
 from typing import Any
 
+from tools.k8s import dns
 from tools.k8s.host import cgroup_mounts, free_port, listening, run
 from tools.k8s.images import PAUSE_IMAGE, pause_archive, product_archive
 
 HERE = Path(__file__).resolve().parent
 NODE_NAME = "real-node-0"
-# Only pods that ask for the real node land on it: the suite's other pods are meant for
-# KWOK (their images exist nowhere here), and may be pending while this node comes up.
-TAINT = {"key": "throttledjob.io/real-node", "value": "true", "effect": "NoSchedule"}
+# Pods with no node selector land here (KWOK's node is tainted, cluster.KWOK_TAINT); a
+# test may still name this node by its label.
 LABELS = {"throttledjob.io/node": "real"}
 # Debian packages the node needs, one a line: `make tools` installs the same list.
 APT_PACKAGES = tuple((HERE / "node-packages.txt").read_text().split())
@@ -146,21 +147,36 @@ class RealNode:
             raise NodeUnavailable("this cluster was started without a node token: "
                                   "`python -m tools.k8s.cluster down` it and start it "
                                   "again")
+        if not (self.cluster.dir / "certs" / "ca.key").exists():
+            raise NodeUnavailable("this cluster was started without a CA: `python -m "
+                                  "tools.k8s.cluster down` it and start it again")
         archives = (pause_archive(), product_archive())
         d = self.dir
         for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "certs"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         suffix = secrets.token_hex(3)
+        subnet = ipaddress.ip_network(
+            f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(256)}.0/24")
         # Inside the cluster's own cgroup (cluster.CPU_SHARES), beside its daemons.
         node = {"bridge": f"tj{suffix}",
                 "cgroup_root": f"{state.get('cgroup', '')}/tj-node-{suffix}",
-                "subnet": f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(256)}.0/24",
+                "subnet": str(subnet),
+                # The bridge's own address: the pods' gateway, the node's IP (where the API
+                # server calls the kubelet) and the cluster's DNS server.
+                "gateway": str(subnet[1]),
                 "sysctls": {k: Path("/proc/sys", k).read_text().strip() for k in SYSCTLS},
                 "logs_dir_existed": CONTAINER_LOGS.exists(),
                 "shim_dir_existed": SHIM_SOCKETS.parent.exists()}
         # Recorded before anything is changed, so a failed start still cleans up.
         self.cluster.update_state(node=node)
         self._serve_kubernetes_service()
+        gateway = node["gateway"]
+        # The bridge exists before any pod, so the kubelet and CoreDNS can listen on its
+        # address; the CNI bridge plugin takes it over as it is.
+        run("ip", "link", "add", node["bridge"], "type", "bridge")
+        run("ip", "address", "add", f"{gateway}/{subnet.prefixlen}", "dev", node["bridge"])
+        run("ip", "link", "set", node["bridge"], "up")
+        dns.start(self.cluster, gateway)
 
         (d / "containerd" / "config.toml").write_text(CONTAINERD_CONFIG.format(
             d=d, pause=PAUSE_IMAGE, cni_bin=CNI_BIN))
@@ -169,7 +185,7 @@ class RealNode:
                 "type": "bridge", "bridge": node["bridge"], "isGateway": True,
                 "ipMasq": False, "hairpinMode": True,
                 "ipam": {"type": "host-local", "dataDir": str(d / "cni/ipam"),
-                         "ranges": [[{"subnet": node["subnet"]}]],
+                         "ranges": [[{"subnet": node["subnet"], "gateway": gateway}]],
                          "routes": [{"dst": "0.0.0.0/0"}]}}]}, indent=1))
         self.cluster.start_process("containerd", ["--config", str(d / "containerd/config.toml"),
                                                   "--log-level", "warn"],
@@ -194,6 +210,9 @@ class RealNode:
                               "name": f"system:node:{NODE_NAME}"}]})
         kubeconfig = self.cluster.kubeconfig_for(token, d / "kubelet.kubeconfig",
                                                  f"system:node:{NODE_NAME}")
+        certs = self.cluster.dir / "certs"
+        serving = self.cluster.issue_cert("kubelet", f"/CN={NODE_NAME}", "serverAuth",
+                                          ips=(gateway,), dns=(NODE_NAME,))
         (d / "kubelet-config.json").write_text(json.dumps({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             # This machine mounts cgroup v1 controllers (the unified hierarchy beside them
@@ -204,22 +223,26 @@ class RealNode:
             "podLogsDir": str(d / "pod-logs"),
             # Else the kubelet creates /usr/libexec/kubernetes/kubelet-plugins/volume/exec.
             "volumePluginDir": str(d / "volume-plugins"),
-            # Loopback only, and nobody may call it: the API server cannot reach it anyway
-            # (a node's IP must not be loopback), so no `kubectl logs`/`exec` here.
-            "address": "127.0.0.1", "port": free_port(), "readOnlyPort": 0,
+            # On the node's IP (the bridge's gateway, an address of this machine only),
+            # with a certificate of the cluster's CA. Who calls it is the API server's
+            # to say: its client certificate (kubectl logs, exec) checked against the CA,
+            # bearer tokens by TokenReview, every call by SubjectAccessReview.
+            "address": gateway, "port": free_port(), "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1", "healthzPort": 0,
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
-                               "x509": {}},
-            "authorization": {"mode": "AlwaysAllow"},
+            "tlsCertFile": str(serving), "tlsPrivateKeyFile": str(certs / "kubelet.key"),
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(certs / "ca.crt")}},
+            "authorization": {"mode": "Webhook"},
+            "clusterDNS": [gateway], "clusterDomain": dns.DOMAIN,
             # No iptables rules on the machine (kube-proxy is not run either).
             "makeIPTablesUtilChains": False,
             # The images were loaded by hand and cannot be pulled again: never collect them.
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
                              "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
-            "failSwapOn": False, "maxPods": 20, "clusterDomain": "cluster.local",
+            "failSwapOn": False, "maxPods": 20,
             "resolvConf": "/etc/resolv.conf", "staticPodPath": "",
-            "serializeImagePulls": False, "registerNode": True, "registerWithTaints": [TAINT],
+            "serializeImagePulls": False, "registerNode": True,
             # A container that dies is restarted within 2 s, not after up to 5 minutes of
             # crash-loop backoff (beta, on by default since 1.35): the guard's test kills
             # the sidecar five times in a row. Nothing the product does depends on it.
@@ -228,7 +251,7 @@ class RealNode:
         self.cluster.start_process("kubelet", [
             "--config", str(d / "kubelet-config.json"), "--kubeconfig", str(kubeconfig),
             "--root-dir", str(d / "kubelet"), "--cert-dir", str(d / "certs"),
-            "--hostname-override", NODE_NAME, "--v", "1",
+            "--hostname-override", NODE_NAME, "--node-ip", gateway, "--v", "1",
             "--node-labels", ",".join(f"{k}={v}" for k, v in LABELS.items())])
         self.cluster.wait(self.ready, timeout, f"node {NODE_NAME} Ready")
 
@@ -261,7 +284,8 @@ class RealNode:
 
     def pod_log(self, namespace: str, name: str, uid: str, container: str) -> str:
         """What a container wrote, from the kubelet's log file (CRI format: time, stream,
-        tag, text); `kubectl logs` cannot reach this kubelet (see up())."""
+        tag, text): also the output of a container that was restarted since, where
+        `kubectl logs` has only the current one and the one before."""
         lines = []
         for f in sorted((self.dir / "pod-logs" / f"{namespace}_{name}_{uid}" / container)
                         .glob("*.log")):
@@ -296,6 +320,7 @@ def teardown(cluster: Any) -> None:
     state = cluster.state
     node, pids, d = state.get("node") or {}, state.get("pids", {}), cluster.dir / "node"
     cluster.stop_process("kubelet")
+    cluster.stop_process("coredns")
     cluster.stop_process("service-proxy")
     if node.get("service_ip"):
         run("ip", "address", "del", f"{node['service_ip']}/32", "dev", "lo", check=False)
