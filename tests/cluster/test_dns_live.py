@@ -2,7 +2,8 @@
 inside a pod of the product image, a Service's name gives its ClusterIP, a headless
 Service's name its pods' IPs, a name that exists nowhere no answer; the pods of an
 Indexed Job with a `subdomain` and a headless Service of that name find each other as
-`<job>-<index>.<service>` and talk.
+`<job>-<index>.<service>` and talk, and so do the pods of a two-replica JobSet (with real
+JobSet, tools/k8s/batch.py) as `<jobset>-worker-<index>-0.<jobset>`.
 
 Needs what the real node needs (tests/cluster/test_node_live.py says what).
 """
@@ -85,12 +86,13 @@ def test_services_resolve_inside_a_pod(real_node: Any, kubectl: Kubectl,
     assert f"search {namespace}.svc.cluster.local svc.cluster.local cluster.local" in resolv
 
 
-# Each pod of the Indexed Job listens, resolves its peer by hostname.subdomain, sends it
-# its index, and ends once it has both reached its peer and heard from it.
+# Each of two pods (index INDEX, 0 or 1) listens, resolves its peer by hostname.subdomain
+# (PEER_FORMAT with the other's index), sends it its index, and ends once it has both
+# reached its peer and heard from it.
 PEER = """
 import os, socket, sys, threading, time
-index = int(os.environ["JOB_COMPLETION_INDEX"])
-peer = f"{os.environ['JOB']}-{1 - index}.{os.environ['SERVICE']}"
+index = int(os.environ["INDEX"])
+peer = os.environ["PEER_FORMAT"].format(other=1 - index)
 deadline = time.monotonic() + 100
 heard = threading.Event()
 server = socket.create_server(("", 7000))
@@ -122,7 +124,9 @@ def test_the_pods_of_an_indexed_job_find_each_other_by_name(real_node: Any, kube
                                                             namespace: str) -> None:
     job = f"peers-{uuid.uuid4().hex[:4]}"
     service = f"{job}-svc"
-    env = [{"name": "JOB", "value": job}, {"name": "SERVICE", "value": service}]
+    env = [{"name": "INDEX", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations["
+                                                       "'batch.kubernetes.io/job-completion-index']"}}},
+           {"name": "PEER_FORMAT", "value": f"{job}-{{other}}.{service}"}]
     kubectl.apply(
         {"apiVersion": "v1", "kind": "Service",
          "metadata": {"name": service, "namespace": namespace},
@@ -154,4 +158,44 @@ def test_the_pods_of_an_indexed_job_find_each_other_by_name(real_node: Any, kube
         assert pod["spec"]["hostname"] == f"{job}-{index}"
         said = logs[pod["metadata"]["name"]].splitlines()
         assert f"reached {job}-{1 - index}.{service} {peer['status']['podIP']}" in said, said
+        assert f"heard {1 - index}" in said, said
+
+
+def test_the_pods_of_a_jobset_find_each_other_by_name(
+        real_node: Any, batch_components: Any, kubectl: Kubectl, namespace: str) -> None:
+    """Two replicated Jobs of a JobSet (the object a distributed training job is made
+    of): JobSet's headless Service and hostnames, the cluster's DNS, on the real node."""
+    js = f"pair-{uuid.uuid4().hex[:4]}"
+    env = [{"name": "INDEX", "valueFrom": {"fieldRef": {
+               "fieldPath": "metadata.labels['jobset.sigs.k8s.io/job-index']"}}},
+           {"name": "PEER_FORMAT", "value": f"{js}-worker-{{other}}-0.{js}"}]
+    kubectl.apply({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": js, "namespace": namespace},
+        "spec": {"network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+                 "replicatedJobs": [{"name": "worker", "replicas": 2, "template": {"spec": {
+                     "parallelism": 1, "completions": 1, "backoffLimit": 0,
+                     "activeDeadlineSeconds": 300,
+                     "template": {"spec": {
+                         "restartPolicy": "Never", "securityContext": RESTRICTED,
+                         "containers": [container(["python", "-c", PEER], env=env)]}}}}}]}})
+    done = wait_json(kubectl, lambda j: any(
+        c["type"] in ("Completed", "Failed") and c["status"] == "True"
+        for c in (j.get("status") or {}).get("conditions") or []),
+        "jobsets.jobset.x-k8s.io", "-n", namespace, js, what=f"JobSet {js} to finish",
+        timeout=POD_TIMEOUT * 2)
+    pods = kubectl.json("get", "pods", "-n", namespace, "-l",
+                        f"jobset.sigs.k8s.io/jobset-name={js}")["items"]
+    logs = {p["metadata"]["name"]: kubectl("logs", "-n", namespace, p["metadata"]["name"],
+                                           check=False).stdout for p in pods}
+    completed = [c for c in done["status"]["conditions"] if c["status"] == "True"]
+    assert [c["type"] for c in completed] == ["Completed"], (completed, logs)
+    by_index = {int(p["metadata"]["labels"]["jobset.sigs.k8s.io/job-index"]): p for p in pods}
+    assert sorted(by_index) == [0, 1]
+    for index, pod in by_index.items():
+        peer = by_index[1 - index]
+        assert pod["spec"]["nodeName"] == node_mod.NODE_NAME
+        assert pod["spec"]["hostname"] == f"{js}-worker-{index}-0"
+        said = logs[pod["metadata"]["name"]].splitlines()
+        assert f"reached {js}-worker-{1 - index}-0.{js} {peer['status']['podIP']}" in said, said
         assert f"heard {1 - index}" in said, said

@@ -700,3 +700,34 @@ def test_a_measurement_stalled_by_idle_intervals_is_budgeted_again(tmp_path):
     assert seen[-1][1] == "Measuring"  # still waiting for a busy interval
     probing = [settings.probing for settings, _ in seen]
     assert 0 < sum(probing) <= PROBE_HOLD_INTERVALS and not probing[-1]
+
+
+def test_the_explorer_reads_steps_at_the_rate_the_runtime_counted_them(tmp_path):
+    """The runtime writes its step count every half second, not at the sidecar's cycle:
+    counted per cycle, a steady 100 steps/s read 50 and 150 by turns (a setting measured
+    over two such intervals read 25% slow). Read over the writes' own clock, every
+    interval reads 100."""
+    from throttledjob.contracts.policy import Policy
+    from throttledjob.contracts.progress import Progress
+    from throttledjob.runtime.progress import write_progress
+    from throttledjob.sidecar.agent import Agent
+
+    now, tree = [0.0], FakeTree()
+    agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
+                  clock=lambda: now[0])
+    agent.start()
+    written = 1000.0  # the Unix time of the last write
+    for i in range(12):
+        # One write half a second into the interval, and, every other interval, a
+        # second one at its very end, behind the cycle's read.
+        writes = [0.5, 1.0] if i % 2 else [0.5]
+        for at in writes:
+            written = 1000.0 + i + at
+            write_progress(str(tmp_path), Progress(pid=os.getpid(), steps=int(
+                100 * (written - 1000.0)), time=written))
+        tree.cpu += 2.0
+        now[0] += 1.0
+        agent.cycle()
+    read = [s.steps for _, s in agent.explorer.trace if s.steps]
+    assert len(read) >= 8
+    assert all(s == pytest.approx(100, rel=0.02) for s in read), read

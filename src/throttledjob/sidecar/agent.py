@@ -142,6 +142,7 @@ class Agent:
         # at the first reported step, when the levers the workload uses are known.
         self.explorer: Explorer | None = None
         self._explorer_steps: int | None = None
+        self._explorer_stamp = 0.0  # when the runtime wrote the steps last seen (Unix s)
         self.os_levers = OsLevers(policy.nice, policy.cpu_affinity)
         self.started = clock()
         self.meter = Meter(tree, settings_dir, self.started, container_quota)
@@ -386,7 +387,14 @@ class Agent:
             return
         steps = sample.steps
         done = 0 if self._explorer_steps is None else max(0, steps - self._explorer_steps)
-        self._explorer_steps = steps
+        stamp = max((r.time for r in sample.records), default=0.0)
+        if done and self._explorer_stamp and stamp > self._explorer_stamp:
+            # Steps are counted when the runtime writes them (every half second), not at
+            # this cycle: counted per cycle, an interval read half or one and a half of its
+            # steps, and a setting measured over two intervals read 25% slow. Their rate
+            # over the writes' own clock, for this interval, does not.
+            done = done / (stamp - self._explorer_stamp) * sample.elapsed
+        self._explorer_steps, self._explorer_stamp = steps, stamp
         if self.explorer is None:
             if not done:
                 return  # no step reported (yet): the policy's levers, as without explorer
