@@ -151,13 +151,20 @@ def test_the_pods_of_an_indexed_job_find_each_other_by_name(real_node: Any, kube
     assert done["status"].get("succeeded") == 2, (done["status"], logs)
     by_index = {int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]):
                 p for p in pods}
+    found_each_other(by_index, logs, lambda i: f"{job}-{i}", lambda i: f"{job}-{i}.{service}")
+
+
+def found_each_other(by_index: dict[int, Any], logs: dict[str, str],
+                     hostname: Any, name: Any) -> None:
+    """Pods 0 and 1 ran on the real node as `hostname(i)`, each reached the other at
+    `name(other)` (its pod IP) and heard from it (PEER's lines)."""
     assert sorted(by_index) == [0, 1]
     for index, pod in by_index.items():
         peer = by_index[1 - index]
         assert pod["spec"]["nodeName"] == node_mod.NODE_NAME
-        assert pod["spec"]["hostname"] == f"{job}-{index}"
+        assert pod["spec"]["hostname"] == hostname(index)
         said = logs[pod["metadata"]["name"]].splitlines()
-        assert f"reached {job}-{1 - index}.{service} {peer['status']['podIP']}" in said, said
+        assert f"reached {name(1 - index)} {peer['status']['podIP']}" in said, said
         assert f"heard {1 - index}" in said, said
 
 
@@ -191,11 +198,5 @@ def test_the_pods_of_a_jobset_find_each_other_by_name(
     completed = [c for c in done["status"]["conditions"] if c["status"] == "True"]
     assert [c["type"] for c in completed] == ["Completed"], (completed, logs)
     by_index = {int(p["metadata"]["labels"]["jobset.sigs.k8s.io/job-index"]): p for p in pods}
-    assert sorted(by_index) == [0, 1]
-    for index, pod in by_index.items():
-        peer = by_index[1 - index]
-        assert pod["spec"]["nodeName"] == node_mod.NODE_NAME
-        assert pod["spec"]["hostname"] == f"{js}-worker-{index}-0"
-        said = logs[pod["metadata"]["name"]].splitlines()
-        assert f"reached {js}-worker-{1 - index}-0.{js} {peer['status']['podIP']}" in said, said
-        assert f"heard {1 - index}" in said, said
+    found_each_other(by_index, logs, lambda i: f"{js}-worker-{i}-0",
+                     lambda i: f"{js}-worker-{i}-0.{js}")

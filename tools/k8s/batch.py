@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tools.k8s.host import cache_dir, free_port, run
+from tools.k8s.host import versions as host_versions
 
 if TYPE_CHECKING:
     from tools.k8s.cluster import Cluster
@@ -57,12 +58,9 @@ JOBSET_PODS = {"matchExpressions": [{"key": JOBSET_NAME_LABEL, "operator": "Exis
 
 
 def versions() -> dict[str, str]:
-    out = {}
-    for line in (HERE / "versions.env").read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            key, value = line.split("=", 1)
-            out[key.strip()] = value.strip()
-    return {name: out[key] for name, key in VERSION_KEYS.items()}
+    """Each component's pinned version, by name."""
+    pinned = host_versions()
+    return {name: pinned[key] for name, key in VERSION_KEYS.items()}
 
 
 def binary(name: str) -> Path:

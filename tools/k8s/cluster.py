@@ -44,7 +44,7 @@ from typing import Any
 
 from tools.k8s import batch, images
 from tools.k8s import node as real_node
-from tools.k8s.host import cache_dir, cgroup_mounts, cpu_mount, free_port, run
+from tools.k8s.host import cache_dir, cgroup_mounts, cpu_mount, free_port, run, versions
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -73,15 +73,6 @@ rules:
     userGroups: ["system:serviceaccounts"]
   - level: None
 """
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for line in (HERE / "versions.env").read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            key, value = line.split("=", 1)
-            out[key.strip()] = value.strip()
-    return out
 
 
 def bin_dir() -> Path:

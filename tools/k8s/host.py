@@ -15,6 +15,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("THROTTLEDJOB_CACHE", Path.home() / ".cache/throttledjob"))
 
 
+def versions() -> dict[str, str]:
+    """The pinned versions of everything the cluster builds (tools/k8s/versions.env)."""
+    out = {}
+    for line in (Path(__file__).resolve().parent / "versions.env").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
 def cgroup_mounts() -> list[Path]:
     """Every cgroup hierarchy (v1 controllers and the unified one beside them)."""
     out = []
