@@ -86,7 +86,7 @@ def test_crd_names_columns_and_status_subresource() -> None:
     version = spec["versions"][0]
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Phase", "CPU-Peak", "GPU-Peak", "Throttle", "Levers", "Steps", "Age"]
+        "Phase", "CPU-Peak", "GPU-Peak", "Job-CPU-Peak", "Throttle", "Levers", "Steps", "Age"]
     # Every column's path exists in the schema, so the column is never always empty.
     for column in version["additionalPrinterColumns"]:
         node = SCHEMA
@@ -177,9 +177,9 @@ def _throttle_leaves(node: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
-def test_spec_throttle_is_the_policy_table_and_inject() -> None:
+def test_spec_throttle_is_the_policy_table_inject_and_scope() -> None:
     assert sorted(_throttle_leaves(THROTTLE)) == sorted(
-        [f.path for f in POLICY_FIELDS] + ["inject"])
+        [f.path for f in POLICY_FIELDS] + ["inject", "scope"])
     for f in POLICY_FIELDS:
         node = _throttle_node(f.path)
         assert node["description"] == f.description, f.path

@@ -80,6 +80,10 @@ OBSERVED: tuple[ObservedField, ...] = (
                   "the workload's CPU use in the last control interval", nullable=False),
     ObservedField("steps", "integer", "steps", Aggregate.SUM,
                   "units of work the workloads reported", nullable=False, minimum=0, default=0),
+    ObservedField("stepsPerSecond", "number", "steps per second", Aggregate.POD,
+                  "the workload's recent pace (0 where it reports no steps): with cpuCores, "
+                  "its CPU cost of a step, by which a job-wide target is split",
+                  nullable=False, minimum=0),
 )
 OBSERVED_NAMES = tuple(f.name for f in OBSERVED)
 OBSERVED_NUMBERS = tuple(f.name for f in OBSERVED if f.type == "number")

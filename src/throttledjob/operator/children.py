@@ -18,7 +18,7 @@ from throttledjob.contracts.names import (
     ENV_USER_PYTHONPATH,
 )
 
-from . import cpu_limits
+from . import cpu_limits, job_split
 from .crd import (
     API_VERSION,
     DEFAULT_INJECT,
@@ -267,7 +267,7 @@ def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
     sidecar = build_sidecar(settings, uid)
     # Enforcement Quota: the kernel holds the target with the workload's CPU limits, unless
     # a request is over its share (validation.quota_warning says so; signals hold it).
-    target = cpu_limits.quota_target(policy_doc)
+    target = job_split.pod_target(body["spec"], cpu_limits.quota_target(policy_doc))
     if target is not None and not cpu_limits.request_over_limit(pod["containers"], target):
         limit = cpu_limits.apply(pod["containers"], target)
         sidecar["env"] = [{"name": ENV_CPU_LIMIT, "value": f"{limit:g}"}]

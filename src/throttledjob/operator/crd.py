@@ -43,6 +43,10 @@ INJECT_MODES = ["Auto", "None"]
 # Opt-in: the init container and PYTHONPATH change every pod, and only Python programs
 # that import torch gain anything (see docs/operator.md, "Zero-code injection").
 DEFAULT_INJECT = "None"
+SCOPES = ["Pod", "Job"]
+DEFAULT_SCOPE = "Pod"
+# The most pods a job-wide target is split among (scope Job).
+MAX_RANKS = 64
 MAX_NAME_LENGTH = 63  # the Job is named after the ThrottledJob; Job names are label values
 PHASES = ["Pending", "Queued", "Suspended", "Running", "Succeeded", "Failed"]
 PARAMETER_TYPES = ["Integer", "Number", "Boolean", "String"]
@@ -143,10 +147,24 @@ def throttle_schema() -> dict[str, Any]:
                        "change; THROTTLEDJOB_AUTOHOOK=0 in a container turns it off). "
                        "None: the pod is left as written. Read by the operator "
                        "when it creates the Job; a later edit does not reach it."}
-    schema["x-kubernetes-validations"] = [_rule(
-        "self.mode != 'Adaptive' || (has(self.targets) && "
-        "(has(self.targets.cpu) || has(self.targets.gpu)))",
-        "mode Adaptive needs a target: set targets.cpu or targets.gpu")]
+    schema["properties"]["scope"] = {
+        "type": "string", "enum": SCOPES, "default": DEFAULT_SCOPE,
+        "description": "Pod: the targets hold each pod of the Job on its own, as "
+                       "resources.limits do. Job: targets.cpu.peak holds the sum over all "
+                       "the Job's running pods, split among them by each pod's CPU cost "
+                       "of a step so that no rank becomes the straggler (enforcement "
+                       "Quota, CPU only; docs/distributed.md). Read by the operator."}
+    schema["x-kubernetes-validations"] = [
+        _rule("self.mode != 'Adaptive' || (has(self.targets) && "
+              "(has(self.targets.cpu) || has(self.targets.gpu)))",
+              "mode Adaptive needs a target: set targets.cpu or targets.gpu"),
+        _rule("self.scope != 'Job' || (has(self.targets) && has(self.targets.cpu) && "
+              "!has(self.targets.gpu))",
+              "scope Job holds a CPU target over the whole Job: set targets.cpu (a "
+              "job-wide GPU target is not supported yet)"),
+        _rule("self.scope != 'Job' || self.enforcement == 'Quota'",
+              "scope Job is held by the pods' CPU limits: enforcement must be Quota"),
+    ]
     return schema
 
 
@@ -224,11 +242,15 @@ def job_template_schema() -> dict[str, Any]:
             "spec": {
                 "type": "object", "required": ["template"],
                 "x-kubernetes-preserve-unknown-fields": True,
-                "properties": {"template": {
-                    "type": "object", "required": ["spec"],
-                    "x-kubernetes-preserve-unknown-fields": True,
-                    "properties": {"spec": pod_spec},
-                }},
+                "properties": {
+                    "template": {
+                        "type": "object", "required": ["spec"],
+                        "x-kubernetes-preserve-unknown-fields": True,
+                        "properties": {"spec": pod_spec},
+                    },
+                    # Read by a rule of scope Job (openapi_schema).
+                    "parallelism": {"type": "integer", "format": "int32", "minimum": 0},
+                },
             },
         },
     }
@@ -259,6 +281,10 @@ def observed_schema(f: ObservedField) -> dict[str, Any]:
             "description": f"{f.description} ({f.unit})."}
 
 
+def _number(description: str) -> dict[str, Any]:
+    return {"type": "number", "nullable": True, "minimum": 0, "description": description}
+
+
 def status_schema() -> dict[str, Any]:
     return {
         "type": "object",
@@ -271,6 +297,34 @@ def status_schema() -> dict[str, Any]:
             "conditions": {
                 "type": "array", "items": condition_schema(),
                 "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+            },
+            "jobWide": {
+                "type": "object",
+                "description": "scope Job: the whole Job against its CPU target.",
+                "properties": {
+                    "targetCores": _number("the job-wide CPU target (cores)"),
+                    "limitCores": _number("the sum of the running pods' CPU limits in "
+                                          "force, which the kernel holds (cores)"),
+                    "cpuCores": _number("the sum of the pods' CPU use in their last "
+                                        "control interval (cores)"),
+                    "cpuPeakCores": _number("the sum of each pod's p99 CPU: the job's peak "
+                                            "when its ranks peak together (cores)"),
+                },
+            },
+            "ranks": {
+                "type": "array", "maxItems": MAX_RANKS,
+                "description": "scope Job: each running pod's share of the target and "
+                               "what it did with it, by completion index.",
+                "items": {"type": "object", "required": ["pod"], "properties": {
+                    "pod": {"type": "string"},
+                    "index": {"type": "integer", "nullable": True,
+                              "description": "the Indexed Job's completion index"},
+                    "limitCores": _number("its CPU limit in force: its share (cores)"),
+                    "cpuCores": _number("its CPU use in the last control interval (cores)"),
+                    "stepsPerSecond": _number("its pace, as its workload reports steps"),
+                    "idleFraction": _number("the part of its share it left unused (waiting "
+                                            "at a barrier, or for input)"),
+                }},
             },
             "observed": {
                 "type": "object",
@@ -316,9 +370,15 @@ def openapi_schema() -> dict[str, Any]:
             },
             "status": status_schema(),
         },
-        "x-kubernetes-validations": [_rule(
-            f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
-            f"the name must be at most {MAX_NAME_LENGTH} characters: the Job is named after it")],
+        "x-kubernetes-validations": [
+            _rule(f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+                  f"the name must be at most {MAX_NAME_LENGTH} characters: the Job is named "
+                  "after it"),
+            _rule("!has(self.spec.throttle.scope) || self.spec.throttle.scope != 'Job' || "
+                  "!has(self.spec.jobTemplate.spec.parallelism) || "
+                  f"self.spec.jobTemplate.spec.parallelism <= {MAX_RANKS}",
+                  f"scope Job splits its target among at most {MAX_RANKS} pods: "
+                  f"jobTemplate.spec.parallelism must be at most {MAX_RANKS}")],
     }
 
 
@@ -330,6 +390,8 @@ def printer_columns() -> list[dict[str, Any]]:
         {"name": "GPU-Peak", "type": "number",
          "jsonPath": ".status.observed.gpuPeakUtilizationPercent",
          "description": "p99 GPU utilization, percent"},
+        {"name": "Job-CPU-Peak", "type": "number", "jsonPath": ".status.jobWide.cpuPeakCores",
+         "description": "scope Job: the sum of the pods' p99 CPU, cores"},
         {"name": "Throttle", "type": "number", "jsonPath": ".status.observed.throttleLevel",
          "description": "0 = untouched, 1 = the most the slowdown budget allows"},
         {"name": "Levers", "type": "string", "jsonPath": ".status.observed.levers",

@@ -19,6 +19,7 @@ import kopf
 from . import cpu_limits
 from .children import LABEL_NAME, build_configmap, build_job, job_owner_name, owned_by
 from .crd import DEFAULT_INJECT, GROUP, PLURAL, VERSION
+from .job_split import job_scoped
 from .kube import ApiError, Kube, load_client
 from .kueue import queued_by_kueue
 from .poller import OperatorState, poll, set_workload_active
@@ -218,8 +219,8 @@ def _resize_pods(kube: Kube, body: kopf.Body, doc: dict[str, Any], retry: int) -
     the old limit."""
     target = cpu_limits.quota_target(doc)
     namespace, name = body.meta.namespace or "", body.meta.name or ""
-    if target is None:
-        return
+    if target is None or job_scoped(body.get("spec") or {}):
+        return  # scope Job: the poller splits the new target at its next read
     try:
         pods = kube.list_pods(namespace, f"{LABEL_NAME}={name}")
         template = pod_spec(body.get("spec") or {}).get("containers") or []

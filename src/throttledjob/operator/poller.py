@@ -26,6 +26,7 @@ from throttledjob.contracts.policy import PolicyError
 
 from . import cpu_limits
 from .children import LABEL_NAME, job_owner_name, owned_by, sidecar_endpoint
+from .job_split import Rank, job_scoped, moves, rank_floor, ranks, shares, split_message
 from .kube import Kube
 from .kueue import active_patch, carried_labels, queued_by_kueue, workloads_path
 from .resize import limit_for, resize_pod
@@ -42,6 +43,7 @@ from .status import (
     status_with_admission,
     status_with_observed,
     status_with_resizes,
+    status_with_split,
 )
 from .validation import SpecError, pod_spec, policy_document
 
@@ -151,8 +153,17 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         except StatusReadError as e:
             failures.append(f"pod {pod['metadata'].get('name')}: {e}")
     now = now_iso()
-    result = kube.update_status(namespace, name, lambda st, _: status_with_resizes(
-        status_with_observed(st, reports, failures, now), pending, now))
+    by_uid = {pod["metadata"].get("uid", ""): report for pod, report in read}
+    split: list[tuple[float, list[Rank]]] = []  # scope Job: the target and its ranks
+
+    def mutate(st: dict[str, Any], tj: dict[str, Any]) -> dict[str, Any]:
+        out = status_with_resizes(status_with_observed(st, reports, failures, now),
+                                  pending, now)
+        split[:] = [job_view(state, tj, pods, by_uid)] if job_scoped(tj.get("spec") or {}) \
+            else []
+        return status_with_split(out, *split[0], now) if split and split[0][1] else out
+
+    result = kube.update_status(namespace, name, mutate)
     if result:
         tj, old, new = result
         was = condition(old, Condition.TARGET_MET) or {}
@@ -160,7 +171,52 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         if (is_.get("reason") == Reason.BUDGET_EXHAUSTED
                 and was.get("reason") != Reason.BUDGET_EXHAUSTED):
             kopf.warn(tj, reason=Reason.TARGET_UNREACHABLE, message=is_.get("message", ""))
-        follow_wanted_limits(state, tj, read)
+        if split:
+            follow_job_split(state, tj, pods, *split[0])
+        else:
+            follow_wanted_limits(state, tj, read)
+
+
+def job_view(state: OperatorState, tj: Mapping[str, Any], pods: list[dict[str, Any]],
+             reports: Mapping[str, Mapping[str, Any]]) -> tuple[float, list[Rank]]:
+    """scope Job: the job-wide target (0 where the spec has none) and the Job's pods as
+    ranks; a pod whose resize was refused keeps its limit."""
+    spec = tj.get("spec") or {}
+    try:
+        target = cpu_limits.quota_target(policy_document(spec)) or 0.0
+    except (SpecError, PolicyError):
+        target = 0.0
+    key = (tj["metadata"].get("namespace", ""), tj["metadata"].get("name", ""))
+    floor = rank_floor(pod_spec(spec).get("containers") or [])
+    return target, ranks(pods, reports, floor, list(state.refused_limits.get(key, {})))
+
+
+def follow_job_split(state: OperatorState, tj: Mapping[str, Any],
+                     pods: list[dict[str, Any]], target: float,
+                     ranks_: list[Rank]) -> None:
+    """scope Job: each pod's CPU limits to its part of the job-wide target (job_split.py),
+    shrinks before grows; a refused resize holds that pod at its limit from then on."""
+    key = (tj["metadata"].get("namespace", ""), tj["metadata"].get("name", ""))
+    live = {r.uid for r in ranks_}
+    refused = {uid: v for uid, v in state.refused_limits.pop(key, {}).items() if uid in live}
+    if refused:
+        state.refused_limits[key] = refused
+    moved = moves(target, ranks_, shares(target, ranks_)) if target > 0 else []
+    if not moved:
+        return
+    template = pod_spec(tj.get("spec") or {}).get("containers") or []
+    by_uid = {p["metadata"].get("uid", ""): p for p in pods}
+    done = []
+    for rank, total in moved:
+        pod = by_uid[rank.uid]
+        demand = cpu_limits.limits_by_name(pod.get("spec") or {})
+        outcome = resize_pod(state.kube, tj, pod, total, total, template, demand)
+        if outcome is False:
+            state.refused_limits.setdefault(key, {})[rank.uid] = total
+        elif outcome:
+            done.append((rank, total))
+    if done:
+        kopf.info(tj, reason=Reason.SPLIT_CHANGED, message=split_message(done, ranks_))
 
 
 def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],

@@ -20,6 +20,7 @@ from throttledjob.contracts.status import (
     finite_number,
 )
 
+from .job_split import Rank, job_wide, rank_status
 from .kueue import admission, queued_by_kueue
 from .validation import SpecError
 
@@ -78,6 +79,10 @@ class Reason(Choice):
     QUOTA_UNAVAILABLE = "QuotaUnavailable"
     QUOTA_RESIZE_REFUSED = "QuotaResizeRefused"
     QUOTA_LIFTED = "QuotaLifted"  # the slowdown budget needs a limit over the target
+    SPLIT_CHANGED = "SplitChanged"  # scope Job: the pods' parts of the target moved
+    # TargetMet under scope Job: the kernel holds each pod at its limit.
+    LIMITS_WITHIN_TARGET = "LimitsWithinTarget"
+    LIMITS_OVER_TARGET = "LimitsOverTarget"
     TARGET_UNREACHABLE = "TargetUnreachable"
 
 
@@ -320,3 +325,24 @@ def status_with_observed(status: Mapping[str, Any], reports: list[Mapping[str, A
     out["conditions"] = set_condition(conds, Condition.TARGET_MET, met, reason, message, now)
     return out
 
+
+
+def status_with_split(status: Mapping[str, Any], target: float, ranks: list[Rank],
+                      now: str) -> dict[str, Any]:
+    """scope Job: status.jobWide and status.ranks, and TargetMet by the whole Job: the
+    kernel holds each pod at its CPU limit, so the target is met while their sum is
+    (each pod's sidecar judges only its own use)."""
+    out = dict(status)
+    wide = job_wide(target, ranks)
+    out["jobWide"] = {**(status.get("jobWide") or {}), **wide}
+    out["ranks"] = [rank_status(r) for r in ranks]
+    limits = wide["limitCores"]
+    if limits is None:
+        return out
+    met = limits <= target + 1e-6
+    out["conditions"] = set_condition(
+        out.get("conditions"), Condition.TARGET_MET, met,
+        Reason.LIMITS_WITHIN_TARGET if met else Reason.LIMITS_OVER_TARGET,
+        f"the {len(ranks)} pods' CPU limits sum to {limits:g} of the {target:g}-core "
+        f"job-wide target; their p99s sum to {wide['cpuPeakCores']}", now)
+    return out

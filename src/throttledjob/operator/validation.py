@@ -15,7 +15,7 @@ from typing import Any
 from throttledjob.contracts.names import ENV_CONTAINER, ENV_DIR, ENV_USER_PYTHONPATH
 from throttledjob.contracts.policy import Choice, PolicyError, parse_cpu_quantity, parse_policy
 
-from . import cpu_limits
+from . import cpu_limits, job_split
 from .children import (
     DEFAULT_SIDECAR_UID,
     INJECT_DIR,
@@ -24,7 +24,14 @@ from .children import (
     SHARED_DIR,
     workload_uid,
 )
-from .crd import INJECT_VOLUME, MAX_NAME_LENGTH, POLICY_VOLUME, RESERVED_CONTAINERS, SHARED_VOLUME
+from .crd import (
+    INJECT_VOLUME,
+    MAX_NAME_LENGTH,
+    MAX_RANKS,
+    POLICY_VOLUME,
+    RESERVED_CONTAINERS,
+    SHARED_VOLUME,
+)
 from .kueue import label_clash
 
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
@@ -99,8 +106,10 @@ def policy_document(spec: Mapping[str, Any]) -> dict[str, Any]:
     Validated by the sidecar's own parser, so the operator refuses exactly what the
     sidecar would refuse (one implementation of the rules)."""
     doc = copy.deepcopy(dict(spec.get("throttle") or {}))
-    # `inject` shapes the pod, which the operator builds; the sidecar never reads it.
+    # `inject` shapes the pod and `scope` how the pods' limits are split, both the
+    # operator's: the sidecar never reads them.
     doc.pop("inject", None)
+    doc.pop("scope", None)
     if "parameters" in doc:
         raise SpecError(Refusal.INVALID_POLICY, "throttle.parameters is not a field: "
                                                 "declare tunables in spec.parameters")
@@ -176,8 +185,35 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False) -> dict[s
         if v.get("name") in (SHARED_VOLUME, POLICY_VOLUME, INJECT_VOLUME):
             raise SpecError(Refusal.VOLUME_CLASH, f"volume name {v.get('name')} is reserved "
                                                   "for the operator's volumes")
+    _check_split(spec, doc, containers)
     _check_reachable(doc, containers)
     return doc
+
+
+def _check_split(spec: Mapping[str, Any], doc: Mapping[str, Any],
+                 containers: list[Mapping[str, Any]]) -> None:
+    """scope Job: the CRD's rules (CPU only, enforcement Quota, parallelism in range),
+    again for a server that skipped them, and a target every pod's floor fits in."""
+    if not job_split.job_scoped(spec):
+        return
+    target = cpu_limits.quota_target(doc)
+    if target is None:
+        raise SpecError(Refusal.INVALID_POLICY, "scope Job holds the pods' summed CPU with "
+                                                "their limits: set targets.cpu.peak and "
+                                                "enforcement Quota")
+    if (doc.get("targets") or {}).get("gpu"):
+        raise SpecError(Refusal.INVALID_POLICY, "scope Job holds CPU only: a job-wide GPU "
+                                                "target is not supported yet")
+    ranks = job_split.parallelism(spec)
+    if ranks > MAX_RANKS:
+        raise SpecError(Refusal.INVALID_JOB_TEMPLATE, f"scope Job splits its target among "
+                                                      f"at most {MAX_RANKS} pods, not {ranks}")
+    floor = job_split.rank_floor(containers)
+    if target + 1e-9 < ranks * floor:
+        raise SpecError(Refusal.UNREACHABLE_TARGET,
+                        f"targets.cpu.peak {target:g} cores is under the {ranks * floor:g} "
+                        f"cores its {ranks} pods need at least ({floor:g} each: their CPU "
+                        f"requests, or {job_split.MIN_RANK_CORES:g})")
 
 
 def _refuse_host_access(pod: Mapping[str, Any], containers: list[Mapping[str, Any]]) -> None:
@@ -217,8 +253,9 @@ def _check_reachable(doc: Mapping[str, Any], containers: list[Mapping[str, Any]]
 
 def quota_warning(body: Mapping[str, Any], policy_doc: Mapping[str, Any]) -> str | None:
     """Why enforcement Quota falls back to signals for this template, or None."""
-    target = cpu_limits.quota_target(policy_doc)
-    containers = pod_spec(body.get("spec") or {}).get("containers") or []
+    spec = body.get("spec") or {}
+    target = job_split.pod_target(spec, cpu_limits.quota_target(policy_doc))
+    containers = pod_spec(spec).get("containers") or []
     why = cpu_limits.request_over_limit(containers, target) if target is not None else None
     return (f"enforcement Quota: no CPU limit set, {why}; the sidecar holds the target "
             "with signals instead. Lower the request to use the kernel's quota.") if why \

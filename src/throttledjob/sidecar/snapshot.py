@@ -155,6 +155,7 @@ def status_document(s: Snapshot) -> StatusDocument:
             "slowdownHigh": round(s.slowdown_high, 3),
             "cpuCores": round(s.last.usage_cores, 3),
             "steps": s.last.steps,
+            "stepsPerSecond": round(s.steps_per_second, 3),
         }),
         "targetMet": s.target_met,
         "budgetExhausted": s.budget_exhausted,

@@ -1,0 +1,197 @@
+"""One CPU target for the whole job (`spec.throttle.scope: Job`), split among its pods.
+
+A data-parallel job ends every step in an allreduce, so its slowest rank sets the pace of
+all. An even split of a job-wide target over uneven ranks makes the throttle itself the
+straggler: the lighter ranks leave their share idle at the barrier. Here each running pod
+gets a part of the target in proportion to its CPU cost of a step (its CPU use over its
+steps per second, from the sidecar), so every rank can keep the same pace; a pod that
+reports no steps is weighed by its measured use. Each part is at least the pod's floor.
+
+The kernel holds each part as the pod's CPU limit (in-place resize). The moves never let
+the sum of the limits in force pass the target: a pod's limit counts at the larger of
+what its spec asks and what the kubelet has applied (a deferred resize counts at its old
+value), shrinks go first, and a grow takes only the room the others leave now. A pod
+whose sidecar does not answer, or whose resize was refused, keeps its limit and its part
+is not handed to the others.
+
+Pure functions over pods and their sidecars' reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import cpu_limits
+from .crd import DEFAULT_SCOPE
+
+# No pod's part goes under this (cores), nor under its CPU requests: a limit under a
+# request is refused, and a rank at a few millicores would only stall the others.
+MIN_RANK_CORES = 0.05
+# A move smaller than this share of a pod's limit is not worth a resize: use and step
+# rates move a little every interval.
+SPLIT_STEP = 0.1
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def job_scoped(spec: Mapping[str, Any]) -> bool:
+    """Whether the ThrottledJob's targets hold the whole Job (scope Job)."""
+    return ((spec.get("throttle") or {}).get("scope") or DEFAULT_SCOPE) == "Job"
+
+
+def parallelism(spec: Mapping[str, Any]) -> int:
+    """How many pods of the Job run at once (the Job's own default: 1)."""
+    value = ((spec.get("jobTemplate") or {}).get("spec") or {}).get("parallelism")
+    return value if isinstance(value, int) and value > 0 else 1
+
+
+def pod_target(spec: Mapping[str, Any], target: float | None) -> float | None:
+    """The CPU target of one pod: the target itself, or under scope Job its even share,
+    which each pod starts with until the split has measured the ranks."""
+    if target is None or not job_scoped(spec):
+        return target
+    return target / parallelism(spec)
+
+
+@dataclass(frozen=True)
+class Rank:
+    """One pod of the job as the split sees it."""
+
+    name: str
+    uid: str
+    index: int | None  # the Indexed Job's completion index
+    limit: float  # cores it may use now: the larger of its spec's and the applied limits
+    floor: float
+    use: float | None = None  # cores in the last interval; None: not read (not moved)
+    steps_per_second: float | None = None
+    peak: float | None = None  # p99 of its 1-second CPU samples, cores
+    held: bool = False  # its resize was refused: it keeps its limit
+
+    @property
+    def movable(self) -> bool:
+        return self.use is not None and not self.held
+
+
+def rank_floor(containers: Sequence[Mapping[str, Any]]) -> float:
+    """The least a pod of this template may get: its CPU requests, or MIN_RANK_CORES."""
+    return max(MIN_RANK_CORES, cpu_limits.total_request({"containers": containers}) or 0.0)
+
+
+def applied_limit(pod: Mapping[str, Any]) -> float | None:
+    """The summed CPU limit of a pod's workload containers as it binds now: the larger of
+    the spec's (a grow the kubelet has not applied yet) and the kubelet's (a shrink not
+    applied yet, containerStatuses[].resources); None when a container has none."""
+    spec = cpu_limits.total_limit(pod.get("spec") or {})
+    names = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
+    statuses = [s for s in (pod.get("status") or {}).get("containerStatuses") or []
+                if s.get("name") in names]
+    running = cpu_limits.total_limit({"containers": statuses}) if statuses else None
+    if spec is None:
+        return None
+    return max(spec, running) if running is not None else spec
+
+
+def completion_index(pod: Mapping[str, Any]) -> int | None:
+    meta = pod.get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(COMPLETION_INDEX) or \
+        (meta.get("labels") or {}).get(COMPLETION_INDEX)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
+
+
+def ranks(pods: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, Any]],
+          floor: float, held: Sequence[str] = ()) -> list[Rank]:
+    """The Job's Pending and Running pods that have CPU limits, by completion index, with
+    their sidecars' reports (by pod uid) where read; `held`: uids that keep their limit."""
+    out = []
+    for pod in pods:
+        limit = applied_limit(pod)
+        if (pod.get("status") or {}).get("phase") not in ("Pending", "Running") \
+                or limit is None:
+            continue
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid", "")
+        observed = (reports.get(uid) or {}).get("observed") or {}
+        out.append(Rank(meta.get("name", ""), uid, completion_index(pod), limit, floor,
+                        _number(observed.get("cpuCores")) if uid in reports else None,
+                        _number(observed.get("stepsPerSecond")),
+                        _number(observed.get("cpuPeakCores")), uid in held))
+    return sorted(out, key=lambda r: (r.index is None, r.index or 0, r.name))
+
+
+def weights(ranks: Sequence[Rank]) -> list[float]:
+    """Each movable rank's weight: its CPU cost of a step (use over steps per second)
+    where every one reports steps, else its use. In lockstep the two agree: each rank
+    does the same steps, so its use is its cost times the common pace."""
+    if all((r.steps_per_second or 0) > 0 for r in ranks):
+        return [max(0.0, r.use or 0.0) / r.steps_per_second for r in ranks]  # type: ignore[operator]
+    return [max(0.0, r.use or 0.0) for r in ranks]
+
+
+def shares(target: float, ranks: Sequence[Rank]) -> dict[str, float]:
+    """Each movable rank's part of the target (cores, by pod uid): what the others hold
+    stays theirs, the rest goes by weights(), none under its floor."""
+    movable = [r for r in ranks if r.movable]
+    if not movable:
+        return {}
+    left = max(0.0, target - sum(r.limit for r in ranks if not r.movable))
+    parts = cpu_limits.split(weights(movable), [r.floor for r in movable], left)
+    # Millicores, rounded down: the sum never passes what was split.
+    return {r.uid: int(p * 1000 + 1e-6) / 1000 for r, p in zip(movable, parts, strict=True)}
+
+
+def moves(target: float, ranks: Sequence[Rank], wanted: Mapping[str, float],
+          step: float = SPLIT_STEP) -> list[tuple[Rank, float]]:
+    """The resizes to make, in order: every shrink, then the grows, each grow cut to the
+    room the others leave at the limits in force (a shrink just asked for still counts at
+    its old limit). A move within `step` of a pod's limit is left out."""
+    held = {r.uid: r.limit for r in ranks}
+    shrinks = [(r, wanted[r.uid]) for r in ranks
+               if r.uid in wanted and wanted[r.uid] < r.limit * (1 - step)]
+    out: list[tuple[Rank, float]] = list(shrinks)
+    for r in ranks:
+        if r.uid not in wanted or wanted[r.uid] <= r.limit * (1 + step):
+            continue
+        room = target - sum(v for uid, v in held.items() if uid != r.uid)
+        grow = int(min(wanted[r.uid], room) * 1000 + 1e-6) / 1000
+        if grow > r.limit * (1 + step):
+            out.append((r, grow))
+            held[r.uid] = grow
+    return out
+
+
+def rank_status(rank: Rank) -> dict[str, Any]:
+    """One entry of the ThrottledJob's status.ranks."""
+    idle = None
+    if rank.use is not None and rank.limit > 0:
+        idle = round(min(1.0, max(0.0, 1 - rank.use / rank.limit)), 3)
+    return {"pod": rank.name, "index": rank.index, "limitCores": round(rank.limit, 3),
+            "cpuCores": None if rank.use is None else round(rank.use, 3),
+            "stepsPerSecond": None if rank.steps_per_second is None
+            else round(rank.steps_per_second, 3),
+            "idleFraction": idle}
+
+
+def job_wide(target: float, ranks: Sequence[Rank]) -> dict[str, Any]:
+    """status.jobWide: the job against its target (None where no pod gives a figure)."""
+    def total(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return round(sum(known), 3) if known else None
+
+    return {"targetCores": target, "limitCores": total([r.limit for r in ranks]),
+            "cpuCores": total([r.use for r in ranks]),
+            "cpuPeakCores": total([r.peak for r in ranks])}
+
+
+def split_message(moved: Sequence[tuple[Rank, float]], ranks: Sequence[Rank]) -> str:
+    """The event when the split moves: each rank's new part, and why."""
+    new = {r.uid: v for r, v in moved}
+    parts = ", ".join(f"{r.name} {new.get(r.uid, r.limit):g}" for r in ranks)
+    return f"job-wide CPU split moved to each pod's cost of a step (cores): {parts}"

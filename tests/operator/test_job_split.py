@@ -1,0 +1,251 @@
+"""A job-wide CPU target split among the Job's pods (scope Job): the parts by each rank's
+cost of a step, the order of the resizes that keeps the sum of the limits in force under
+the target, and what the operator does with them (the poller, its API calls recorded)."""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import kopf
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from testing.manifests import make_tj
+from throttledjob.operator import job_split
+from throttledjob.operator.children import build_job
+from throttledjob.operator.job_split import Rank, moves, ranks, shares
+from throttledjob.operator.kube import ApiError
+from throttledjob.operator.poller import OperatorState, follow_job_split, job_view
+from throttledjob.operator.settings import OperatorSettings
+from throttledjob.operator.sidecar_status import HttpStatusReader
+from throttledjob.operator.status import status_with_split
+from throttledjob.operator.validation import SpecError, validate
+
+TARGET = 1.0
+
+
+def rank(uid: str, limit: float, use: float | None, rate: float | None = None,
+         floor: float = 0.05) -> Rank:
+    return Rank(uid, uid, int(uid[-1]) if uid[-1].isdigit() else None, limit, floor, use,
+                rate)
+
+
+def test_each_rank_gets_its_cost_of_a_step_so_the_ranks_keep_pace() -> None:
+    # Lockstep under an even split: rank 1's step costs twice rank 0's; rank 1 uses its
+    # whole half, rank 0 half of its half and waits at the barrier for the rest.
+    even = [rank("r0", 0.5, 0.25, 2.0), rank("r1", 0.5, 0.5, 2.0)]
+    assert shares(TARGET, even) == {"r0": 0.333, "r1": 0.666}
+    # At that split both use all of theirs, at the same pace: it stays.
+    fair = [rank("r0", 0.333, 0.333, 2.0), rank("r1", 0.666, 0.666, 2.0)]
+    assert moves(TARGET, fair, shares(TARGET, fair)) == []
+
+
+def test_without_steps_the_split_follows_measured_use_with_a_floor() -> None:
+    # Rank 0 reports no steps: both are weighed by their use; an idle rank keeps its floor.
+    assert shares(TARGET, [rank("r0", 0.5, 0.2), rank("r1", 0.5, 0.5, 3.0)]) == {
+        "r0": 0.285, "r1": 0.714}
+    assert shares(TARGET, [rank("r0", 0.5, 0.0), rank("r1", 0.5, 0.5, floor=0.1)]) == {
+        "r0": 0.05, "r1": 0.95}
+
+
+def test_a_rank_not_read_keeps_its_limit_and_the_others_split_the_rest() -> None:
+    got = shares(TARGET, [rank("r0", 0.5, None), rank("r1", 0.25, 0.25), rank("r2", 0.25,
+                                                                               0.75)])
+    assert got == {"r1": 0.125, "r2": 0.375}
+    # Its resize refused: held at its limit too.
+    held = Rank("r0", "r0", 0, 0.5, 0.05, 0.5, None, None, held=True)
+    assert shares(TARGET, [held, rank("r1", 0.5, 0.1)]) == {"r1": 0.5}
+
+
+def test_shrinks_go_first_and_a_grow_takes_only_the_room_left_now() -> None:
+    ranks_ = [rank("r0", 0.5, 0.25, 2.0), rank("r1", 0.5, 0.5, 2.0)]
+    # r0 shrinks to 0.333; r1's grow to 0.666 waits: r0 still holds 0.5 until the kubelet
+    # applies the shrink (its spec says 0.333, its status 0.5: it counts at 0.5).
+    assert moves(TARGET, ranks_, shares(TARGET, ranks_)) == [(ranks_[0], 0.333)]
+    after = [rank("r0", 0.333, 0.25, 2.0), ranks_[1]]
+    assert moves(TARGET, after, {"r0": 0.333, "r1": 0.666}) == [(after[1], 0.666)]
+    # Moves within SPLIT_STEP of the limit are not made.
+    there = [after[0], rank("r1", 0.666, 0.6, 2.0)]
+    assert moves(TARGET, there, {"r0": 0.35, "r1": 0.65}) == []
+
+
+def pod(name: str, uid: str, spec_limit: str, applied: str | None = None,
+        phase: str = "Running", index: int | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if applied is not None:
+        status["containerStatuses"] = [{"name": "work", "resources": {
+            "limits": {"cpu": applied}}}]
+    meta: dict[str, Any] = {"name": name, "namespace": "ml", "uid": uid}
+    if index is not None:
+        meta["annotations"] = {job_split.COMPLETION_INDEX: str(index)}
+    return {"metadata": meta, "status": status, "spec": {"containers": [
+        {"name": "work", "resources": {"requests": {"cpu": "50m"},
+                                       "limits": {"cpu": spec_limit}}}]}}
+
+
+def test_a_pods_limit_counts_at_the_larger_of_its_spec_and_what_the_kubelet_applied() -> None:
+    assert job_split.applied_limit(pod("a", "a", "333m", applied="500m")) == 0.5
+    assert job_split.applied_limit(pod("a", "a", "666m", applied="500m")) == 0.666
+    assert job_split.applied_limit(pod("a", "a", "250m")) == 0.25
+    # Finished pods give their part back: they are no rank.
+    found = ranks([pod("a", "a", "500m", phase="Succeeded"), pod("b", "b", "500m", index=1),
+                   pod("c", "c", "500m", phase="Pending", index=0)], {}, 0.05)
+    assert [(r.name, r.index, r.movable) for r in found] == [("c", 0, False), ("b", 1, False)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 6), st.randoms(use_true_random=False), st.integers(3, 12))
+def test_the_sum_of_the_limits_in_force_never_passes_the_target(
+        n: int, rnd: random.Random, ticks: int) -> None:
+    """Any use, any pace, a kubelet that applies a resize at once, late or never: at every
+    moment the limits in force (spec or applied, the larger) sum to at most the target."""
+    target = 0.1 * n + rnd.random() * 2
+    spec = {i: int(target / n * 1000) / 1000 for i in range(n)}  # the even start
+    applied = dict(spec)
+    for _ in range(ticks):
+        now = [rank(f"r{i}", max(spec[i], applied[i]),
+                    None if rnd.random() < 0.2 else rnd.random() * max(spec[i], applied[i]),
+                    rnd.choice([None, rnd.random() * 5 + 0.1]), floor=0.05)
+               for i in range(n)]
+        for r, new in moves(target, now, shares(target, now)):
+            spec[int(r.uid[1:])] = new
+        assert sum(max(spec[i], applied[i]) for i in range(n)) <= target + 1e-9
+        for i in range(n):  # the kubelet applies some resizes now, others later
+            if rnd.random() < 0.6:
+                applied[i] = spec[i]
+        assert sum(max(spec[i], applied[i]) for i in range(n)) <= target + 1e-9
+
+
+def indexed(**throttle: Any) -> dict[str, Any]:
+    body = make_tj(throttle={"targets": {"cpu": {"peak": "1"}}, "scope": "Job", **throttle})
+    body["spec"]["jobTemplate"]["spec"].update(
+        {"completionMode": "Indexed", "completions": 2, "parallelism": 2})
+    return body
+
+
+def test_each_pod_starts_with_an_even_share_of_a_job_wide_target() -> None:
+    body = indexed()
+    job = build_job(body, validate(body), OperatorSettings())
+    (work,) = job["spec"]["template"]["spec"]["containers"]
+    assert work["resources"]["limits"]["cpu"] == "500m"
+    # scope is the operator's: the sidecar's policy does not carry it.
+    assert "scope" not in validate(body)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"targets": {"gpu": {"peakPowerWatts": 200}, "cpu": {"peak": "1"}}},
+     "job-wide GPU target is not supported"),
+    ({"targets": {"cpu": {"peak": "0.08"}}}, "under the 0.1 cores its 2 pods need"),
+    ({"enforcement": "Signals"}, "set targets.cpu.peak and enforcement Quota"),
+])
+def test_a_job_wide_target_that_cannot_be_held_is_refused(change: dict[str, Any],
+                                                           message: str) -> None:
+    body = indexed(**change)
+    with pytest.raises(SpecError, match=message):
+        validate(body)
+
+
+def test_more_ranks_than_the_split_takes_are_refused() -> None:
+    body = indexed()
+    body["spec"]["jobTemplate"]["spec"]["parallelism"] = 65
+    with pytest.raises(SpecError, match="at most 64 pods, not 65"):
+        validate(body)
+
+
+class Kubelet:
+    """`pods/resize` on pods held here; the kubelet applies each at once unless told to
+    defer, and refuses pods named in `refuse`."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = {p["metadata"]["name"]: p for p in pods}
+        self.refuse: set[str] = set()
+        self.defer = False
+        self.calls: list[tuple[str, str]] = []
+
+    def resize_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        if name in self.refuse:
+            raise ApiError(422, "Pod is invalid: node too small")
+        (c,) = patch["spec"]["containers"]
+        cpu = c["resources"]["limits"]["cpu"]
+        self.calls.append((name, cpu))
+        pod = self.pods[name]
+        pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] = cpu
+        if not self.defer:
+            pod["status"]["containerStatuses"][0]["resources"]["limits"]["cpu"] = cpu
+        return {}
+
+    def listed(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(list(self.pods.values()))
+
+
+def report(use: float, rate: float, peak: float | None = None) -> dict[str, Any]:
+    return {"observed": {"cpuCores": use, "stepsPerSecond": rate, "cpuPeakCores": peak or use}}
+
+
+def test_the_operator_moves_the_split_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[tuple[str, str]] = []
+    monkeypatch.setattr(kopf, "info", lambda _b, reason, message: events.append((reason,
+                                                                                   message)))
+    monkeypatch.setattr(kopf, "warn", lambda _b, reason, message: events.append((reason,
+                                                                                   message)))
+    kubelet = Kubelet([pod("train-0", "u0", "500m", "500m", index=0),
+                       pod("train-1", "u1", "500m", "500m", index=1)])
+    state = OperatorState(OperatorSettings(), kubelet, HttpStatusReader(1))  # type: ignore[arg-type]
+    tj = indexed()
+    tj["metadata"]["namespace"] = "ml"
+
+    def tick(reports: dict[str, dict[str, Any]]) -> tuple[float, list[Rank]]:
+        pods = kubelet.listed()
+        view = job_view(state, tj, pods, reports)
+        follow_job_split(state, tj, pods, *view)
+        return view
+
+    # Rank 1 costs twice as much a step; the kubelet defers: rank 0 shrinks, rank 1 waits.
+    kubelet.defer = True
+    tick({"u0": report(0.25, 2.0), "u1": report(0.5, 2.0)})
+    assert kubelet.calls == [("train-0", "333m")]
+    assert events[-1] == ("SplitChanged", "job-wide CPU split moved to each pod's cost of "
+                                          "a step (cores): train-0 0.333, train-1 0.5")
+    tick({"u0": report(0.25, 2.0), "u1": report(0.5, 2.0)})
+    assert kubelet.calls == [("train-0", "333m")]  # still deferred: no room yet
+    kubelet.defer = False
+    kubelet.pods["train-0"]["status"]["containerStatuses"][0]["resources"]["limits"][
+        "cpu"] = "333m"
+    target, _ = tick({"u0": report(0.25, 2.0), "u1": report(0.5, 2.0)})
+    assert kubelet.calls[-1] == ("train-1", "666m")
+    status = status_with_split({}, target, ranks(kubelet.listed(), {
+        "u0": report(0.333, 3.0, 0.34), "u1": report(0.666, 3.0, 0.67)}, 0.05), "now")
+    assert status["jobWide"] == {"targetCores": 1.0, "limitCores": 0.999, "cpuCores": 0.999,
+                                 "cpuPeakCores": 1.01}
+    assert [(r["pod"], r["index"], r["limitCores"], r["stepsPerSecond"]) for r in
+            status["ranks"]] == [("train-0", 0, 0.333, 3.0), ("train-1", 1, 0.666, 3.0)]
+    (met,) = status["conditions"]
+    assert (met["type"], met["status"], met["reason"]) == ("TargetMet", "True",
+                                                           "LimitsWithinTarget")
+    # Rank 0 ends: rank 1, running alone, gets the whole target.
+    kubelet.pods["train-0"]["status"]["phase"] = "Succeeded"
+    tick({"u1": report(0.666, 3.0)})
+    assert kubelet.calls[-1] == ("train-1", "1000m")
+
+
+def test_a_rank_the_api_server_will_not_resize_holds_its_limit_and_the_others_do_not_grow(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[tuple[str, str]] = []
+    monkeypatch.setattr(kopf, "info", lambda *a, **k: None)
+    monkeypatch.setattr(kopf, "warn", lambda _b, reason, message: events.append((reason,
+                                                                                   message)))
+    kubelet = Kubelet([pod("train-0", "u0", "500m", "500m", index=0),
+                       pod("train-1", "u1", "500m", "500m", index=1)])
+    kubelet.refuse = {"train-0"}
+    state = OperatorState(OperatorSettings(), kubelet, HttpStatusReader(1))  # type: ignore[arg-type]
+    tj = indexed()
+    tj["metadata"]["namespace"] = "ml"
+    for _ in range(3):
+        pods = kubelet.listed()
+        follow_job_split(state, tj, pods, *job_view(state, tj, pods, {
+            "u0": report(0.1, 2.0), "u1": report(0.5, 2.0)}))
+    assert [reason for reason, _ in events] == ["QuotaResizeRefused"]  # asked once
+    assert kubelet.calls == []  # rank 1 is not grown past what rank 0 still holds
