@@ -171,6 +171,22 @@ def panels() -> list[dict[str, Any]]:
     lay.stat("CPU now", "CPU used over the last control interval, per pod.",
              f"throttledjob_workload_cpu_cores{{{SEL}}}", "{{pod}}", CORES, w=8)
 
+    lay.row("Job-wide: all the pods of a Job")
+    lay.timeseries(
+        "Job CPU vs job-wide target", "CPU used by all the pods of each ThrottledJob, "
+        "summed. Under scope Job the target holds this sum (split among the pods by each "
+        "one's cost of a step); under scope Pod it holds each pod alone (see CPU above).",
+        [(f"sum by (namespace, throttledjob) (rate(throttledjob_workload_cpu_seconds_total"
+          f"{{{SEL}}}[$__rate_interval]))", "{{throttledjob}} used, all pods"),
+         (f"max by (namespace, throttledjob) (throttledjob_cpu_target_cores{{{SEL}}})",
+          "{{throttledjob}} target")],
+        CORES, w=12, dashed=".* target$")
+    lay.timeseries(
+        "Ranks: steps per second", "Each pod's pace, as its workload reports steps. In a "
+        "data-parallel job every rank should keep the same pace: one below the others is "
+        "the straggler the job waits for.",
+        [(f"throttledjob_workload_steps_per_second{{{SEL}}}", "{{pod}}")], "none", w=12)
+
     lay.row("GPU")
     lay.timeseries(
         "GPU utilization vs target", "Fraction of time a kernel ran, per GPU, and the "

@@ -94,6 +94,9 @@ BAD = [
     (f"{POD}.initContainers", [{"name": "throttledjob-sidecar"}], "are reserved"),
     ("spec.throttle.inject", "Always", 'Unsupported value: "Always"'),
     ("spec.throttle.inject", "auto", 'Unsupported value: "auto"'),
+    ("spec.throttle.scope", "job", 'Unsupported value: "job"'),
+    ("spec.throttle.scope", "Job", "scope Job is held by the pods' CPU limits: enforcement "
+                                   "must be Quota"),
     ("spec.jobTemplate.metadata.labels", {"team": 7}, "must be of type string"),
     ("metadata.name", "x" * 64, "the name must be at most 63 characters"),
 ]
@@ -125,3 +128,26 @@ def test_bad_throttledjobs_are_refused_with_a_clear_message(
     ok, err = dry_run_create(kubectl, obj)
     assert not ok, f"accepted: {path}={value!r}"
     assert message in err, err
+
+
+def job_wide(**throttle: Any) -> dict[str, Any]:
+    obj = make_tj(throttle={"targets": {"cpu": {"peak": "1"}}, "enforcement": "Quota",
+                            "scope": "Job", **throttle})
+    obj["spec"]["jobTemplate"]["spec"].update(completionMode="Indexed", completions=2,
+                                              parallelism=2)
+    obj["metadata"]["namespace"] = "default"
+    return obj
+
+
+def test_a_job_wide_target_is_accepted_and_what_it_cannot_hold_is_refused(
+        kubectl: Kubectl, crd_installed: None) -> None:
+    assert dry_run_create(kubectl, job_wide()) == (True, "")
+    gpu = job_wide(targets={"cpu": {"peak": "1"}, "gpu": {"peakPowerWatts": 200}})
+    too_many = job_wide()
+    too_many["spec"]["jobTemplate"]["spec"].update(completions=65, parallelism=65)
+    no_cpu = job_wide(targets={"gpu": {"peakPowerWatts": 200}})
+    for obj, message in ((gpu, "a job-wide GPU target is not supported yet"),
+                         (no_cpu, "scope Job holds a CPU target over the whole Job"),
+                         (too_many, "jobTemplate.spec.parallelism must be at most 64")):
+        ok, err = dry_run_create(kubectl, obj)
+        assert not ok and message in err, err
