@@ -249,3 +249,42 @@ def test_a_rank_the_api_server_will_not_resize_holds_its_limit_and_the_others_do
             "u0": report(0.1, 2.0), "u1": report(0.5, 2.0)}))
     assert [reason for reason, _ in events] == ["QuotaResizeRefused"]  # asked once
     assert kubelet.calls == []  # rank 1 is not grown past what rank 0 still holds
+
+
+def test_a_silent_sidecar_a_deleted_pod_and_an_operator_restart_mid_split(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split lives in the pods (their limits, asked and applied), not in the operator:
+    an operator started anew mid-split picks it up where the cluster is, and no fault
+    lets the limits in force pass the target."""
+    monkeypatch.setattr(kopf, "info", lambda *a, **k: None)
+    kubelet = Kubelet([pod(f"train-{i}", f"u{i}", "333m", "333m", index=i) for i in range(3)])
+    tj = indexed()
+    tj["metadata"]["namespace"] = "ml"
+    tj["spec"]["jobTemplate"]["spec"].update(completions=3, parallelism=3)
+
+    def tick(state: OperatorState, reports: dict[str, dict[str, Any]]) -> None:
+        pods = kubelet.listed()
+        follow_job_split(state, tj, pods, *job_view(state, tj, pods, reports))
+        assert sum(job_split.applied_limit(p) or 0 for p in kubelet.listed()) <= 1.0 + 1e-9
+
+    def fresh() -> OperatorState:
+        return OperatorState(OperatorSettings(), kubelet, HttpStatusReader(1))  # type: ignore[arg-type]
+
+    # Rank 2's sidecar stops answering: it keeps its 333m; ranks 0 and 1 split the
+    # other 667m by their costs (0.1 and 0.333 a step): 154m and 512m.
+    kubelet.defer = True
+    tick(fresh(), {"u0": report(0.1, 1.0), "u1": report(0.333, 1.0)})
+    assert kubelet.calls == [("train-0", "154m")]
+    # The operator restarts before the kubelet applied that shrink: the new one sees
+    # rank 0 at 333m still (its status), so rank 1 does not grow yet.
+    tick(fresh(), {"u0": report(0.1, 1.0), "u1": report(0.333, 1.0)})
+    assert kubelet.calls == [("train-0", "154m")]
+    kubelet.defer = False
+    kubelet.pods["train-0"]["status"]["containerStatuses"][0]["resources"]["limits"][
+        "cpu"] = "154m"
+    tick(fresh(), {"u0": report(0.1, 1.0), "u1": report(0.333, 1.0)})
+    assert kubelet.calls[-1] == ("train-1", "512m")
+    # Rank 2 deleted mid-run: its 333m go back to the ranks that run.
+    del kubelet.pods["train-2"]
+    tick(fresh(), {"u0": report(0.154, 1.0), "u1": report(0.512, 1.0)})
+    assert kubelet.calls[-2:] == [("train-0", "231m"), ("train-1", "768m")]

@@ -159,7 +159,7 @@ def moves(target: float, ranks: Sequence[Rank], wanted: Mapping[str, float],
     for r in ranks:
         if r.uid not in wanted or wanted[r.uid] <= r.limit * (1 + step):
             continue
-        room = target - sum(v for uid, v in held.items() if uid != r.uid)
+        room = round(target - sum(v for uid, v in held.items() if uid != r.uid), 6)
         grow = int(min(wanted[r.uid], room) * 1000 + 1e-6) / 1000
         if grow > r.limit * (1 + step):
             out.append((r, grow))
