@@ -7,7 +7,7 @@ from typing import Any
 
 import kopf
 
-from throttledjob.operator.children import build_configmap, build_job
+from throttledjob.operator.children import build_child, build_configmap
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.validation import validate
 
@@ -25,7 +25,7 @@ def built(tj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(Job, ConfigMap) as the handler sends them: built, then kopf.adopt-ed."""
     tj = owned(tj)
     doc = validate(tj)
-    job, cm = build_job(tj, doc, SETTINGS), build_configmap(tj["metadata"]["name"], doc)
+    job, cm = build_child(tj, doc, SETTINGS), build_configmap(tj["metadata"]["name"], doc)
     kopf.adopt([job, cm], owner=tj)
     return job, cm
 

@@ -50,13 +50,13 @@ def operator_job(name: str = "train", inject: str = "None", settings: Any = None
                  **pod: Any) -> dict[str, Any]:
     """The Job the operator builds for a small ThrottledJob in namespace "ml" (keyword
     arguments override pod spec fields of its template), as it sends it."""
-    from throttledjob.operator.children import build_job
+    from throttledjob.operator.children import build_child
     from throttledjob.operator.settings import OperatorSettings
     from throttledjob.operator.validation import validate
 
     tj = make_tj(name, throttle={"targets": {"cpu": {"peak": "1500m"}}, "maxSlowdown": 1.25,
                                  "inject": inject}, **pod)
-    job = build_job(tj, validate(tj), settings or OperatorSettings())
+    job = build_child(tj, validate(tj), settings or OperatorSettings())
     job["metadata"]["namespace"] = tj["metadata"]["namespace"]
     return job
 

@@ -18,6 +18,9 @@ NAMESPACED: Rules = {
 }
 # With the chart's kueue.enabled: Kueue's Workloads of queued ThrottledJobs.
 KUEUE: Rules = {("kueue.x-k8s.io", "workloads"): frozenset({"list", "patch"})}
+# With the chart's jobset.enabled: ThrottledJobs whose child is a JobSet.
+JOBSET: Rules = {("jobset.x-k8s.io", "jobsets"):
+                 frozenset({"get", "list", "watch", "create", "patch"})}
 CRDS: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"):
                frozenset({"list", "watch"})}
 NAMESPACES: Rules = {("", "namespaces"): frozenset({"list", "watch"})}

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from testing.chart import NAMESPACE, by_kind, render
-from testing.rbac import CRDS, KUEUE, NAMESPACED, NAMESPACES, Rules
+from testing.rbac import CRDS, JOBSET, KUEUE, NAMESPACED, NAMESPACES, Rules
 from throttledjob.operator import crd
 
 
@@ -118,3 +118,11 @@ def test_kueue_adds_exactly_the_workload_calls(tmp_path) -> None:
     (role,) = by_kind(operator_rbac(render({"kueue": {"enabled": True}}, tmp_path)),
                       "ClusterRole")
     assert rules_of(role) == {**NAMESPACED, **KUEUE, **CRDS}
+
+
+def test_jobset_adds_exactly_the_jobset_calls(tmp_path) -> None:
+    """jobset.enabled: the operator makes a ThrottledJob's JobSet, watches it and patches
+    its suspend (operator/handlers.py, child.py): no delete, no more."""
+    (role,) = by_kind(operator_rbac(render({"jobset": {"enabled": True}}, tmp_path)),
+                      "ClusterRole")
+    assert rules_of(role) == {**NAMESPACED, **JOBSET, **CRDS}

@@ -50,7 +50,12 @@ POD = "spec.jobTemplate.spec.template.spec"
 # messages are ours, in operator/crd.py).
 BAD = [
     ("spec.throttle", _DELETE, "spec.throttle: Required value"),
-    ("spec.jobTemplate", _DELETE, "spec.jobTemplate: Required value"),
+    ("spec.jobTemplate", _DELETE, "set exactly one of jobTemplate (a Job) and "
+                                  "jobSetTemplate (a JobSet)"),
+    ("spec.jobSetTemplate", {"spec": {"replicatedJobs": [{"name": "w", "template": {
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "w"}]}}}}}]}}, "set exactly one of jobTemplate"),
+    ("spec.jobSetTemplate", {"spec": {"replicatedJobs": []}}, "should have at least 1 items"),
     ("spec.throttle.maxSlowdown", 0.9, "should be greater than or equal to 1"),
     ("spec.throttle.maxSlowdown", 101, "should be less than or equal to 100"),
     ("spec.throttle.maxSlowdown", "1.2", "must be of type number"),
@@ -142,6 +147,11 @@ def job_wide(**throttle: Any) -> dict[str, Any]:
 def test_a_job_wide_target_is_accepted_and_what_it_cannot_hold_is_refused(
         kubectl: Kubectl, crd_installed: None) -> None:
     assert dry_run_create(kubectl, job_wide()) == (True, "")
+    of_a_jobset = job_wide()
+    job = of_a_jobset["spec"].pop("jobTemplate")
+    of_a_jobset["spec"]["jobSetTemplate"] = {"spec": {"replicatedJobs": [
+        {"name": "worker", "replicas": 2, "template": job}]}}
+    assert dry_run_create(kubectl, of_a_jobset) == (True, "")
     gpu = job_wide(targets={"cpu": {"peak": "1"}, "gpu": {"peakPowerWatts": 200}})
     too_many = job_wide()
     too_many["spec"]["jobTemplate"]["spec"].update(completions=65, parallelism=65)

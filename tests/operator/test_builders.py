@@ -27,7 +27,7 @@ from throttledjob.operator.children import (
     LABEL_NAME,
     METRICS_PORT,
     SHARED_DIR,
-    build_job,
+    build_child,
     job_owner_name,
     sidecar_endpoint,
 )
@@ -207,7 +207,7 @@ def test_settings_from_environment() -> None:
     s = OperatorSettings.from_env({"THROTTLEDJOB_SIDECAR_IMAGE": "registry.local/tj:dev",
                                      "THROTTLEDJOB_STATUS_INTERVAL": "2.5"})
     assert s.sidecar_image == "registry.local/tj:dev" and s.status_interval_seconds == 2.5
-    job = build_job(owned(make_tj()), {}, s)
+    job = build_child(owned(make_tj()), {}, s)
     assert pod_of(job)["initContainers"][0]["image"] == "registry.local/tj:dev"
 
 

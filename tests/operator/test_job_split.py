@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from testing.manifests import make_tj
 from throttledjob.operator import job_split
-from throttledjob.operator.children import build_job
+from throttledjob.operator.children import build_child
 from throttledjob.operator.job_split import Rank, moves, ranks, shares
 from throttledjob.operator.kube import ApiError
 from throttledjob.operator.poller import OperatorState, follow_job_split, job_view
@@ -128,7 +128,7 @@ def indexed(**throttle: Any) -> dict[str, Any]:
 
 def test_each_pod_starts_with_an_even_share_of_a_job_wide_target() -> None:
     body = indexed()
-    job = build_job(body, validate(body), OperatorSettings())
+    job = build_child(body, validate(body), OperatorSettings())
     (work,) = job["spec"]["template"]["spec"]["containers"]
     assert work["resources"]["limits"]["cpu"] == "500m"
     # scope is the operator's: the sidecar's policy does not carry it.

@@ -118,4 +118,9 @@ posts Events; operator/kube.py gets, creates and patches the rest.
   resources: [workloads]
   verbs: [list, patch]
 {{- end }}
+{{- if .Values.jobset.enabled }}
+- apiGroups: [jobset.x-k8s.io]
+  resources: [jobsets]
+  verbs: [get, list, watch, create, patch]
+{{- end }}
 {{- end -}}

@@ -18,7 +18,7 @@ from throttledjob.contracts.names import (
     ENV_USER_PYTHONPATH,
 )
 
-from . import cpu_limits, job_split
+from . import child, cpu_limits, job_split
 from .crd import (
     API_VERSION,
     DEFAULT_INJECT,
@@ -231,17 +231,14 @@ def inject_pythonpath(container: dict[str, Any]) -> None:
     env.append({"name": "PYTHONPATH", "value": value})
 
 
-def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
-              settings: OperatorSettings) -> dict[str, Any]:
-    """The Job: the user's jobTemplate, kept as written, plus the sidecar, the shared
-    directory, the policy volume, the runtime's environment and the labels that link
-    each pod to its ThrottledJob (and Kueue's queue and priority labels of the
-    ThrottledJob, kueue.py). Ownership (ownerReferences) is added by kopf.adopt."""
+def inject_pod(pod_template: dict[str, Any], body: Mapping[str, Any],
+               policy_doc: Mapping[str, Any], settings: OperatorSettings) -> None:
+    """Make one pod template of the child a throttled one, in place: the sidecar (and the
+    guard, and with `inject: Auto` the library's init container), the shared directory,
+    the policy volume, the runtime's environment, the labels that link each pod to its
+    ThrottledJob and, with enforcement Quota, the CPU limits of the target (scope Job:
+    the pod's even share of it)."""
     name = body["metadata"]["name"]
-    template = copy.deepcopy(dict(body["spec"]["jobTemplate"]))
-    meta = template.get("metadata") or {}
-    job_spec = template["spec"]
-    pod_template = job_spec["template"]
     pod_meta = pod_template.setdefault("metadata", {})
     pod_meta.setdefault("labels", {}).update({**settings.extra_pod_labels, **_labels(name)})
     # The chart's PodMonitor selects on the label; these annotations serve a Prometheus
@@ -292,21 +289,38 @@ def build_job(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
                                       "readOnly": True})
     pod["initContainers"] = [*ours, *(pod.get("initContainers") or [])]
     pod.setdefault("volumes", []).extend(volumes)
+
+
+def build_child(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
+                settings: OperatorSettings) -> dict[str, Any]:
+    """The Job or the JobSet (child.py): the user's template, kept as written, with every
+    pod template made a throttled one (inject_pod), the ThrottledJob's name and Kueue's
+    queue and priority labels (kueue.py). Ownership (ownerReferences) is added by
+    kopf.adopt."""
+    name = body["metadata"]["name"]
+    template = copy.deepcopy(child.template(body["spec"]))
+    meta = template.get("metadata") or {}
+    spec = template["spec"]
+    jobset = child.is_jobset(body["spec"])
+    jobs = [r["template"]["spec"] for r in spec.get("replicatedJobs") or []] if jobset \
+        else [spec]
+    for job_spec in jobs:
+        inject_pod(job_spec["template"], body, policy_doc, settings)
     labels = {**(meta.get("labels") or {}),
               **carried_labels(body["metadata"].get("labels")), **_labels(name)}
     if body["spec"].get("suspend") or labels.get(QUEUE_LABEL):
         # Kueue's own webhook suspends a queued Job at creation, and un-suspends it on
         # admission; set here too, a Job made before Kueue's webhook runs never starts.
-        job_spec["suspend"] = True
+        spec["suspend"] = True
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
+        "apiVersion": child.JOBSET_API if jobset else "batch/v1",
+        "kind": child.kind(body["spec"]),
         "metadata": {
             "name": job_name(name),
             "labels": labels,
             "annotations": dict(meta.get("annotations") or {}),
         },
-        "spec": job_spec,
+        "spec": spec,
     }
 
 

@@ -235,22 +235,70 @@ def job_template_schema() -> dict[str, Any]:
                        "batch/v1 JobSpec. The operator adds the sidecar; the rest is kept.",
         "required": ["spec"],
         "properties": {
-            "metadata": {"type": "object", "properties": {
-                "labels": _string_map("Labels of the Job."),
-                "annotations": _string_map("Annotations of the Job."),
-            }},
-            "spec": {
-                "type": "object", "required": ["template"],
+            "metadata": _template_metadata("Job"),
+            "spec": _job_spec(pod_spec),
+        },
+    }
+
+
+def _template_metadata(kind: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {
+        "labels": _string_map(f"Labels of the {kind}."),
+        "annotations": _string_map(f"Annotations of the {kind}."),
+    }}
+
+
+def _job_spec(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """A batch/v1 JobSpec: what the operator reads of it; the API server checks the rest
+    when the Job is made."""
+    return {
+        "type": "object", "required": ["template"],
+        "x-kubernetes-preserve-unknown-fields": True,
+        "properties": {
+            "template": {
+                "type": "object", "required": ["spec"],
                 "x-kubernetes-preserve-unknown-fields": True,
-                "properties": {
-                    "template": {
-                        "type": "object", "required": ["spec"],
+                "properties": {"spec": pod_spec},
+            },
+            # Read by a rule of scope Job (openapi_schema).
+            "parallelism": {"type": "integer", "format": "int32", "minimum": 0},
+        },
+    }
+
+
+def jobset_template_schema() -> dict[str, Any]:
+    """`spec.jobSetTemplate`: a JobSet (jobset.x-k8s.io/v1alpha2) to run instead of a
+    Job; each replicatedJob's pods get the sidecar. The JobSet's own webhook checks the
+    rest when the operator makes it."""
+    job = job_template_schema()["properties"]["spec"]
+    return {
+        "type": "object",
+        "description": "The JobSet to run (jobset.x-k8s.io/v1alpha2: metadata and a "
+                       "JobSetSpec), instead of jobTemplate: groups of Jobs, as a "
+                       "distributed training job runs. The operator adds the sidecar to "
+                       "every pod template; the rest is kept. Needs JobSet installed.",
+        "required": ["spec"],
+        "properties": {
+            "metadata": _template_metadata("JobSet"),
+            "spec": {
+                "type": "object", "required": ["replicatedJobs"],
+                "x-kubernetes-preserve-unknown-fields": True,
+                "properties": {"replicatedJobs": {
+                    "type": "array", "minItems": 1, "maxItems": 16,
+                    "items": {
+                        "type": "object", "required": ["name", "template"],
                         "x-kubernetes-preserve-unknown-fields": True,
-                        "properties": {"spec": pod_spec},
+                        "properties": {
+                            "name": {"type": "string", "maxLength": 63},
+                            "replicas": {"type": "integer", "format": "int32", "minimum": 0},
+                            "template": {
+                                "type": "object", "required": ["spec"],
+                                "x-kubernetes-preserve-unknown-fields": True,
+                                "properties": {"spec": job},
+                            },
+                        },
                     },
-                    # Read by a rule of scope Job (openapi_schema).
-                    "parallelism": {"type": "integer", "format": "int32", "minimum": 0},
-                },
+                }},
             },
         },
     }
@@ -355,9 +403,13 @@ def openapi_schema() -> dict[str, Any]:
             "metadata": {"type": "object"},
             "spec": {
                 "type": "object",
-                "required": ["jobTemplate", "throttle"],
+                "required": ["throttle"],
+                "x-kubernetes-validations": [_rule(
+                    "has(self.jobTemplate) != has(self.jobSetTemplate)",
+                    "set exactly one of jobTemplate (a Job) and jobSetTemplate (a JobSet)")],
                 "properties": {
                     "jobTemplate": job_template_schema(),
+                    "jobSetTemplate": jobset_template_schema(),
                     "throttle": throttle_schema(),
                     "parameters": parameters_schema(),
                     "suspend": {
@@ -375,6 +427,7 @@ def openapi_schema() -> dict[str, Any]:
                   f"the name must be at most {MAX_NAME_LENGTH} characters: the Job is named "
                   "after it"),
             _rule("!has(self.spec.throttle.scope) || self.spec.throttle.scope != 'Job' || "
+                  "!has(self.spec.jobTemplate) || "
                   "!has(self.spec.jobTemplate.spec.parallelism) || "
                   f"self.spec.jobTemplate.spec.parallelism <= {MAX_RANKS}",
                   f"scope Job splits its target among at most {MAX_RANKS} pods: "

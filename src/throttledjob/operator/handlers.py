@@ -16,8 +16,8 @@ from typing import Any, NoReturn
 
 import kopf
 
-from . import cpu_limits
-from .children import LABEL_NAME, build_configmap, build_job, job_owner_name, owned_by
+from . import child, cpu_limits
+from .children import LABEL_NAME, build_child, build_configmap, job_owner_name, owned_by
 from .crd import DEFAULT_INJECT, GROUP, PLURAL, VERSION
 from .job_split import job_scoped
 from .kube import ApiError, Kube, load_client
@@ -139,7 +139,7 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
             _refuse(kube, body, SpecError(Refusal.CONFIG_MAP_NAME_TAKEN, f"ConfigMap "
                     f"{cm['metadata']['name']} exists and is not ours"), generation)
         kube.merge_patch(f"{cm_path}/{cm['metadata']['name']}", {"data": cm["data"]})
-    job = build_job(body, doc, state.settings)
+    job = build_child(body, doc, state.settings)
     if (body.spec.get("suspend") and queued_by_kueue(job)
             and not (body.status or {}).get("jobName")):
         # Kueue admits a Job whose Workload is active at once; made suspended, the Job
@@ -147,24 +147,34 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
         kube.update_status(ns, name, lambda st, _: status_held_back(st, generation, now_iso()))
         return
     kopf.adopt(job, owner=body)
-    jobs_path = f"/apis/batch/v1/namespaces/{ns}/jobs"
-    current = kube.create(jobs_path, job)
+    kind = job["kind"]
+    jobs_path = child.collection_path(ns, child.is_jobset(body.spec))
+    try:
+        current = kube.create(jobs_path, job)
+    except ApiError as e:
+        if e.status != 404:
+            raise
+        # No JobSet API in this cluster: say so, and look again later (it may be installed).
+        message = f"cannot create the {kind}: {child.JOBSET_API} is not served ({e})"
+        _set_condition(kube, body, Condition.READY, False, Reason.CHILD_KIND_MISSING, message)
+        kopf.warn(body, reason=Reason.CHILD_KIND_MISSING, message=message)
+        raise kopf.TemporaryError(message, delay=60) from None
     created = current is not None
     if current is None:
         current = kube.get(f"{jobs_path}/{job['metadata']['name']}") or {}
         if not owned_by(current, body.meta.uid or ""):
-            _refuse(kube, body, SpecError(Refusal.JOB_NAME_TAKEN, f"Job "
+            _refuse(kube, body, SpecError(Refusal.JOB_NAME_TAKEN, f"{kind} "
                     f"{job['metadata']['name']} exists and is not owned by this "
                     "ThrottledJob"), generation)
     now = now_iso()
-    # The phase comes from the Job as it is now: after a restart the Job may be running
-    # or finished already, and its events may have been handled before this.
+    # The phase comes from the child as it is now: after a restart it may be running or
+    # finished already, and its events may have been handled before this.
     kube.update_status(ns, name, lambda st, tj: status_from_job(status_job_created(
-        st, job["metadata"]["name"], generation, now), current, tj, now))
+        st, job["metadata"]["name"], generation, now), child.as_job(current), tj, now))
     if created:
-        logger.info("created Job %s", job["metadata"]["name"])
+        logger.info("created %s %s", kind, job["metadata"]["name"])
         kopf.info(body, reason=Reason.JOB_CREATED,
-                  message=f"Created Job {job['metadata']['name']} and ConfigMap "
+                  message=f"Created {kind} {job['metadata']['name']} and ConfigMap "
                           f"{cm['metadata']['name']}")
         for reason, warning in ((Reason.QUOTA_UNAVAILABLE, quota_warning(body, doc)),
                                 (Reason.SIGNALS_MAY_FAIL, signals_uid_warning(body, doc))):
@@ -241,7 +251,7 @@ def suspend_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ne
     if not job:  # made suspended under Kueue, so not made yet
         return ensure(body=body, memo=memo, logger=logger, retry=retry)
     ns = body.meta.namespace or ""
-    path = f"/apis/batch/v1/namespaces/{ns}/jobs/{job}"
+    path = child.path(ns, job, child.is_jobset(body.spec))
     try:
         current = state.kube.get(path)
         if current is None:
@@ -257,14 +267,17 @@ def suspend_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ne
 
 
 @kopf.on.update(*RESOURCE, field="spec.jobTemplate")
+@kopf.on.update(*RESOURCE, field="spec.jobSetTemplate")
 def template_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
                      retry: int = 0, **_: Any) -> None:
     """A Job's pod template is immutable: say so instead of silently restarting."""
     job = (body.status or {}).get("jobName")
     if not job:
         return ensure(body=body, memo=memo, logger=logger, retry=retry)
-    message = (f"jobTemplate changed, but Job {job} is already created and a Job's template "
-               "is immutable; delete and re-create the ThrottledJob to run the new template")
+    kind = child.kind(body.spec)
+    message = (f"the template changed, but {kind} {job} is already created and its pod "
+               "templates are immutable; delete and re-create the ThrottledJob to run the "
+               "new template")
     _set_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
                    Reason.JOB_TEMPLATE_IMMUTABLE, message)
     kopf.warn(body, reason=Reason.JOB_TEMPLATE_IMMUTABLE, message=message)
@@ -285,9 +298,12 @@ def inject_changed(body: kopf.Body, memo: kopf.Memo, old: Any, new: Any, **_: An
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_NAME: kopf.PRESENT})
+@kopf.on.event("jobset.x-k8s.io", "v1alpha2", "jobsets", labels={LABEL_NAME: kopf.PRESENT})
 def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str | None,
               logger: logging.Logger, **_: Any) -> None:
-    """The Job controller's view (active, conditions, times) -> phase and conditions."""
+    """The Job's or JobSet's controller's view (active, conditions, times) -> phase and
+    conditions (a JobSet read as a Job: child.as_job). kopf serves the JobSet watch only
+    where JobSet is installed, and starts it when it is."""
     state = _state(memo)
     owner = job_owner_name(body)
     if owner is None or namespace is None:
@@ -297,9 +313,10 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
         return
     state.job_uids[(namespace, owner)] = body.meta.uid or ""
     now = now_iso()
+    job = child.as_job(body)
     try:
         result = state.kube.update_status(
-            namespace, owner, lambda st, tj: status_from_job(st, body, tj, now))
+            namespace, owner, lambda st, tj: status_from_job(st, job, tj, now))
     except ApiError as e:
         # Event handlers are not retried by kopf; the poller's resync catches up.
         logger.warning("cannot update %s/%s from its Job: %s", namespace, owner, e)
@@ -308,7 +325,8 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
         tj, _old, new = result
         phase = new.get("phase")
         post = kopf.warn if phase == Phase.FAILED else kopf.info
-        post(tj, reason=f"Job{phase}", message=f"Job {body.get('metadata', {}).get('name')} "
+        post(tj, reason=f"Job{phase}", message=f"{body.get('kind', 'Job')} "
+                                                f"{body.get('metadata', {}).get('name')} "
                                                 f"is {phase}")
 
 
@@ -322,6 +340,9 @@ def track(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
     if type == "DELETED":
         state.seen.pop(key, None)
         state.refused_limits.pop(key, None)
+        state.jobsets.discard(key)
     else:
+        if child.is_jobset(body.get("spec") or {}):
+            state.jobsets.add(key)
         st = body.get("status") or {}
         state.seen[key] = (st.get("phase"), st.get("jobName"))

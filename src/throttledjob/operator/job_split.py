@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import cpu_limits
+from . import child, cpu_limits
 from .crd import DEFAULT_SCOPE
 
 # No pod's part goes under this (cores), nor under its CPU requests: a limit under a
@@ -40,18 +40,12 @@ def job_scoped(spec: Mapping[str, Any]) -> bool:
     return ((spec.get("throttle") or {}).get("scope") or DEFAULT_SCOPE) == "Job"
 
 
-def parallelism(spec: Mapping[str, Any]) -> int:
-    """How many pods of the Job run at once (the Job's own default: 1)."""
-    value = ((spec.get("jobTemplate") or {}).get("spec") or {}).get("parallelism")
-    return value if isinstance(value, int) and value > 0 else 1
-
-
 def pod_target(spec: Mapping[str, Any], target: float | None) -> float | None:
     """The CPU target of one pod: the target itself, or under scope Job its even share,
     which each pod starts with until the split has measured the ranks."""
     if target is None or not job_scoped(spec):
         return target
-    return target / parallelism(spec)
+    return target / child.pods_at_once(spec)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ import kopf
 
 from throttledjob.contracts.policy import PolicyError
 
-from . import cpu_limits
-from .children import LABEL_NAME, job_owner_name, owned_by, sidecar_endpoint
+from . import child, cpu_limits
+from .children import LABEL_NAME, job_owner_name, sidecar_endpoint
 from .job_split import Rank, job_scoped, moves, rank_floor, ranks, shares, split_message
 from .kube import Kube
 from .kueue import active_patch, carried_labels, queued_by_kueue, workloads_path
@@ -69,6 +69,8 @@ class OperatorState:
     # (namespace, ThrottledJob name) -> uid of its Job, as the Job watch showed it: only
     # pods that Job owns are ever read.
     job_uids: dict[TjKey, str] = field(default_factory=dict)
+    # ThrottledJobs whose child is a JobSet, not a Job (child.py).
+    jobsets: set[TjKey] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
     # ThrottledJob -> pod uid -> the summed CPU limit the API server refused that pod
     # (not asked for again); only its pods still read are kept.
@@ -81,15 +83,20 @@ class OperatorState:
 Read = Callable[[OperatorState, str, str, str | None], None]
 
 
+def child_path(state: OperatorState, namespace: str, name: str, job_name: str) -> str:
+    """The API path of a ThrottledJob's Job or JobSet."""
+    return child.path(namespace, job_name, (namespace, name) in state.jobsets)
+
+
 def resync_from_job(state: OperatorState, namespace: str, name: str,
                     job_name: str | None) -> None:
-    """Level-triggered: the Job as it is now -> phase and conditions."""
+    """Level-triggered: the Job (or JobSet) as it is now -> phase and conditions."""
     if not job_name:
         return
-    job = state.kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job_name}")
-    if job is None:
+    current = state.kube.get(child_path(state, namespace, name, job_name))
+    if current is None:
         return
-    now = now_iso()
+    job, now = child.as_job(current), now_iso()
     state.kube.update_status(namespace, name,
                              lambda st, tj: status_from_job(st, job, tj, now))
 
@@ -112,11 +119,11 @@ def read_queue(state: OperatorState, namespace: str, name: str,
     """A Job that Kueue queues: its Workload's admission into the Admitted condition, and
     the Workload held to the ThrottledJob's suspend (a Workload made anew is active)."""
     kube = state.kube
-    job = kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job_name}") if job_name \
-        else None
+    current = kube.get(child_path(state, namespace, name, job_name)) if job_name else None
     tj = kube.get(kube.tj_path(namespace, name))
-    if job is None or tj is None or not queued_by_kueue(job):
+    if current is None or tj is None or not queued_by_kueue(current):
         return
+    job = child.as_job(current)
     workload = set_workload_active(kube, namespace, job,
                                    bool((tj.get("spec") or {}).get("suspend")))
     now = now_iso()
@@ -130,7 +137,7 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
     kube = state.kube
     job_uid = state.job_uids.get((namespace, name))
     if not job_uid and job:
-        current = kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}") or {}
+        current = kube.get(child_path(state, namespace, name, job)) or {}
         if job_owner_name(current) == name:
             job_uid = state.job_uids[(namespace, name)] = current["metadata"]["uid"]
     if not job_uid:
@@ -141,7 +148,7 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
     # Only the Job's own pods: anyone may put the label on a pod of theirs, whose
     # "sidecar" would then write our status (or stall our reads).
     pods = [p for p in kube.list_pods(namespace, f"{LABEL_NAME}={name}")
-            if owned_by(p, job_uid)]
+            if child.pod_belongs(p, job_uid)]
     pending = pending_resizes(pods)
     for pod in pods:
         endpoint = sidecar_endpoint(pod)

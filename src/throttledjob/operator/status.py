@@ -73,6 +73,7 @@ class Reason(Choice):
     QUEUED = "Queued"  # Suspended True: Kueue holds the Job (Admitted has Kueue's reason)
     JOB_SUSPENDED = "JobSuspended"  # Suspended True: the Job's own spec.suspend
     RESUMED = "Resumed"  # Suspended False
+    CHILD_KIND_MISSING = "JobSetNotInstalled"  # Ready False; also the event
     # Events only.
     POLICY_UPDATED = "PolicyUpdated"
     SIGNALS_MAY_FAIL = "SignalsMayFail"

@@ -15,7 +15,7 @@ from typing import Any
 from throttledjob.contracts.names import ENV_CONTAINER, ENV_DIR, ENV_USER_PYTHONPATH
 from throttledjob.contracts.policy import Choice, PolicyError, parse_cpu_quantity, parse_policy
 
-from . import cpu_limits, job_split
+from . import child, cpu_limits, job_split
 from .children import (
     DEFAULT_SIDECAR_UID,
     INJECT_DIR,
@@ -67,8 +67,9 @@ class SpecError(ValueError):
 
 
 def pod_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The pod template's spec inside a ThrottledJob's spec ({} when absent)."""
-    return spec.get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec", {})
+    """The (first) pod template's spec inside a ThrottledJob's spec ({} when absent);
+    every one of a JobSet's: child.pod_specs."""
+    return (child.pod_specs(spec) or [{}])[0]
 
 
 def parameter_values(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -146,16 +147,32 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False) -> dict[s
         raise SpecError(Refusal.INVALID_NAME,
                         f"the name is longer than {MAX_NAME_LENGTH} characters")
     spec = body.get("spec") or {}
-    pod = pod_spec(spec)
+    if ("jobTemplate" in spec) == ("jobSetTemplate" in spec):
+        raise SpecError(Refusal.INVALID_JOB_TEMPLATE,
+                        "set exactly one of spec.jobTemplate and spec.jobSetTemplate")
+    pods = child.pod_specs(spec)
+    if not pods:
+        raise SpecError(Refusal.INVALID_JOB_TEMPLATE,
+                        "jobSetTemplate.spec.replicatedJobs is empty")
+    doc = policy_document(spec)
+    clash = label_clash(body.get("metadata", {}).get("labels"),
+                        (child.template(spec).get("metadata") or {}).get("labels"))
+    if clash:
+        raise SpecError(Refusal.LABEL_CLASH, clash)
+    for pod in pods:
+        _check_pod(pod, allow_host_access)
+    _check_split(spec, doc, child.containers(spec))
+    for pod in pods:
+        _check_reachable(doc, pod.get("containers") or [])
+    return doc
+
+
+def _check_pod(pod: Mapping[str, Any], allow_host_access: bool) -> None:
+    """One pod template: what the operator adds must not clash with what it has."""
     containers = pod.get("containers") or []
     if not containers:
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE,
-                        "jobTemplate.spec.template.spec.containers is empty")
-    doc = policy_document(spec)
-    clash = label_clash(body.get("metadata", {}).get("labels"),
-                        (spec.get("jobTemplate", {}).get("metadata") or {}).get("labels"))
-    if clash:
-        raise SpecError(Refusal.LABEL_CLASH, clash)
+                        "a pod template's containers are empty")
     init = pod.get("initContainers") or []
     if not allow_host_access:
         _refuse_host_access(pod, [*containers, *init])
@@ -185,9 +202,6 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False) -> dict[s
         if v.get("name") in (SHARED_VOLUME, POLICY_VOLUME, INJECT_VOLUME):
             raise SpecError(Refusal.VOLUME_CLASH, f"volume name {v.get('name')} is reserved "
                                                   "for the operator's volumes")
-    _check_split(spec, doc, containers)
-    _check_reachable(doc, containers)
-    return doc
 
 
 def _check_split(spec: Mapping[str, Any], doc: Mapping[str, Any],
@@ -204,7 +218,7 @@ def _check_split(spec: Mapping[str, Any], doc: Mapping[str, Any],
     if (doc.get("targets") or {}).get("gpu"):
         raise SpecError(Refusal.INVALID_POLICY, "scope Job holds CPU only: a job-wide GPU "
                                                 "target is not supported yet")
-    ranks = job_split.parallelism(spec)
+    ranks = child.pods_at_once(spec)
     if ranks > MAX_RANKS:
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE, f"scope Job splits its target among "
                                                       f"at most {MAX_RANKS} pods, not {ranks}")

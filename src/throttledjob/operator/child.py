@@ -1,0 +1,117 @@
+"""The ThrottledJob's child: a batch/v1 Job (`spec.jobTemplate`) or a JobSet
+(`spec.jobSetTemplate`, jobset.x-k8s.io/v1alpha2: the object a distributed training job
+of several groups of pods is, and what Kubeflow Trainer v2 renders a TrainJob into).
+Exactly one of the two (the CRD's rule).
+
+What differs between the two kinds lives here: where the child is in the API, where its
+pod templates are, which pods are its own, and its status as a Job's (so one reading of
+a status, status.status_from_job, serves both). Pure functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+# The JobSet controller's label on the Jobs and pods it makes: its JobSet's uid.
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+JOBSET_INDEX_LABEL = "jobset.sigs.k8s.io/job-global-index"
+
+
+def is_jobset(spec: Mapping[str, Any]) -> bool:
+    return "jobSetTemplate" in spec
+
+
+def kind(spec: Mapping[str, Any]) -> str:
+    return "JobSet" if is_jobset(spec) else "Job"
+
+
+def collection_path(namespace: str, jobset: bool) -> str:
+    if jobset:
+        return f"/apis/{JOBSET_API}/namespaces/{quote(namespace)}/jobsets"
+    return f"/apis/batch/v1/namespaces/{quote(namespace)}/jobs"
+
+
+def path(namespace: str, name: str, jobset: bool) -> str:
+    return f"{collection_path(namespace, jobset)}/{quote(name)}"
+
+
+def template(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The child's template as the user wrote it: {metadata, spec}."""
+    return dict(spec.get("jobSetTemplate") or spec.get("jobTemplate") or {})
+
+
+def job_specs(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JobSpec of each kind of Job the child runs: the Job's own, or each
+    replicatedJob's (its replicas share one)."""
+    if not is_jobset(spec):
+        return [(spec.get("jobTemplate") or {}).get("spec") or {}]
+    return [((r.get("template") or {}).get("spec") or {})
+            for r in ((spec.get("jobSetTemplate") or {}).get("spec") or {}).get(
+                "replicatedJobs") or []]
+
+
+def pod_specs(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The spec of each pod template of the child ({} where one is missing)."""
+    return [((j.get("template") or {}).get("spec") or {}) for j in job_specs(spec)]
+
+
+def containers(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The workload containers of every pod template (a name repeated across templates
+    is listed once: the first)."""
+    out: dict[str, dict[str, Any]] = {}
+    for pod in pod_specs(spec):
+        for c in pod.get("containers") or []:
+            out.setdefault(c.get("name", ""), c)
+    return list(out.values())
+
+
+def pods_at_once(spec: Mapping[str, Any]) -> int:
+    """How many pods of the child run at once: the Job's parallelism (its default 1),
+    or over a JobSet's replicatedJobs, replicas (default 1) times each one's."""
+    def parallelism(job: Mapping[str, Any]) -> int:
+        value = job.get("parallelism")
+        return value if isinstance(value, int) and value > 0 else 1
+
+    if not is_jobset(spec):
+        return parallelism(job_specs(spec)[0])
+    total = 0
+    for r in ((spec.get("jobSetTemplate") or {}).get("spec") or {}).get("replicatedJobs") or []:
+        replicas = r.get("replicas")
+        total += (replicas if isinstance(replicas, int) and replicas > 0 else 1) * \
+            parallelism((r.get("template") or {}).get("spec") or {})
+    return max(total, 1)
+
+
+def pod_belongs(pod: Mapping[str, Any], child_uid: str) -> bool:
+    """A pod of the child: owned by the Job, or labelled by the JobSet controller with
+    the JobSet's uid (its pods are owned by the JobSet's Jobs)."""
+    if any(ref.get("uid") == child_uid
+           for ref in (pod.get("metadata") or {}).get("ownerReferences") or []):
+        return True
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(JOBSET_UID_LABEL) == child_uid
+
+
+def as_job(child: Mapping[str, Any]) -> dict[str, Any]:
+    """The child as a Job's status reads: a Job as it is; a JobSet's conditions Completed
+    and Failed as Complete and Failed, its replicated Jobs' active and ready pods summed."""
+    if child.get("kind") != "JobSet":
+        return dict(child)
+    st = child.get("status") or {}
+    names = {"Completed": "Complete", "Failed": "Failed", "Suspended": "Suspended"}
+    conditions = [{**c, "type": names[c.get("type")]} for c in st.get("conditions") or []
+                  if c.get("type") in names]
+    replicated = st.get("replicatedJobsStatus") or []
+    status: dict[str, Any] = {
+        "conditions": conditions,
+        "active": sum(int(r.get("active") or 0) for r in replicated),
+        "ready": sum(int(r.get("ready") or 0) for r in replicated),
+    }
+    finished = next((c.get("lastTransitionTime") for c in conditions
+                     if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"),
+                    None)
+    if finished:
+        status["completionTime"] = finished
+    return {**child, "status": status}
