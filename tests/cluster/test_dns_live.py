@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from testing.cluster_cli import Kubectl, wait_json
+from testing.cluster_cli import Kubectl, job_finished, wait_json
 from testing.helpers import wait_for
 from tools.k8s import images
 from tools.k8s import node as node_mod
@@ -141,10 +141,7 @@ def test_the_pods_of_an_indexed_job_find_each_other_by_name(real_node: Any, kube
                       "subdomain": service, "restartPolicy": "Never",
                       "securityContext": RESTRICTED,
                       "containers": [container(["python", "-c", PEER], env=env)]}}}})
-    done = wait_json(kubectl, lambda j: any(
-        c["type"] in ("Complete", "Failed") and c["status"] == "True"
-        for c in (j.get("status") or {}).get("conditions") or []),
-        "job", "-n", namespace, job, what=f"job {job} to finish", timeout=POD_TIMEOUT * 2)
+    done = job_finished(kubectl, namespace, job, timeout=POD_TIMEOUT * 2)
     pods = kubectl.json("get", "pods", "-n", namespace, "-l", f"job-name={job}")["items"]
     logs = {p["metadata"]["name"]: kubectl("logs", "-n", namespace, p["metadata"]["name"],
                                            check=False).stdout for p in pods}
