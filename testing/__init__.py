@@ -19,6 +19,7 @@ Plain modules, one job each; `conftest.py` files keep only fixtures and hooks.
     dashboard         the dashboard's queries, variables filled in
     monitoring_schemas  the monitoring CRDs' schemas the chart's objects are checked against
     cluster_cli       kubectl and helm on the test cluster, and what tests read through them
+    node_samples      a real node's pods: "restricted" specs, their containers' cgroups sampled
     sidecar_process   a real `throttledjob sidecar` the tests started
     workloads         the long CPU-hungry workload and its process tree
     benchmarks        a benchmark of bench/ run as `make bench` runs it, its tables read

@@ -88,6 +88,15 @@ def wait_json(kubectl: Kubectl, predicate: Any, *args: str, what: str,
     return holder["obj"]
 
 
+def job_finished(kubectl: Kubectl, namespace: str, name: str, timeout: float) -> Any:
+    """The Job `name` once it is Complete or Failed; it may not exist yet (an operator
+    creates a ThrottledJob's)."""
+    return wait_json(kubectl, lambda j: any(
+        c["type"] in ("Complete", "Failed") and c["status"] == "True"
+        for c in (j.get("status") or {}).get("conditions") or []),
+        "job", "-n", namespace, name, what=f"job {name} to finish", timeout=timeout)
+
+
 # --- reading a ThrottledJob's world through kubectl ---------------------------------------
 
 def tj_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:

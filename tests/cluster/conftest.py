@@ -7,7 +7,10 @@ Helpers the tests share live in testing/cluster_cli.py.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -16,17 +19,19 @@ from typing import Any
 
 import pytest
 
-from testing.cluster_cli import Kubectl, operator_identity
+from testing.cluster_cli import Kubectl, helm, operator_identity
 from testing.fake_sidecar import FakeSidecar
 from testing.helpers import require_tool
 from testing.operator_process import OperatorProcess
 from testing.paths import CHART, ROOT
 from throttledjob.operator import crd
-from tools.k8s import batch
+from tools.k8s import batch, images
 from tools.k8s import cluster as k8s
 from tools.k8s import node as node_mod
 
 REAL_NODE_START_TIMEOUT = 600.0  # a cold start builds the images (about 5 minutes)
+# The docs' values for the one-machine cluster (docs/install.md).
+ONE_MACHINE_VALUES = ROOT / "examples/one-machine/values.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +85,38 @@ def real_node(cluster: Any) -> Iterator[Any]:
     node = cluster.add_real_node(REAL_NODE_START_TIMEOUT)
     yield node
     node.down()
+
+
+@pytest.fixture(scope="module")
+def torch_image(real_node: Any) -> str:
+    """The user's PyTorch image (examples/pytorch/Dockerfile) on the real node."""
+    real_node.load(images.torch_archive())  # built once, cached (about 1.3 GB)
+    return images.TORCH_IMAGE
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Any, kubectl: Kubectl, real_node: Any,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The chart installed, its operator running on the real node and watching one
+    namespace ("restricted"); yields that namespace."""
+    release = f"e2e-{uuid.uuid4().hex[:6]}"
+    system, watched = f"{release}-system", f"{release}-jobs"
+    for ns in (system, watched):
+        kubectl("create", "namespace", ns)
+        kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    try:
+        # The docs' values for this cluster, and one namespace to watch.
+        ours = tmp_path_factory.mktemp("e2e") / "values.yaml"
+        ours.write_text(json.dumps({"watchNamespaces": [watched],  # JSON is YAML
+                                    "operator": {"statusIntervalSeconds": 2}}))
+        helm(cluster, "install", release, str(CHART), "-n", system,
+             "-f", str(ONE_MACHINE_VALUES), "-f", str(ours), "--wait", "--timeout", "180s")
+        yield watched
+    finally:
+        with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
+            helm(cluster, "uninstall", release, "-n", system, "--wait", "--timeout", "60s")
+        for ns in (system, watched):
+            kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")

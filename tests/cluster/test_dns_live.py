@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from testing.cluster_cli import Kubectl, wait_json
+from testing.cluster_cli import Kubectl, job_finished, wait_json
 from testing.helpers import wait_for
 from tools.k8s import images
 from tools.k8s import node as node_mod
@@ -88,7 +88,8 @@ def test_services_resolve_inside_a_pod(real_node: Any, kubectl: Kubectl,
 
 # Each of two pods (index INDEX, 0 or 1) listens, resolves its peer by hostname.subdomain
 # (PEER_FORMAT with the other's index), sends it its index, and ends once it has both
-# reached its peer and heard from it.
+# reached its peer and heard from it. Each line in one write: the two threads' print()s,
+# written in parts, once interleaved into "reachedheard 1".
 PEER = """
 import os, socket, sys, threading, time
 index = int(os.environ["INDEX"])
@@ -100,7 +101,7 @@ server = socket.create_server(("", 7000))
 def listen():
     conn, _ = server.accept()
     with conn:
-        print("heard", conn.recv(16).decode(), flush=True)
+        os.write(1, f"heard {conn.recv(16).decode()}\\n".encode())
     heard.set()
 
 threading.Thread(target=listen, daemon=True).start()
@@ -114,7 +115,7 @@ while True:
         if time.monotonic() > deadline:
             sys.exit(f"never reached {peer}")
         time.sleep(0.2)
-print("reached", peer, ip, flush=True)
+os.write(1, f"reached {peer} {ip}\\n".encode())
 if not heard.wait(max(0.0, deadline - time.monotonic())):
     sys.exit("never heard from the peer")
 """
@@ -141,10 +142,7 @@ def test_the_pods_of_an_indexed_job_find_each_other_by_name(real_node: Any, kube
                       "subdomain": service, "restartPolicy": "Never",
                       "securityContext": RESTRICTED,
                       "containers": [container(["python", "-c", PEER], env=env)]}}}})
-    done = wait_json(kubectl, lambda j: any(
-        c["type"] in ("Complete", "Failed") and c["status"] == "True"
-        for c in (j.get("status") or {}).get("conditions") or []),
-        "job", "-n", namespace, job, what=f"job {job} to finish", timeout=POD_TIMEOUT * 2)
+    done = job_finished(kubectl, namespace, job, timeout=POD_TIMEOUT * 2)
     pods = kubectl.json("get", "pods", "-n", namespace, "-l", f"job-name={job}")["items"]
     logs = {p["metadata"]["name"]: kubectl("logs", "-n", namespace, p["metadata"]["name"],
                                            check=False).stdout for p in pods}

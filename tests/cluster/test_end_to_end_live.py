@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime
 import json
 import os
 import re
@@ -22,11 +21,8 @@ import signal
 import ssl
 import statistics
 import subprocess
-import threading
 import time
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +30,16 @@ import pytest
 import yaml
 
 from testing import dashboard, promserver
-from testing.cluster_cli import Kubectl, helm, tj_events, tj_status, wait_json
+from testing.cluster_cli import Kubectl, tj_events, tj_status, wait_json
 from testing.helpers import wait_for
-from testing.paths import CHART, ROOT
+from testing.node_samples import CgroupSampler, on_real_node, summed
+from testing.paths import ROOT
 from testing.processes import stopped
 from throttledjob.operator.children import SHARED_DIR
 from throttledjob.operator.status import condition
 from throttledjob.sidecar import guard
-from throttledjob.sidecar.cgroups.fs import read_limit
 from throttledjob.sidecar.lease import lease_path, read_lease
 from throttledjob.sidecar.processes import alive
-from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
 from tools.k8s import cluster as k8s
 from tools.k8s import images
@@ -54,7 +49,6 @@ TARGET_CORES = 1.0
 # The docs' example (examples/one-machine/): two processes of about 8 s of one core each,
 # so the run held to one core of two lasts about twice that.
 EXAMPLE = ROOT / "examples/one-machine/throttledjob.yaml"
-VALUES = ROOT / "examples/one-machine/values.yaml"
 
 
 def two_processes(script: str) -> list[str]:
@@ -76,20 +70,6 @@ KERNEL_BOUND = cpu_peak_bound(TARGET_CORES)
 SCRAPE_SECONDS = 1
 # Dashboard queries that cannot have data here: no GPU, and a workload that reports no steps.
 NO_DATA_HERE = re.compile(r"throttledjob_gpu_|throttledjob_workload_steps")
-UID = 65532  # the image's user
-
-
-def on_real_node(spec: dict[str, Any]) -> dict[str, Any]:
-    """A pod spec as "restricted" requires it; with no node selector, it lands on the
-    real node (KWOK's is tainted)."""
-    return {
-        **spec,
-        "restartPolicy": "Never",
-        "securityContext": {"runAsNonRoot": True, "runAsUser": UID,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
-    }
-
-
 def workload_container() -> dict[str, Any]:
     """The example's container, as the plain pod runs it too."""
     return {"name": "work", "image": images.PRODUCT_IMAGE, "imagePullPolicy": "Never",
@@ -97,145 +77,6 @@ def workload_container() -> dict[str, Any]:
             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
             "securityContext": {"allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"]}}}
-
-
-def cfs_quota_cores(cgroup: Path) -> float | None:
-    """The CFS quota of a container's cpu cgroup, in cores; None when it has none (read
-    as the sidecar reads it)."""
-    quota, period = read_limit(str(cgroup))
-    return None if quota is None else quota / period
-
-
-class CgroupSampler:
-    """One-second samples, from the node, of a container's CPU (cpuacct.usage, cores)
-    and of its memory working set (usage less inactive file pages, as the kubelet counts
-    it), from when the container's cgroup appears until it is gone."""
-
-    def __init__(self, node: Any, kubectl: Kubectl, namespace: str, selector: str,
-                 container: str) -> None:
-        self.node, self.kubectl = node, kubectl
-        self.namespace, self.selector, self.container = namespace, selector, container
-        self.cores: list[float] = []
-        self.times: list[float] = []  # Unix time of each sample in `cores`
-        self.memory_bytes: list[int] = []
-        self.quota_cores: float | None = None  # the kernel's CFS quota; None: unlimited
-        self._ran: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _container_id(self) -> str | None:
-        pods = self.kubectl.json("get", "pods", "-n", self.namespace, "-l", self.selector)
-        for pod in (pods or {}).get("items") or []:
-            status = pod.get("status") or {}
-            for c in [*(status.get("initContainerStatuses") or []),
-                      *(status.get("containerStatuses") or [])]:
-                if c["name"] == self.container and c.get("containerID"):
-                    return c["containerID"]
-        return None
-
-    def _run(self) -> None:
-        cpu = memory = quota = None
-        while not self._stop.is_set() and cpu is None:
-            cid = self._container_id()
-            if cid:
-                cpu = self.node.container_cgroup(cid, "cpuacct")
-                memory = self.node.container_cgroup(cid, "memory")
-                quota = self.node.container_cgroup(cid, "cpu")
-            if cpu is None:
-                time.sleep(0.5)
-        if cpu is None or memory is None or quota is None:
-            return
-        with contextlib.suppress(OSError):
-            self.quota_cores = cfs_quota_cores(quota)
-        last_t = time.monotonic()
-        last_ns = None
-        # Wake each second; the sample's time is when the counter was read.
-        while not self._stop.wait(max(0.0, last_t + 1.0 - time.monotonic())):
-            try:
-                # The counter and its time read back to back: a stall while reading
-                # memory below must not be counted as CPU time (it read 7% over once).
-                before = time.monotonic()
-                ns = int((cpu / "cpuacct.usage").read_text())
-                now = (before + time.monotonic()) / 2
-                usage = int((memory / "memory.usage_in_bytes").read_text())
-                stat = dict(line.split() for line in
-                            (memory / "memory.stat").read_text().splitlines())
-            except OSError:  # the container is gone
-                return
-            if last_ns is not None:
-                self.cores.append((ns - last_ns) / 1e9 / (now - last_t))
-                self.times.append(time.time())
-            self.memory_bytes.append(usage - int(stat.get("total_inactive_file", 0)))
-            last_ns, last_t = ns, now
-
-    def live_quota_cores(self) -> float | None:
-        """The container's CFS quota now (it may be resized); None without one, or
-        before the container has a cgroup."""
-        cid = self._container_id()
-        cgroup = self.node.container_cgroup(cid, "cpu") if cid else None
-        return cfs_quota_cores(cgroup) if cgroup is not None else None
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self._ran = self._ran_seconds()
-
-    def _ran_seconds(self) -> float | None:
-        """The container's run, start to finish, as the kubelet recorded it (None: not
-        finished): the samples may start late, a whole 3 s of a 9 s pod once beside a
-        busy process, when its status took that long to name the container."""
-        pods = self.kubectl.json("get", "pods", "-n", self.namespace, "-l", self.selector)
-        for pod in (pods or {}).get("items") or []:
-            for c in (pod.get("status") or {}).get("containerStatuses") or []:
-                ended = c.get("state", {}).get("terminated") or {}
-                if c["name"] == self.container and ended.get("finishedAt"):
-                    start, end = (datetime.datetime.fromisoformat(ended[k])
-                                  for k in ("startedAt", "finishedAt"))
-                    return (end - start).total_seconds()
-        return None
-
-    @property
-    def seconds(self) -> float:
-        """How long the container ran, to the second (the kubelet's timestamps)."""
-        assert self._ran is not None, f"{self.container} has not finished (or no stop())"
-        return self._ran
-
-    def p99(self) -> float:
-        """Nearest rank, as the sidecar reads it: with fewer than 100 samples, the
-        largest. (statistics.quantiles' default extrapolates past the largest sample on
-        fewer than 99: 1.04 and 1.02 at the top of 40 read 1.052.)"""
-        return nearest_rank(self.cores, 0.99) or 0.0
-
-    def describe(self) -> str:
-        """What a failed bound needs to be diagnosed from the CI log alone."""
-        return (f"samples {[round(c, 3) for c in self.cores]}, p99 {self.p99():.3f}, "
-                f"CFS quota {self.quota_cores} cores")
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Any, kubectl: Kubectl, real_node: Any,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The chart installed, its operator running on the real node and watching one
-    namespace ("restricted"); yields that namespace."""
-    release = f"e2e-{uuid.uuid4().hex[:6]}"
-    system, watched = f"{release}-system", f"{release}-jobs"
-    for ns in (system, watched):
-        kubectl("create", "namespace", ns)
-        kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
-    try:
-        # The docs' values for this cluster, and one namespace to watch.
-        ours = tmp_path_factory.mktemp("e2e") / "values.yaml"
-        ours.write_text(json.dumps({"watchNamespaces": [watched],  # JSON is YAML
-                                    "operator": {"statusIntervalSeconds": 2}}))
-        helm(cluster, "install", release, str(CHART), "-n", system, "-f", str(VALUES),
-             "-f", str(ours), "--wait", "--timeout", "180s")
-        yield watched
-    finally:
-        with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
-            helm(cluster, "uninstall", release, "-n", system, "--wait", "--timeout", "60s")
-        for ns in (system, watched):
-            kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def pod_monitor_job(cluster: Any, kubectl: Kubectl, namespace: str,
@@ -661,9 +502,7 @@ def test_the_limit_is_split_between_two_containers_by_what_each_uses(
              if t > split_at + 1.0 and c > 0.05]
     assert after and statistics.median(after) > 0.8, after  # not held at half any more
     # The pod: each second, both containers together within the target.
-    shipper = list(zip(idle.times, idle.cores, strict=True))
-    both = [b + min(shipper, key=lambda s: abs(s[0] - t))[1]
-            for t, b in zip(busy.times, busy.cores, strict=True)]
+    both = summed([busy, idle])
     assert max(both) <= KERNEL_BOUND, (both, busy.describe(), idle.describe())
     events = tj_events(kubectl, namespace, name)
     assert ("Normal", "QuotaResized") in events, events
@@ -674,12 +513,6 @@ def test_the_limit_is_split_between_two_containers_by_what_each_uses(
 # the docs' example runs it.
 TORCH_EXAMPLE = ROOT / "examples/one-machine/pytorch.yaml"
 TORCH_STEPS = 3000
-
-
-@pytest.fixture(scope="module")
-def torch_image(real_node: Any) -> str:
-    real_node.load(images.torch_archive())  # built once, cached (about 1.3 GB)
-    return images.TORCH_IMAGE
 
 
 def torch_example(name: str, namespace: str) -> dict[str, Any]:

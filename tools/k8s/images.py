@@ -184,8 +184,9 @@ def product_archive() -> Path:
 
 def torch_archive() -> Path:
     """localhost/throttledjob-torch-train:dev: a user's image, PyTorch and the unmodified
-    examples/torch_train.py (examples/pytorch/Dockerfile), for the zero-code runs."""
+    examples/torch_train.py and examples/ddp_train.py (examples/pytorch/Dockerfile), for
+    the zero-code runs."""
     examples = ROOT / "examples"
     return _build_archive(TORCH_IMAGE, examples / "pytorch" / "Dockerfile", examples,
                           [examples / "pytorch" / "requirements.txt",
-                           examples / "torch_train.py"])
+                           examples / "torch_train.py", examples / "ddp_train.py"])
