@@ -107,8 +107,10 @@ def operator(cluster: Any, kubectl: Kubectl, real_node: Any,
     try:
         # The docs' values for this cluster, and one namespace to watch.
         ours = tmp_path_factory.mktemp("e2e") / "values.yaml"
+        # JobSet's calls too: tests/cluster/test_distributed_live.py runs a JobSet.
         ours.write_text(json.dumps({"watchNamespaces": [watched],  # JSON is YAML
-                                    "operator": {"statusIntervalSeconds": 2}}))
+                                    "operator": {"statusIntervalSeconds": 2},
+                                    "jobset": {"enabled": True}}))
         helm(cluster, "install", release, str(CHART), "-n", system,
              "-f", str(ONE_MACHINE_VALUES), "-f", str(ours), "--wait", "--timeout", "180s")
         yield watched

@@ -22,19 +22,29 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
+import os
+import statistics
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from testing.cluster_cli import Kubectl, job_finished
+from testing.cluster_cli import Kubectl, wait_json
+from testing.helpers import wait_for
 from testing.node_samples import CgroupSampler, on_real_node, summed
+from testing.paths import ROOT
 from throttledjob.operator import crd
 from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
-from tools.k8s import images
+from tools.k8s import batch, images
 
-pytestmark = pytest.mark.timeout(1200)
+# bench/distributed.py sets more pairs (THROTTLEDJOB_DDP_PAIRS) and reads the figures
+# the job-wide test writes; the suite runs one.
+PAIRS = int(os.environ.get("THROTTLEDJOB_DDP_PAIRS", "1"))
+pytestmark = pytest.mark.timeout(900 + 400 * PAIRS)
 RANKS = 2
 JOB_CORES = 1.0  # the whole job's CPU: the baseline's two limits, the job-wide target
 EVEN_SPLIT = "500m"
@@ -106,16 +116,25 @@ class DdpRun:
     ranks: dict[int, dict[str, str]]  # each rank's summary line, rank=R steps=N ...
     samplers: list[CgroupSampler]  # each rank's workload container, in rank order
     cores: list[float]  # both containers' CPU, second by second
-    job_seconds: float  # the Job's start to its completion (whole seconds)
+    job_seconds: float | None  # the Job's start to its completion (whole seconds)
 
     def p99(self) -> float:
         return nearest_rank(self.cores, 0.99) or 0.0
+
+    def figures(self) -> dict[str, Any]:
+        return {"job_seconds": self.job_seconds, "training_seconds": self.training_seconds(),
+                "p99_cores": self.p99(),
+                "cpu_per_step": [self.cpu_per_step(r) for r in sorted(self.ranks)]}
+
+    def training_seconds(self) -> float:
+        """The slowest rank's training loop, by its own clock (all end together)."""
+        return max(float(said["seconds"]) for said in self.ranks.values())
 
     def cpu_per_step(self, rank: int) -> float:
         return float(self.ranks[rank]["cpu_per_step"])
 
     def describe(self) -> str:
-        return (f"job {self.job_seconds:.0f} s, training "
+        return (f"job {self.job_seconds} s, training "
                 f"{[self.ranks[r]['seconds'] for r in sorted(self.ranks)]} s, CPU per step "
                 f"{[self.ranks[r]['cpu_per_step'] for r in sorted(self.ranks)]} s, summed "
                 f"p99 {self.p99():.3f} of {[round(c, 2) for c in self.cores]}; per pod: "
@@ -128,36 +147,48 @@ def summary_line(log: str) -> dict[str, str] | None:
     return dict(kv.split("=", 1) for kv in lines[-1].split()) if lines else None
 
 
+JOB_NAME = "batch.kubernetes.io/job-name"
+JOB_INDEX = "batch.kubernetes.io/job-completion-index"
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_INDEX = "jobset.sigs.k8s.io/job-global-index"
+
+
 def run_ddp(kubectl: Kubectl, real_node: Any, namespace: str, job: str,
-            objects: list[dict[str, Any]]) -> DdpRun:
-    """Apply `objects` (a headless Service and the Indexed Job `job`, or a ThrottledJob
-    whose Job the operator names `job`), sample each rank's workload container every
-    second until the Job has finished, and read what each rank printed. The Job must
-    complete, every rank having run every step."""
+            objects: list[dict[str, Any]], jobset: bool = False) -> DdpRun:
+    """Apply `objects` (a headless Service and the Indexed Job `job`, a ThrottledJob
+    whose Job the operator names `job`, or one whose child is the JobSet `job`), sample
+    each rank's workload container every second until the child has finished, and read
+    what each rank printed. It must complete, every rank having run every step."""
+    name_label, rank_label = (JOBSET_NAME, JOBSET_INDEX) if jobset else (JOB_NAME, JOB_INDEX)
     samplers = [CgroupSampler(real_node, kubectl, namespace,
-                              f"batch.kubernetes.io/job-name={job},"
-                              f"batch.kubernetes.io/job-completion-index={rank}", "work")
+                              f"{name_label}={job},{rank_label}={rank}", "work")
                 for rank in range(RANKS)]
     kubectl.apply(*objects)
     try:
-        done = job_finished(kubectl, namespace, job, timeout=RUN_TIMEOUT)
+        done = wait_json(kubectl, lambda j: any(
+            c["type"] in ("Complete", "Completed", "Failed") and c["status"] == "True"
+            for c in (j.get("status") or {}).get("conditions") or []),
+            "jobset" if jobset else "job", "-n", namespace, job, what=f"{job} to finish",
+            timeout=RUN_TIMEOUT)
     finally:
         for sampler in samplers:
             sampler.stop()
-    pods = kubectl.json("get", "pods", "-n", namespace, "-l",
-                        f"batch.kubernetes.io/job-name={job}")["items"]
-    logs = {int(p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]):
+    pods = kubectl.json("get", "pods", "-n", namespace, "-l", f"{name_label}={job}")["items"]
+    logs = {int(p["metadata"]["labels"][rank_label]):
             kubectl("logs", "-n", namespace, p["metadata"]["name"], "-c", "work",
                     check=False).stdout for p in pods}
-    assert done["status"].get("succeeded") == RANKS, (done["status"], logs)
+    ended = {c["type"] for c in done["status"]["conditions"] if c["status"] == "True"}
+    assert ended & {"Complete", "Completed"} and "Failed" not in ended, (done["status"], logs)
     ranks = {rank: summary_line(log) for rank, log in logs.items()}
     assert sorted(ranks) == list(range(RANKS)), logs
     for rank, said in ranks.items():
         assert said and said["rank"] == str(rank) and said["steps"] == str(DDP_STEPS), logs
-    start, end = (datetime.datetime.fromisoformat(done["status"][k])
-                  for k in ("startTime", "completionTime"))
-    return DdpRun(ranks=ranks, samplers=samplers, cores=summed(samplers),
-                  job_seconds=(end - start).total_seconds())
+    seconds = None
+    if not jobset:
+        start, end = (datetime.datetime.fromisoformat(done["status"][k])
+                      for k in ("startTime", "completionTime"))
+        seconds = (end - start).total_seconds()
+    return DdpRun(ranks=ranks, samplers=samplers, cores=summed(samplers), job_seconds=seconds)
 
 
 def test_an_even_split_of_one_core_leaves_the_cheap_rank_waiting(
@@ -186,21 +217,164 @@ def test_the_job_wide_throttled_job_is_the_baseline_job_but_for_its_limits() -> 
     assert tj["spec"]["jobTemplate"]["spec"] == expected
 
 
-@pytest.mark.skip(reason="needs spec.throttle.scope, not merged yet")
+FIGURES = ROOT / "bench" / "out" / "distributed.json"
+
+
 def test_a_job_wide_target_splits_one_core_between_the_ranks_by_their_cost(
         operator: str, real_node: Any, kubectl: Kubectl, torch_image: str) -> None:
     """One 1-core target for the job (`scope: Job`): the operator splits it across the
     two pods by each rank's CPU per step (about 1/3 and 2/3), so the expensive rank no
     longer waits on a half core while the cheap one idles. Held within the same bound as
-    the even split, and faster than it, measured beside it in the same namespace."""
+    the even split, and faster than it, measured beside it in the same namespace (in
+    pairs, the order alternating)."""
     namespace = operator
-    baseline = run_ddp(kubectl, real_node, namespace, "ddp-even",
-                       even_split("ddp-even", namespace))
-    run = run_ddp(kubectl, real_node, namespace, "ddp-wide", job_wide("ddp-wide", namespace))
-    speedup = baseline.job_seconds / run.job_seconds
-    print(f"DDP job-wide {JOB_CORES:g} core: {run.describe()}; even split: "
-          f"{baseline.describe()}; {speedup:.2f}x faster")
-    assert run.p99() <= KERNEL_BOUND, run.describe()
+    pairs = []
+    for i in range(PAIRS):
+        runs = {}
+        for kind in (("even", "wide") if i % 2 == 0 else ("wide", "even")):
+            name = f"ddp-{kind}-{i}"
+            objects = even_split(name, namespace) if kind == "even" else \
+                job_wide(name, namespace)
+            runs[kind] = run_ddp(kubectl, real_node, namespace, name, objects)
+        wide, even = runs["wide"], runs["even"]
+        pairs.append({
+            "training_ratio": wide.training_seconds() / even.training_seconds(),
+            "job_ratio": (wide.job_seconds or 0) / (even.job_seconds or 1),
+            "wide": wide.figures(), "even": even.figures()})
+        print(f"pair {i}: DDP job-wide {JOB_CORES:g} core: {wide.describe()}; even split: "
+              f"{even.describe()}; training {pairs[-1]['training_ratio']:.2f}x, job "
+              f"{pairs[-1]['job_ratio']:.2f}x the even split's")
+    FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    FIGURES.write_text(json.dumps(pairs, indent=1))
+    for pair in pairs:
+        assert pair["wide"]["p99_cores"] <= KERNEL_BOUND, pair
     # Split by cost, the pair trains in about 3/4 of the even split's time (42 s against
-    # 55 s here with cgroup quotas of 0.34 and 0.66 core set by hand).
-    assert speedup > 1.1, (run.describe(), baseline.describe())
+    # 55 s here with cgroup quotas of 0.34 and 0.66 core set by hand; 0.79-0.82x in the
+    # first runs of this test). The Job's wall time also holds each pod's start, where
+    # the sidecar and the guard start before the workload, and the first intervals
+    # before the split has moved (8 s more than the bare pods here): 0.92-0.97x, judged
+    # only as never slower than the even split beyond the noise of two pods' start.
+    assert statistics.median(p["training_ratio"] for p in pairs) <= 0.88, pairs
+    assert statistics.median(p["job_ratio"] for p in pairs) <= 1.05, pairs
+    # What the ThrottledJob showed while it ran: the split it made, and why.
+    name = f"ddp-wide-{PAIRS - 1}"
+    tj = kubectl.json("get", "tj", "-n", namespace, name)
+    wide_status, ranks = tj["status"]["jobWide"], tj["status"]["ranks"]
+    print(f"status.jobWide {wide_status}; status.ranks {ranks}")
+    assert wide_status["targetCores"] == JOB_CORES, wide_status
+    assert wide_status["limitCores"] <= JOB_CORES, wide_status
+    assert [r["index"] for r in ranks] == list(range(RANKS)), ranks
+    assert ranks[1]["limitCores"] > 1.5 * ranks[0]["limitCores"], ranks
+    events = kubectl.json("get", "events", "-n", namespace, "--field-selector",
+                          f"involvedObject.name={name},reason=SplitChanged")["items"]
+    assert events, "no SplitChanged event"
+
+
+def jobset_job_wide(name: str, namespace: str) -> dict[str, Any]:
+    """The same two ranks as a JobSet (two replicas of a one-pod Job, as a TrainJob
+    renders), under the same job-wide target. JobSet makes the headless Service and sets
+    each pod's subdomain; rank 0 is `<jobset>-worker-0-0.<jobset>`; each rank is its Job's
+    global index (JobSet's label, through the downward API)."""
+    spec = ddp_job_spec(name, name, {"requests": REQUESTS})
+    pod = spec["template"]["spec"]
+    del pod["subdomain"]
+    (work,) = pod["containers"]
+    work["env"] = [e for e in work["env"] if e["name"] != "MASTER_ADDR"] + [
+        {"name": "MASTER_ADDR", "value": f"{name}-worker-0-0.{name}"},
+        {"name": "RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.labels['{JOBSET_INDEX}']"}}}]
+    job = {"spec": {**{k: v for k, v in spec.items()
+                       if k not in ("completions", "parallelism", "completionMode")},
+                    "completions": 1, "parallelism": 1}}
+    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"jobSetTemplate": {"spec": {
+                         "network": {"enableDNSHostnames": True,
+                                     "publishNotReadyAddresses": True},
+                         "replicatedJobs": [{"name": "worker", "replicas": RANKS,
+                                             "template": job}]}},
+                     "throttle": {"scope": "Job",
+                                  "targets": {"cpu": {"peak": f"{JOB_CORES:g}"}}}}}
+
+
+@pytest.fixture(scope="module")
+def jobset_controller(cluster: Any) -> Iterator[None]:
+    """JobSet alone (tools/k8s/batch.py) for this module: no Kueue webhooks here."""
+    batch.build(["jobset"])
+    started = batch.start(cluster, ["jobset"])
+    try:
+        yield
+    finally:
+        batch.stop(cluster, started)
+
+
+def test_a_jobset_under_a_job_wide_target_splits_it_between_its_jobs(
+        jobset_controller: None, operator: str, real_node: Any, kubectl: Kubectl,
+        torch_image: str) -> None:
+    """The second child kind: the ThrottledJob makes a JobSet; JobSet makes two Jobs of
+    one pod each and their Service; the operator splits the one core between the two
+    pods by their cost, within the same bound, and the ThrottledJob ends Succeeded."""
+    namespace, name = operator, "ddp-set"
+    run = run_ddp(kubectl, real_node, namespace, name, [jobset_job_wide(name, namespace)],
+                  jobset=True)
+    tj = kubectl.json("get", "tj", "-n", namespace, name)
+    print(f"DDP JobSet, job-wide {JOB_CORES:g} core: {run.describe()}; status.ranks "
+          f"{tj['status'].get('ranks')}")
+    assert run.p99() <= KERNEL_BOUND, run.describe()
+    ranks = tj["status"]["ranks"]
+    assert len(ranks) == RANKS and all(r["pod"].startswith(f"{name}-worker-") for r in ranks)
+    assert max(r["limitCores"] for r in ranks) > 1.5 * min(r["limitCores"] for r in ranks)
+    wait_json(kubectl, lambda t: (t.get("status") or {}).get("phase") == "Succeeded", "tj",
+              "-n", namespace, name, what="the ThrottledJob Succeeded")
+
+
+def applied_limits(kubectl: Kubectl, namespace: str, selector: str) -> dict[int, float]:
+    """Each running pod's workload CPU limit as the kubelet applied it, by index."""
+    pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    out = {}
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        for c in pod["status"].get("containerStatuses") or []:
+            cpu = ((c.get("resources") or {}).get("limits") or {}).get("cpu")
+            if c["name"] == "work" and cpu:
+                out[int(pod["metadata"]["labels"][JOB_INDEX])] = (
+                    float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu))
+    return out
+
+
+def test_when_a_short_pod_ends_the_long_one_gets_the_whole_job_wide_target(
+        operator: str, real_node: Any, kubectl: Kubectl) -> None:
+    """Two independent pods of unequal length (no allreduce, no steps: split by measured
+    use) under a job-wide 1 core: while both run they share it; once the short one has
+    ended, the kubelet holds the long one at the whole core."""
+    namespace, name = operator, "short-long"
+    busy = ("import os, time\n"
+            "end = time.time() + (10 if os.environ['JOB_COMPLETION_INDEX'] == '0' else 60)\n"
+            "while time.time() < end: pass\n")
+    container = {"name": "work", "image": images.PRODUCT_IMAGE, "imagePullPolicy": "Never",
+                 "command": ["python", "-c", busy],
+                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                 "securityContext": CONTAINER_SECURITY}
+    tj = {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+          "metadata": {"name": name, "namespace": namespace},
+          "spec": {"jobTemplate": {"spec": {
+                       "completions": 2, "parallelism": 2, "completionMode": "Indexed",
+                       "backoffLimit": 0,
+                       "template": {"spec": on_real_node({"containers": [container]})}}},
+                   "throttle": {"scope": "Job", "targets": {"cpu": {"peak": "1"}}}}}
+    kubectl.apply(tj)
+    selector = f"{JOB_NAME}={name}"
+    wait_for(lambda: len(applied_limits(kubectl, namespace, selector)) == 2, 120,
+             interval=0.5, what="both pods running")
+    shared = applied_limits(kubectl, namespace, selector)
+    assert sum(shared.values()) <= JOB_CORES + 1e-9, shared
+    wait_for(lambda: applied_limits(kubectl, namespace, selector) == {1: JOB_CORES}, 50,
+             interval=0.5, what="the long pod alone at the whole core")
+    sampler = CgroupSampler(real_node, kubectl, namespace, f"{selector},{JOB_INDEX}=1", "work")
+    time.sleep(6)
+    sampler.stop()
+    alone = sorted(sampler.cores)
+    print(f"short/long: both running {shared}; the long one alone {alone}")
+    # Using it: a busy loop alone under 1 core reads about 1 core a second.
+    assert alone and alone[len(alone) // 2] > 0.8, sampler.describe()

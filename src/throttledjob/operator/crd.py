@@ -367,6 +367,8 @@ def status_schema() -> dict[str, Any]:
                     "pod": {"type": "string"},
                     "index": {"type": "integer", "nullable": True,
                               "description": "the Indexed Job's completion index"},
+                    "job": {"type": "integer",
+                            "description": "a JobSet's pod: its Job's global index"},
                     "limitCores": _number("its CPU limit in force: its share (cores)"),
                     "cpuCores": _number("its CPU use in the last control interval (cores)"),
                     "stepsPerSecond": _number("its pace, as its workload reports steps"),

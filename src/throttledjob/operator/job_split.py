@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import child, cpu_limits
+from .child import JOBSET_INDEX_LABEL
 from .crd import DEFAULT_SCOPE
 
 # No pod's part goes under this (cores), nor under its CPU requests: a limit under a
@@ -61,6 +62,7 @@ class Rank:
     steps_per_second: float | None = None
     peak: float | None = None  # p99 of its 1-second CPU samples, cores
     held: bool = False  # its resize was refused: it keeps its limit
+    job: int | None = None  # a JobSet's pod: its Job's global index (JobSet's label)
 
     @property
     def movable(self) -> bool:
@@ -88,8 +90,15 @@ def applied_limit(pod: Mapping[str, Any]) -> float | None:
 
 def completion_index(pod: Mapping[str, Any]) -> int | None:
     meta = pod.get("metadata") or {}
-    value = (meta.get("annotations") or {}).get(COMPLETION_INDEX) or \
-        (meta.get("labels") or {}).get(COMPLETION_INDEX)
+    value = (meta.get("annotations") or {}).get(COMPLETION_INDEX)
+    return _int(value) if value is not None else _label_int(pod, COMPLETION_INDEX)
+
+
+def _label_int(pod: Mapping[str, Any], key: str) -> int | None:
+    return _int(((pod.get("metadata") or {}).get("labels") or {}).get(key))
+
+
+def _int(value: Any) -> int | None:
     try:
         return int(value) if value is not None else None
     except ValueError:
@@ -116,8 +125,9 @@ def ranks(pods: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, 
         out.append(Rank(meta.get("name", ""), uid, completion_index(pod), limit, floor,
                         _number(observed.get("cpuCores")) if uid in reports else None,
                         _number(observed.get("stepsPerSecond")),
-                        _number(observed.get("cpuPeakCores")), uid in held))
-    return sorted(out, key=lambda r: (r.index is None, r.index or 0, r.name))
+                        _number(observed.get("cpuPeakCores")), uid in held,
+                        _label_int(pod, JOBSET_INDEX_LABEL)))
+    return sorted(out, key=lambda r: (r.job or 0, r.index is None, r.index or 0, r.name))
 
 
 def weights(ranks: Sequence[Rank]) -> list[float]:
@@ -166,7 +176,9 @@ def rank_status(rank: Rank) -> dict[str, Any]:
     idle = None
     if rank.use is not None and rank.limit > 0:
         idle = round(min(1.0, max(0.0, 1 - rank.use / rank.limit)), 3)
-    return {"pod": rank.name, "index": rank.index, "limitCores": round(rank.limit, 3),
+    return {"pod": rank.name, "index": rank.index,
+            **({"job": rank.job} if rank.job is not None else {}),
+            "limitCores": round(rank.limit, 3),
             "cpuCores": None if rank.use is None else round(rank.use, 3),
             "stepsPerSecond": None if rank.steps_per_second is None
             else round(rank.steps_per_second, 3),
