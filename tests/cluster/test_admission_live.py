@@ -4,6 +4,7 @@ chart allows it (a ThrottledJob must not be a way around RBAC or Pod Security)."
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,3 +130,35 @@ def test_host_access_when_the_chart_allows_it(kubectl: Kubectl, crd_installed: N
         eventually_created(kubectl, tj)
     finally:
         remove(kubectl, objs)
+
+
+def of_a_jobset(tj: dict[str, Any]) -> dict[str, Any]:
+    """`tj` with its Job as the second of two replicatedJobs of a JobSet instead."""
+    job = tj["spec"].pop("jobTemplate")
+    driver = copy.deepcopy(job)
+    tj["spec"]["jobSetTemplate"] = {"spec": {"replicatedJobs": [
+        {"name": "driver", "replicas": 1, "template": driver},
+        {"name": "worker", "replicas": 2, "template": job}]}}
+    return tj
+
+
+def test_a_jobsets_author_needs_the_right_to_create_jobsets_and_no_host_access(
+        cluster: Any, kubectl: Kubectl, admission: None, namespace: str,
+        tmp_path: Path) -> None:
+    """A ThrottledJob of a JobSet: its author must be allowed to create JobSets (being
+    allowed Jobs is not enough), and every replicatedJob's pods are checked for host
+    access, not only the first."""
+    tj_rule = {"apiGroups": ["throttledjob.io"], "resources": ["throttledjobs"],
+               "verbs": ["create", "get"]}
+    jobs = {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}
+    jobsets = {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+               "verbs": ["create"]}
+    jobs_only = user(cluster, kubectl, namespace, tmp_path, rules=[tj_rule, jobs])
+    eventually_refused(jobs_only, of_a_jobset(tj_manifest("set-deputy", namespace)),
+                       "may not create JobSets in namespace " + namespace)
+    allowed = user(cluster, kubectl, namespace, tmp_path, rules=[tj_rule, jobsets])
+    eventually_created(allowed, of_a_jobset(tj_manifest("set-allowed", namespace)))
+    hosty = of_a_jobset(tj_manifest("set-host", namespace))
+    hosty["spec"]["jobSetTemplate"]["spec"]["replicatedJobs"][1]["template"]["spec"][
+        "template"]["spec"]["hostNetwork"] = True
+    eventually_refused(kubectl, hosty, "are refused in a ThrottledJob")
