@@ -105,11 +105,12 @@ def even_split(job: str, namespace: str) -> list[dict[str, Any]]:
 def job_wide(job: str, namespace: str) -> list[dict[str, Any]]:
     """The same Indexed Job as a ThrottledJob's jobTemplate, no CPU limit on the
     container, one target for the whole job (the operator names the Job as the
-    ThrottledJob)."""
+    ThrottledJob); `inject: Auto`, so each rank reports its optimizer steps and the
+    split weighs its CPU cost of a step, with no change to the script."""
     tj = {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
           "metadata": {"name": job, "namespace": namespace},
           "spec": {"jobTemplate": {"spec": ddp_job_spec(job, job, {"requests": REQUESTS})},
-                   "throttle": {"scope": "Job",
+                   "throttle": {"scope": "Job", "inject": "Auto",
                                 "targets": {"cpu": {"peak": f"{JOB_CORES:g}"}}}}}
     return [headless_service(job, namespace), tj]
 

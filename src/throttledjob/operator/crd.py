@@ -121,6 +121,10 @@ _THROTTLE_GROUPS: dict[str, dict[str, Any]] = {
 }
 
 
+def _choice(values: list[str], default: str, description: str) -> dict[str, Any]:
+    return {"type": "string", "enum": values, "default": default, "description": description}
+
+
 def throttle_schema() -> dict[str, Any]:
     """`spec.throttle`: the policy the sidecar reads (contracts/policy.py), generated
     from its table of fields, and `inject`, which only the operator reads."""
@@ -139,21 +143,19 @@ def throttle_schema() -> dict[str, Any]:
         node["properties"][f.key] = policy_field_schema(f)
     # The operator reads it when it builds the pod and drops it from the sidecar's
     # policy (validation.policy_document): not a field of the policy.
-    schema["properties"]["inject"] = {
-        "type": "string", "enum": INJECT_MODES, "default": DEFAULT_INJECT,
-        "description": "Auto: an init container copies the runtime library into the "
-                       "pod and PYTHONPATH loads its torch auto-hook in every "
-                       "workload container (paced at each optimizer step, no code "
-                       "change; THROTTLEDJOB_AUTOHOOK=0 in a container turns it off). "
-                       "None: the pod is left as written. Read by the operator "
-                       "when it creates the Job; a later edit does not reach it."}
-    schema["properties"]["scope"] = {
-        "type": "string", "enum": SCOPES, "default": DEFAULT_SCOPE,
-        "description": "Pod: the targets hold each pod of the Job on its own, as "
-                       "resources.limits do. Job: targets.cpu.peak holds the sum over all "
-                       "the Job's running pods, split among them by each pod's CPU cost "
-                       "of a step so that no rank becomes the straggler (enforcement "
-                       "Quota, CPU only; docs/distributed.md). Read by the operator."}
+    schema["properties"]["inject"] = _choice(
+        INJECT_MODES, DEFAULT_INJECT,
+        "Auto: an init container copies the runtime library into the pod and PYTHONPATH "
+        "loads its torch auto-hook in every workload container (paced at each optimizer "
+        "step, no code change; THROTTLEDJOB_AUTOHOOK=0 in a container turns it off). "
+        "None: the pod is left as written. Read by the operator when it creates the Job; "
+        "a later edit does not reach it.")
+    schema["properties"]["scope"] = _choice(
+        SCOPES, DEFAULT_SCOPE,
+        "Pod: the targets hold each pod of the Job on its own, as resources.limits do. "
+        "Job: targets.cpu.peak holds the sum over all the Job's running pods, split among "
+        "them by each pod's CPU cost of a step so that no rank becomes the straggler "
+        "(enforcement Quota, CPU only; docs/distributed.md). Read by the operator.")
     schema["x-kubernetes-validations"] = [
         _rule("self.mode != 'Adaptive' || (has(self.targets) && "
               "(has(self.targets.cpu) || has(self.targets.gpu)))",
