@@ -97,3 +97,22 @@ def test_quota_spread() -> None:
              run_benchmark("quota_spread", "--runs", "1", "--seconds", "3").splitlines()]
     assert lines[0]["run"] == 0 and lines[0]["n"] >= 1
     assert lines[-1]["runs"] == 1 and len(lines[-1]["p99_over_target"]) == 2
+
+
+def test_distributed_table() -> None:
+    """bench/distributed.py's runs are the live test's (tests/cluster/); its table of the
+    pairs that test writes: a row per pair and the ratios' median and spread."""
+    from bench import distributed
+
+    def run(training: float, job: float, p99: float) -> dict:
+        return {"training_seconds": training, "job_seconds": job, "p99_cores": p99,
+                "cpu_per_step": [0.028, 0.052]}
+
+    pairs = [{"training_ratio": 0.8, "job_ratio": 0.9, "wide": run(40, 54, 1.0),
+              "even": run(50, 60, 1.0)},
+             {"training_ratio": 0.9, "job_ratio": 1.05, "wide": run(45, 63, 0.97),
+              "even": run(50, 60, 1.01)}]
+    text = distributed.table(pairs)
+    rows = table_rows(text, "| pair | training_ratio |")
+    assert [row[:3] for row in rows] == [["0", "0.8", "0.9"], ["1", "0.9", "1.05"]]
+    assert "training_ratio: median 0.850, min 0.800, max 0.900" in text
