@@ -40,7 +40,6 @@ from .status import (
 from .validation import (
     Refusal,
     SpecError,
-    pod_spec,
     quota_warning,
     signals_uid_warning,
     validate,
@@ -233,7 +232,7 @@ def _resize_pods(kube: Kube, body: kopf.Body, doc: dict[str, Any], retry: int) -
         return  # scope Job: the poller splits the new target at its next read
     try:
         pods = kube.list_pods(namespace, f"{LABEL_NAME}={name}")
-        template = pod_spec(body.get("spec") or {}).get("containers") or []
+        template = child.containers(body.get("spec") or {})
         for pod in pods:  # the split among its containers as it is now (measured use)
             resize_pod(kube, body, pod, target, target, template,
                        cpu_limits.limits_by_name(pod.get("spec") or {}))

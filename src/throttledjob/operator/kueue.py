@@ -47,6 +47,16 @@ def queued_by_kueue(job: Mapping[str, Any]) -> bool:
     return bool(((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL))
 
 
+def queued_tj(tj: Mapping[str, Any]) -> bool:
+    """Kueue queues this ThrottledJob's child: its template or the ThrottledJob itself
+    names a queue (the label the child carries)."""
+    spec = tj.get("spec") or {}
+    template = spec.get("jobSetTemplate") or spec.get("jobTemplate") or {}
+    labels = {**((template.get("metadata") or {}).get("labels") or {}),
+              **carried_labels((tj.get("metadata") or {}).get("labels"))}
+    return bool(labels.get(QUEUE_LABEL))
+
+
 def workloads_path(namespace: str) -> str:
     return WORKLOADS.format(namespace=quote(namespace))
 

@@ -28,7 +28,7 @@ from . import child, cpu_limits
 from .children import LABEL_NAME, job_owner_name, sidecar_endpoint
 from .job_split import Rank, job_scoped, moves, rank_floor, ranks, shares, split_message
 from .kube import Kube
-from .kueue import active_patch, carried_labels, queued_by_kueue, workloads_path
+from .kueue import active_patch, queued_by_kueue, queued_tj, workloads_path
 from .resize import limit_for, resize_pod
 from .settings import OperatorSettings
 from .sidecar_status import StatusReader, StatusReadError
@@ -45,7 +45,7 @@ from .status import (
     status_with_resizes,
     status_with_split,
 )
-from .validation import SpecError, pod_spec, policy_document
+from .validation import SpecError, policy_document
 
 # A lift of a pod's CPU limits smaller than this share of them is not applied.
 LIFT_STEP = 0.1
@@ -194,7 +194,7 @@ def job_view(state: OperatorState, tj: Mapping[str, Any], pods: list[dict[str, A
     except (SpecError, PolicyError):
         target = 0.0
     key = (tj["metadata"].get("namespace", ""), tj["metadata"].get("name", ""))
-    floor = rank_floor(pod_spec(spec).get("containers") or [])
+    floor = rank_floor(child.containers(spec))
     return target, ranks(pods, reports, floor, list(state.refused_limits.get(key, {})))
 
 
@@ -211,7 +211,7 @@ def follow_job_split(state: OperatorState, tj: Mapping[str, Any],
     moved = moves(target, ranks_, shares(target, ranks_)) if target > 0 else []
     if not moved:
         return
-    template = pod_spec(tj.get("spec") or {}).get("containers") or []
+    template = child.containers(tj.get("spec") or {})
     by_uid = {p["metadata"].get("uid", ""): p for p in pods}
     done = []
     for rank, total in moved:
@@ -239,17 +239,14 @@ def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
         return
     if target is None:
         return
-    template = pod_spec(spec).get("containers") or []
+    template = child.containers(spec)
     key = (tj["metadata"].get("namespace", ""), tj["metadata"].get("name", ""))
     live = {pod["metadata"].get("uid", "") for pod, _ in read}
     refused = {uid: t for uid, t in state.refused_limits.pop(key, {}).items() if uid in live}
     # Kueue admitted the pods by the template's requests (a request left out defaults to
     # the limit, the target's share): no lift past them (kueue.py).
-    queued = queued_by_kueue({"metadata": {"labels": {
-        **((spec.get("jobTemplate") or {}).get("metadata") or {}).get("labels", {}),
-        **carried_labels(tj["metadata"].get("labels"))}}})
-    ceiling = (cpu_limits.total_request({"containers": template}) or target) if queued \
-        else None
+    ceiling = (cpu_limits.total_request({"containers": template}) or target) \
+        if queued_tj(tj) else None
     for pod, report in read:
         total = limit_for(target, report.get("cpuLimitWantedCores"), ceiling)
         uid = pod["metadata"].get("uid", "")

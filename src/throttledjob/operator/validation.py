@@ -269,8 +269,8 @@ def quota_warning(body: Mapping[str, Any], policy_doc: Mapping[str, Any]) -> str
     """Why enforcement Quota falls back to signals for this template, or None."""
     spec = body.get("spec") or {}
     target = job_split.pod_target(spec, cpu_limits.quota_target(policy_doc))
-    containers = pod_spec(spec).get("containers") or []
-    why = cpu_limits.request_over_limit(containers, target) if target is not None else None
+    why = next((w for pod in child.pod_specs(spec) if target is not None and (
+        w := cpu_limits.request_over_limit(pod.get("containers") or [], target))), None)
     return (f"enforcement Quota: no CPU limit set, {why}; the sidecar holds the target "
             "with signals instead. Lower the request to use the kernel's quota.") if why \
         else None
@@ -279,7 +279,8 @@ def quota_warning(body: Mapping[str, Any], policy_doc: Mapping[str, Any]) -> str
 def signals_uid_warning(body: Mapping[str, Any], policy_doc: Mapping[str, Any]) -> str | None:
     """Why Signals may fail for this template, or None."""
     if (not parse_policy(dict(policy_doc)).uses_signals
-            or workload_uid(pod_spec(body.get("spec") or {})) is not None):
+            or all(workload_uid(pod) is not None
+                   for pod in child.pod_specs(body.get("spec") or {}))):
         return None
     return ("enforcement needs signals but the template does not set one runAsUser for "
             f"all containers; the sidecar runs as {DEFAULT_SIDECAR_UID} and can signal only "
