@@ -2,9 +2,13 @@
 
 A burst of N ThrottledJobs (default 1,000), then a steady stream at 10 per second:
 time until every Job exists, create->Job latency (p50/p99), the operator's RSS and CPU,
-and, as the yardstick in the same run, the Job controller's own Job->Pod latency for
-the same Jobs. Every time is taken by one client on one clock: the moment it sent the
-create, and the moment its watch saw the Job or the Pod.
+and, as the yardsticks in the same run, the Job controller's own Job->Pod latency for
+the same Jobs and the floor: a plain client, no operator running, creating for as many
+names the ThrottledJob, the ConfigMap and the Job the operator would make (the least API
+work a ThrottledJob needs). The operator's writes per ThrottledJob in the burst come from
+the API server's audit log, split into its own calls and kopf's. Every time is taken by
+one client on one clock: the moment it sent the create, and the moment its watch saw the
+Job or the Pod.
 
     .venv/bin/python -m bench.operator_load [--n 1000] [--rate 10] [--steady-seconds 30]
 
@@ -30,7 +34,11 @@ from typing import Any
 import yaml
 
 from bench.harness import markdown
+from testing.audit import ours_and_kopfs, writes
 from testing.paths import ROOT, VENV_BIN
+from throttledjob.operator.children import build_child, build_configmap
+from throttledjob.operator.settings import OperatorSettings
+from throttledjob.operator.validation import validate
 from tools.k8s import cluster as k8s
 
 OPERATOR_NS = "throttledjob-system"
@@ -115,7 +123,9 @@ def tj(name: str, namespace: str) -> dict[str, Any]:
                 "throttle": {"targets": {"cpu": {"peak": "1"}}}}}
 
 
-def operator_kubeconfig(cluster: Any, kubectl: list[str], tmp: Path) -> Path:
+def operator_kubeconfig(cluster: Any, kubectl: list[str], tmp: Path) -> tuple[Path, str]:
+    """A kubeconfig of the chart's ServiceAccount (the chart's RBAC applied), and its
+    user name as the audit log has it."""
     rendered = subprocess.run([str(VENV_BIN / "helm"), "template", "tj",
                                str(ROOT / "charts/throttledjob"), "-n", OPERATOR_NS],
                               check=True, capture_output=True, text=True).stdout
@@ -126,7 +136,53 @@ def operator_kubeconfig(cluster: Any, kubectl: list[str], tmp: Path) -> Path:
                    check=True, capture_output=True)
     sa = next(d for d in rbac if d["kind"] == "ServiceAccount")["metadata"]["name"]
     token = cluster.service_account_token(OPERATOR_NS, sa)
-    return cluster.kubeconfig_for(token, tmp / "operator.kubeconfig")
+    return (cluster.kubeconfig_for(token, tmp / "operator.kubeconfig"),
+            f"system:serviceaccount:{OPERATOR_NS}:{sa}")
+
+
+def floor(cluster: Any, kubectl: list[str], n: int) -> float:
+    """The least API work n ThrottledJobs need, with no operator running: a plain client
+    (8 threads, as for the burst) creates each ThrottledJob and then the ConfigMap and
+    the Job the operator would make for it (its own builders, owned by the ThrottledJob).
+    Returns the seconds until its watch saw every Job; the namespace is deleted, and
+    gone, before it returns (the operator must not find these)."""
+    namespace = f"floor-{uuid.uuid4().hex[:6]}"
+    subprocess.run([*kubectl, "create", "namespace", namespace], check=True,
+                   capture_output=True)
+    jobs = Watch(cluster, f"/apis/batch/v1/namespaces/{namespace}/jobs",
+                 lambda o: (o["metadata"].get("labels") or {}).get("throttledjob.io/name"))
+    jobs.start()
+    jobs.ready.wait(30)
+    settings = OperatorSettings()
+    tj_path = f"/apis/throttledjob.io/v1alpha1/namespaces/{namespace}/throttledjobs"
+
+    def create(name: str) -> None:
+        body = tj(name, namespace)
+        made = cluster.request("POST", tj_path, body)
+        owner = {"apiVersion": made["apiVersion"], "kind": made["kind"], "name": name,
+                 "uid": made["metadata"]["uid"], "controller": True,
+                 "blockOwnerDeletion": True}
+        doc = validate(made)
+        for path, child in ((f"/api/v1/namespaces/{namespace}/configmaps",
+                             build_configmap(name, doc)),
+                            (f"/apis/batch/v1/namespaces/{namespace}/jobs",
+                             build_child(made, doc, settings))):
+            child["metadata"]["ownerReferences"] = [owner]
+            cluster.request("POST", path, child)
+
+    names = [f"floor-{i:04d}" for i in range(n)]
+    try:
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(create, names))
+        deadline = time.monotonic() + 600
+        while len([x for x in names if x in jobs.seen]) < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return max(jobs.seen[x] for x in names if x in jobs.seen) - started
+    finally:
+        jobs.stop()
+        subprocess.run([*kubectl, "delete", "namespace", namespace, "--timeout=600s"],
+                       capture_output=True)
 
 
 def run(cluster: Any, n: int, rate: float, steady_seconds: float,
@@ -135,10 +191,13 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
     kubectl = [str(k8s.bin_dir() / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
     subprocess.run([*kubectl, "apply", "--server-side", "-f",
                     str(ROOT / "charts/throttledjob/crds")], check=True, capture_output=True)
+    floor_s = floor(cluster, kubectl, n)
     namespace = f"load-{uuid.uuid4().hex[:6]}"
     subprocess.run([*kubectl, "create", "namespace", namespace], check=True,
                    capture_output=True)
-    env = {**os.environ, "KUBECONFIG": str(operator_kubeconfig(cluster, kubectl, tmp)),
+    kubeconfig, user = operator_kubeconfig(cluster, kubectl, tmp)
+    audited = len(cluster.audit(user))
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig),
            "THROTTLEDJOB_RESYNC_INTERVAL": "3600", "KUBERNETES_SERVICE_HOST": "",
            "THROTTLEDJOB_STATUS_INTERVAL": str(status_interval)}
     log = open(tmp / "operator.log", "wb")  # noqa: SIM115
@@ -174,6 +233,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
             time.sleep(0.1)
         rss, cpu = proc_figures(op.pid)
         burst_cpu = cpu - cpu0
+        burst_writes = writes(cluster, user, namespace, audited)
 
         steady = [f"steady-{i:04d}" for i in range(int(rate * steady_seconds))]
         t0 = time.monotonic()
@@ -200,9 +260,16 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
     create_job = latencies(burst, posted, jobs.seen)
     job_pod = latencies(burst, jobs.seen, pods.seen)
     steady_create_job = latencies(steady, posted, jobs.seen)
+    ours, kopf = ours_and_kopfs(burst_writes)
     return {
         "throttledjobs": n, "burst_sent_s": round(sent, 1),
         "all_jobs_created_s": round(all_jobs, 1),
+        "floor_all_jobs_created_s (plain client, no operator)": round(floor_s, 1),
+        "burst_over_floor": round(all_jobs / floor_s, 2),
+        "writes_per_throttledjob_in_burst (ours)": round(ours / n, 2),
+        "writes_per_throttledjob_in_burst (kopf)": round(kopf / n, 2),
+        "writes_in_burst": ", ".join(f"{g or 'core'}/{r} {v} {c / n:.2f}"
+                                     for (g, r, v), c in sorted(burst_writes.items())),
         "jobs_missing": n - len(create_job),
         "create_to_job_p50_s": round(percentile(create_job, 0.5), 2),
         "create_to_job_p99_s": round(percentile(create_job, 0.99), 2),

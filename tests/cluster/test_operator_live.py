@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from testing.audit import ours_and_kopfs, writes
 from testing.cluster_cli import (
     TIMEOUT,
     Kubectl,
@@ -36,6 +37,10 @@ def failed_creates(kubectl: Kubectl, namespace: str) -> list[str]:
             if e.get("reason") == "FailedCreate"]
 
 
+# Measured writes of one ThrottledJob's life (test_a_throttledjobs_life_costs_...):
+# set from the first runs, not a goal.
+OUR_WRITES_PER_LIFE = 99
+KOPF_WRITES_PER_LIFE = 99
 STATUS_DOC = {"observed": {"cpuPeakCores": 1.48, "cpuMaxCores": 1.9,
                            "gpuPeakUtilizationPercent": None, "gpuPeakPowerWatts": None,
                            "throttleLevel": 0.4, "slowdown": 1.12},
@@ -266,3 +271,27 @@ def test_a_pod_security_violation_is_seen_on_the_job_not_hidden(
     messages = wait_for(lambda: failed_creates(kubectl, namespace), TIMEOUT,
                         what="a FailedCreate event")
     assert any("violates PodSecurity" in m for m in messages), messages
+
+
+def test_a_throttledjobs_life_costs_a_counted_number_of_writes(
+        cluster: Any, kubectl: Kubectl, real_operator: OperatorProcess, namespace: str,
+        pod_sidecar: FakeSidecar) -> None:
+    """Create -> ConfigMap and Job -> its pod runs -> Succeeded, with no edit: every
+    write the operator made, from the API server's audit log, ours and kopf's. One
+    ConfigMap and one Job, ever; the status and kopf's annotations within the counts
+    measured (docs/operator.md, "Load"), so that a change which adds writes per
+    ThrottledJob shows here."""
+    pod_sidecar.doc = STATUS_DOC
+    user = real_operator.user  # type: ignore[attr-defined]
+    since = len(cluster.audit(user))
+    real_operator.start()
+    kubectl.apply(tj_manifest("writes", namespace, run_for="4s"))
+    wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Succeeded",
+              "tj", "-n", namespace, "writes", what="phase Succeeded")
+    time.sleep(3)  # writes a handler may still make after it
+    counts = writes(cluster, user, namespace, since)
+    ours, kopf = ours_and_kopfs(counts)
+    print(f"writes of one ThrottledJob's life: ours {ours}, kopf's {kopf}: {counts}")
+    assert counts[("", "configmaps", "create")] == 1, counts
+    assert counts[("batch", "jobs", "create")] == 1, counts
+    assert ours <= OUR_WRITES_PER_LIFE and kopf <= KOPF_WRITES_PER_LIFE, counts
