@@ -96,7 +96,8 @@ def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorPr
     kubectl("delete", "pod", "-n", namespace, "rogue", "--wait=false")
     assert tj_obj["status"]["observedGeneration"] == tj_obj["metadata"]["generation"]
     table = kubectl("get", "tj", "-n", namespace, "train").stdout.split("\n")
-    assert table[0].split() == ["NAME", "PHASE", "CPU-PEAK", "GPU-PEAK", "THROTTLE", "AGE"]
+    assert table[0].split() == ["NAME", "PHASE", "CPU-PEAK", "GPU-PEAK", "JOB-CPU-PEAK",
+                                "THROTTLE", "AGE"]
     assert table[1].split()[:3] == ["train", "Running", "1.48"]
 
     assert tj_condition(kubectl, namespace, "train", "TargetMet")["status"] == "True"

@@ -33,7 +33,7 @@ def jobset_tj(**throttle: Any) -> dict[str, Any]:
 
 def test_every_pod_template_of_a_jobset_gets_the_sidecar_and_its_share() -> None:
     tj = jobset_tj(scope="Job")
-    js = build_child(tj, validate(tj), OperatorSettings())
+    js = build_child(tj, validate(tj, jobsets=True), OperatorSettings())
     assert (js["apiVersion"], js["kind"], js["metadata"]["name"]) == (
         "jobset.x-k8s.io/v1alpha2", "JobSet", "train")
     assert js["metadata"]["labels"][LABEL_NAME] == "train"
@@ -58,7 +58,7 @@ def test_exactly_one_child_kind() -> None:
     for tj in (both, neither):
         with pytest.raises(SpecError, match=r"exactly one of spec\.jobTemplate and "
                                             r"spec\.jobSetTemplate"):
-            validate(tj)
+            validate(tj, jobsets=True)
 
 
 def test_a_reserved_name_in_any_replicated_job_is_refused() -> None:
@@ -66,7 +66,15 @@ def test_a_reserved_name_in_any_replicated_job_is_refused() -> None:
     tj["spec"]["jobSetTemplate"]["spec"]["replicatedJobs"][1]["template"]["spec"]["template"][
         "spec"]["containers"][0]["name"] = SIDECAR_CONTAINER
     with pytest.raises(SpecError, match="is reserved"):
-        validate(tj)
+        validate(tj, jobsets=True)
+
+
+def test_a_jobset_is_refused_where_the_operator_runs_without_jobset_support() -> None:
+    """Without the chart's jobset.enabled the operator neither watches JobSets nor may
+    make them (its RBAC): said at once, not as a refused create later."""
+    with pytest.raises(SpecError, match=r"jobset\.enabled=true") as refused:
+        validate(jobset_tj())
+    assert refused.value.reason == "JobSetSupportOff"
 
 
 def jobset(conditions: list[dict[str, Any]], active: int = 0) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     kube, ns, name = state.kube, body.meta.namespace or "", body.meta.name or ""
     generation = body.meta.get("generation")
     try:
-        doc = validate(body, state.settings.allow_host_access)
+        doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
         _refuse(kube, body, e, generation)
     cm = build_configmap(name, doc)
@@ -201,7 +201,7 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
         # Refused before: maybe fixed.
         return ensure(body=body, memo=memo, logger=logger, retry=retry)
     try:
-        doc = validate(body, state.settings.allow_host_access)
+        doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
         # The running pod keeps its last good policy; say why the edit was not applied.
         _set_condition(state.kube, body, Condition.POLICY_APPLIED, False, e.reason, str(e))
@@ -297,12 +297,12 @@ def inject_changed(body: kopf.Body, memo: kopf.Memo, old: Any, new: Any, **_: An
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_NAME: kopf.PRESENT})
-@kopf.on.event("jobset.x-k8s.io", "v1alpha2", "jobsets", labels={LABEL_NAME: kopf.PRESENT})
 def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str | None,
               logger: logging.Logger, **_: Any) -> None:
     """The Job's or JobSet's controller's view (active, conditions, times) -> phase and
-    conditions (a JobSet read as a Job: child.as_job). kopf serves the JobSet watch only
-    where JobSet is installed, and starts it when it is."""
+    conditions (a JobSet read as a Job: child.as_job). JobSets are watched only with the
+    operator's JobSet support on (below); kopf serves that watch where JobSet is
+    installed, and starts it when it is."""
     state = _state(memo)
     owner = job_owner_name(body)
     if owner is None or namespace is None:
@@ -327,6 +327,13 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
         post(tj, reason=f"Job{phase}", message=f"{body.get('kind', 'Job')} "
                                                 f"{body.get('metadata', {}).get('name')} "
                                                 f"is {phase}")
+
+
+# Registered when the handlers are imported, from the environment the startup handler
+# reads too: kopf decides what to watch from its registry.
+if OperatorSettings.from_env().jobsets:
+    kopf.on.event("jobset.x-k8s.io", "v1alpha2", "jobsets",
+                  labels={LABEL_NAME: kopf.PRESENT})(job_event)
 
 
 @kopf.on.event(*RESOURCE)

@@ -30,6 +30,9 @@ class OperatorSettings:
     handler_threads: int = 32
     # hostPID, hostIPC, hostNetwork and privileged containers in a ThrottledJob's pod.
     allow_host_access: bool = False
+    # Run ThrottledJobs of a JobSet (spec.jobSetTemplate): watch JobSets, which needs the
+    # chart's jobset.enabled grants (without them kopf's watch would be refused).
+    jobsets: bool = False
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -50,6 +53,8 @@ class OperatorSettings:
                 values[attr] = float(env[var])
         if env.get("THROTTLEDJOB_ALLOW_HOST_ACCESS"):
             values["allow_host_access"] = env["THROTTLEDJOB_ALLOW_HOST_ACCESS"] == "true"
+        if env.get("THROTTLEDJOB_JOBSETS"):
+            values["jobsets"] = env["THROTTLEDJOB_JOBSETS"] == "true"
         if env.get("THROTTLEDJOB_HANDLER_THREADS"):
             values["handler_threads"] = int(env["THROTTLEDJOB_HANDLER_THREADS"])
         return cls(**values)

@@ -53,6 +53,7 @@ class Refusal(Choice):
     HOST_ACCESS_REFUSED = "HostAccessRefused"
     UNREACHABLE_TARGET = "UnreachableTarget"
     LABEL_CLASH = "LabelClash"
+    JOBSETS_OFF = "JobSetSupportOff"
     # Found when creating: an object of the child's name exists and is not ours.
     CONFIG_MAP_NAME_TAKEN = "ConfigMapNameTaken"
     JOB_NAME_TAKEN = "JobNameTaken"
@@ -138,10 +139,12 @@ def _cpu_limit_cores(containers: list[Mapping[str, Any]]) -> float | None:
     return total
 
 
-def validate(body: Mapping[str, Any], allow_host_access: bool = False) -> dict[str, Any]:
+def validate(body: Mapping[str, Any], allow_host_access: bool = False,
+             jobsets: bool = False) -> dict[str, Any]:
     """The policy document of a ThrottledJob, or SpecError for what passes the CRD's
     schema but cannot work or must not run: a bad policy, names the sidecar needs, a
-    target the pod cannot reach, host access (unless allowed)."""
+    target the pod cannot reach, host access (unless allowed), a JobSet (unless the
+    operator runs with JobSet support)."""
     name = body.get("metadata", {}).get("name", "")
     if len(name) > MAX_NAME_LENGTH:
         raise SpecError(Refusal.INVALID_NAME,
@@ -150,6 +153,10 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False) -> dict[s
     if ("jobTemplate" in spec) == ("jobSetTemplate" in spec):
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE,
                         "set exactly one of spec.jobTemplate and spec.jobSetTemplate")
+    if child.is_jobset(spec) and not jobsets:
+        raise SpecError(Refusal.JOBSETS_OFF, "spec.jobSetTemplate needs the operator's "
+                                             "JobSet support: the chart value "
+                                             "jobset.enabled=true (THROTTLEDJOB_JOBSETS)")
     pods = child.pod_specs(spec)
     if not pods:
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE,
