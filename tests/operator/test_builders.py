@@ -31,6 +31,7 @@ from throttledjob.operator.children import (
     job_owner_name,
     sidecar_endpoint,
 )
+from throttledjob.operator.kube import as_stored
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.status import (
     condition,
@@ -471,6 +472,20 @@ def test_unreachable_sidecars_keep_the_last_observation() -> None:
     assert later["observed"]["cpuPeakCores"] == 1.2
     assert later["observed"]["errors"] == ["pod p: connection refused"]
     assert status_with_observed(first, [], [], "later") == first
+
+
+def test_a_read_that_changed_nothing_is_not_written_until_its_time_is_a_minute_old() -> None:
+    """The status poller writes a running ThrottledJob's status only when a figure moved,
+    or to refresh lastReadTime once a minute (Kube.update_status skips a no-op)."""
+    # As the API server stores it after a merge patch: the null figures (no GPU) gone.
+    first = as_stored(status_with_observed({}, [report(1.2, 0.2)], [], NOW))
+    assert "gpuPeakUtilizationPercent" not in first["observed"]
+    same = status_with_observed(first, [report(1.2, 0.2)], [], "2026-01-01T00:00:30Z")
+    assert as_stored(same) == first  # nothing to write
+    moved = status_with_observed(first, [report(1.3, 0.2)], [], "2026-01-01T00:00:30Z")
+    assert moved["observed"]["lastReadTime"] == "2026-01-01T00:00:30Z"
+    stale = status_with_observed(first, [report(1.2, 0.2)], [], "2026-01-01T00:01:00Z")
+    assert stale["observed"]["lastReadTime"] == "2026-01-01T00:01:00Z"
 
 
 def test_hostile_report_values_are_clamped() -> None:

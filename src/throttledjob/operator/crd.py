@@ -389,7 +389,10 @@ def status_schema() -> dict[str, Any]:
                                "items": {"type": "string", "enum": list(LEVERS)},
                                "description": "What held the peak in any pod"},
                     "pods": {"type": "integer", "minimum": 0},
-                    "lastReadTime": {"type": "string", "format": "date-time"},
+                    "lastReadTime": {"type": "string", "format": "date-time",
+                                     "description": "When a read last changed the "
+                                                    "figures, or at least each minute "
+                                                    "while the sidecars answer"},
                     "errors": {"type": "array", "maxItems": 16, "items": {"type": "string"}},
                 },
             },

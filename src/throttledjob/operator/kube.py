@@ -62,6 +62,16 @@ def load_client(connections: int = 10) -> Any:
     return kubernetes.client.ApiClient(config)
 
 
+def as_stored(obj: Any) -> Any:
+    """`obj` as a merge patch of it leaves it stored: a member set to null is removed (in
+    every nested object; a list is stored whole, nulls and all). A status that differs
+    from the stored one only in such nulls is not a change: without this, a nullable
+    figure that is null (no GPU) made every read a write."""
+    if isinstance(obj, Mapping):
+        return {k: as_stored(v) for k, v in obj.items() if v is not None}
+    return obj
+
+
 class Kube:
     """JSON in, JSON out; one shared ApiClient (its connection pool is thread-safe)."""
 
@@ -196,7 +206,7 @@ class Kube:
                 return None
             old = dict(tj.get("status") or {})
             new = mutate(dict(old), tj)
-            if new == old:
+            if as_stored(new) == as_stored(old):
                 return tj, old, new
             # Keys the new status drops must be nulled: a merge patch only adds.
             status = {**{k: None for k in old if k not in new}, **new}

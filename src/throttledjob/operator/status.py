@@ -21,8 +21,14 @@ from throttledjob.contracts.status import (
 )
 
 from .job_split import Rank, job_wide, rank_status
+from .kube import as_stored
 from .kueue import admission, queued_by_kueue
 from .validation import SpecError
+
+# A sidecar read that changed nothing but its time is not written unless the time
+# written is this old: one status patch per running ThrottledJob every status interval
+# was most of the operator's writes (docs/operator.md, "Load").
+READ_TIME_REFRESH_SECONDS = 60.0
 
 
 class Phase(Choice):
@@ -90,6 +96,13 @@ class Reason(Choice):
 def now_iso(now: datetime | None = None) -> str:
     now = now or datetime.now(timezone.utc)
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _seconds_between(earlier: str, later: str) -> float:
+    try:
+        return (datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds()
+    except ValueError:
+        return float("inf")
 
 
 def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: bool,
@@ -310,6 +323,11 @@ def status_with_observed(status: Mapping[str, Any], reports: list[Mapping[str, A
             out["observed"] = observed
         return out
     observed = aggregate_observed(reports, failures, now)
+    last = status.get("observed") or {}
+    if (as_stored({**last, "lastReadTime": now}) == as_stored(observed)
+            and last.get("lastReadTime")
+            and _seconds_between(last["lastReadTime"], now) < READ_TIME_REFRESH_SECONDS):
+        observed["lastReadTime"] = last["lastReadTime"]
     out["observed"] = observed
     level = observed["throttleLevel"]
     conds = set_condition(status.get("conditions"), Condition.THROTTLING, level > 0,
