@@ -24,6 +24,8 @@ from throttledjob.sidecar.explorer import (
     Pacing,
     Settled,
     Waiting,
+    insurance_after,
+    lever_may_win,
     probe_order,
     thread_candidates,
 )
@@ -344,8 +346,9 @@ def test_no_demand_is_read_past_the_cpus_the_workload_may_use():
 def test_agent_publishes_the_explorers_threads(tmp_path):
     from throttledjob.contracts.policy import Policy
 
-    agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
-                                 memory_bound())
+    # A budget of 1.5 leaves one thread room to win (lever_may_win); 1.25 would not.
+    agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both",
+                                                  max_slowdown=1.5), memory_bound())
     assert agent.explorer is not None and agent.explorer.levers == ONE
     assert published[0] is None and published[-1] == 1
     report = agent.explorer_report()
@@ -594,6 +597,71 @@ def test_under_a_budget_a_cheap_lever_still_wins_and_its_cost_is_known():
     assert ex.decision().predicted_slowdown == pytest.approx(100 / 90, rel=0.02)
 
 
+def test_no_thread_count_can_beat_a_budget_that_lifts_the_defaults_past_it():
+    # torch_train.py at a 1-core target: two threads want 2 cores; the 1.25 budget lifts
+    # them to 1.6, and one thread, at most 1.5x the work per core, cannot match that.
+    assert not lever_may_win([ONE], 2.0, 1.0, 1.25)
+    assert not lever_may_win([ONE], 2.0, 1.4, 1.25)      # 1.5 < 1.6 at 70% too
+    assert lever_may_win([ONE], 2.0, 1.0, 3.0)           # held at 1 core: 1.5 > 1
+    assert lever_may_win([ONE], 1.6, 1.0, 1.25)          # lifted only to 1.28
+    assert lever_may_win([ONE], 2.0, 1.0, None)          # no budget, no lift
+    # a setting other than a thread count has no such bound
+    assert lever_may_win([ONE, LeverSetting(pacing=Pacing.STOP)], 2.0, 1.0, 1.25)
+    assert lever_may_win([ONE, LeverSetting(batch_scale=0.5)], 2.0, 1.0, 1.25)
+
+
+def test_an_exploration_no_lever_is_expected_to_win_waits_until_it_costs_two_percent():
+    # 7 one-second intervals held at 1 core, where the defaults take 2x, instead of the
+    # budget's 1.25x: each costs 1 - 1.25/2 = 0.375 s; 2.6 s is 2% of 131 s, the expected
+    # length of a run that has lasted 65.6 s.
+    assert insurance_after(7.0, 2.0, 1.0, 1.25) == pytest.approx(7 * 0.375 / 0.04)
+    assert insurance_after(7.0, 1.2, 1.0, 1.25) == 0.0   # the target within the budget
+    assert insurance_after(7.0, 2.0, 1.0, None) == 0.0
+
+
+def torch_like() -> Model:
+    # examples/torch_train.py on this machine (bench/out/estimate.json): one thread does
+    # 1.3-1.46x the steps per CPU-second of two.
+    return Model({DEFAULT_SETTING: (2.0, 100.0), ONE: (1.0, 70.0)})
+
+
+def test_where_no_thread_count_can_win_under_the_budget_nothing_is_probed():
+    ex = Explorer(1.0, [ONE], max_slowdown=1.25)
+    seen, _ = drive(ex, torch_like(), 30, quota=1.6)
+    assert isinstance(ex.state, Waiting) and ex.estimates == {} and not ex.measuring
+    assert set(seen) == {DEFAULT_SETTING}
+    assert ex.exploration_intervals == 7
+    # With room in the budget the same workload explores once its demand is read past
+    # start-up (at once where even all the cores could not stop one thread winning),
+    # and one thread wins.
+    roomy = Explorer(1.0, [ONE], max_slowdown=3.0)
+    seen, _ = drive(roomy, torch_like(), 30)
+    assert seen.index(ONE) == 2 and roomy.levers == ONE
+    at_once = Explorer(1.0, [ONE], max_slowdown=3.0)
+    at_once.update(LeverSample(2.0, 0.5, 50.0, cores=2))
+    assert at_once.measuring and at_once.levers == ONE
+
+
+def test_the_demand_that_decides_is_read_past_the_first_steps():
+    # The first interval with steps is mostly start-up: it reads 0.6 cores, under which
+    # one thread could win; the next reads the 2 cores the defaults want, and nothing is
+    # probed.
+    ex = Explorer(1.0, [ONE], max_slowdown=1.25)
+    seen, _ = drive(ex, torch_like(), 10, quota=1.6, busy=lambda i: 0.3 if i == 0 else 1.0)
+    assert set(seen) == {DEFAULT_SETTING} and isinstance(ex.state, Waiting)
+
+
+def test_a_long_run_explores_anyway_and_finds_a_lever_the_bound_said_could_not_win():
+    # Memory-bound past the bound: one thread does 1.8x the work per core of two, and
+    # holds 1 core at 1.11x. Nothing is probed for the first 65 s; then the exploration
+    # runs, as insurance, and finds it.
+    ex = Explorer(1.0, [ONE], max_slowdown=1.25)
+    seen, _ = drive(ex, memory_bound(), 90, quota=1.6)
+    first = seen.index(ONE)
+    assert 65 <= first <= 67, first
+    assert isinstance(ex.state, Settled) and ex.levers == ONE
+
+
 def test_a_budget_that_does_not_bind_changes_nothing():
     for model, target in ((memory_bound(), 1.2), (compute_bound(), 1.5)):
         with_budget = Explorer(target, [ONE], max_slowdown=4.0)
@@ -610,7 +678,7 @@ def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_
     from throttledjob.contracts.policy import Policy
     from throttledjob.sidecar.summary import summarize
 
-    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.25)
+    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.5)
     agent, published = run_agent(tmp_path, policy, memory_bound(), intervals=40)
     assert published[-1] == 1 and agent.explorer.lever_slowdown() == pytest.approx(
         100 / 90, rel=0.02)
@@ -623,20 +691,28 @@ def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_
                    for levers, s in agent.explorer.trace if levers == ONE)
     assert summary.lever_cost_seconds == pytest.approx(one_busy * (1 - 0.9), rel=0.03)
     assert 1.05 < summary.slowdown < 100 / 90 + 0.01, summary
-    # 1.25 / 1.111 leaves a 1.125x budget for pausing: at most 11% of the time.
-    assert agent._max_pause_fraction() == pytest.approx(1 - (100 / 90) / 1.25, rel=0.02)
-    assert policy.max_pause_fraction == pytest.approx(0.2)
+    # 1.5 / 1.111 leaves a 1.35x budget for pausing: at most 26% of the time.
+    assert agent._max_pause_fraction() == pytest.approx(1 - (100 / 90) / 1.5, rel=0.02)
+    assert policy.max_pause_fraction == pytest.approx(1 / 3)
 
 
 def test_the_agent_explores_with_the_policys_budget(tmp_path):
     """A compute-bound workload at a 1-core target: one thread would take 2x, which the
-    1.25 budget forbids; the defaults stay, and the budget holds by pausing alone."""
+    budget forbids; the defaults stay, and the budget holds by pausing alone. With the
+    default budget (1.25) no thread count can win (lever_may_win): nothing is probed.
+    With 1.5 one may, so both are measured, and the defaults win."""
     from throttledjob.contracts.policy import Policy
 
     agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
                                  compute_bound(), intervals=40)
     assert agent.explorer.max_slowdown == 1.25
-    assert DEFAULT_SETTING in agent.explorer.estimates
+    assert agent.explorer.estimates == {} and isinstance(agent.explorer.state, Waiting)
+    assert set(published) == {None} and agent.result.probe_seconds == 0
+    (tmp_path / "wider").mkdir()
+    agent, published = run_agent(tmp_path / "wider", Policy(
+        cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.5), compute_bound(),
+        intervals=40)
+    assert set(agent.explorer.estimates) == {DEFAULT_SETTING, ONE}
     assert published[-1] is None and agent.explorer.levers == DEFAULT_SETTING
 
 
@@ -646,7 +722,7 @@ def test_time_under_a_setting_whose_cost_is_not_known_yet_is_reported(tmp_path):
     rather than print an estimate that leaves it out as if it were free."""
     from throttledjob.contracts.policy import Policy
 
-    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.25)
+    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.5)
     for run in ("short", "long"):
         (tmp_path / run).mkdir()
     short, published = run_agent(tmp_path / "short", policy, memory_bound(), intervals=4)
@@ -671,7 +747,9 @@ def test_the_explorers_measurements_hold_the_target_off_the_budgets_books(tmp_pa
     from throttledjob.sidecar.agent import PROBE_HOLD_INTERVALS
 
     seen = []
-    agent, _ = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
+    # 1.5, not the default 1.25: under 1.25 no thread count could win, nothing is probed.
+    agent, _ = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both",
+                                          max_slowdown=1.5),
                          compute_bound(), intervals=30, seen=seen)
     assert DEFAULT_SETTING in agent.explorer.estimates  # the defaults were probed
     # the settings an interval ran under were published after the previous state
@@ -679,7 +757,7 @@ def test_the_explorers_measurements_hold_the_target_off_the_budgets_books(tmp_pa
     probing = [settings.probing for settings, _ in seen]
     assert probing == [state == "Measuring" for state in states], (probing, states)
     assert 0 < sum(probing) <= PROBE_HOLD_INTERVALS * (1 + len(agent.explorer.estimates))
-    assert all(settings.max_pause_fraction == pytest.approx(0.2) for settings, _ in seen)
+    assert all(settings.max_pause_fraction == pytest.approx(1 / 3) for settings, _ in seen)
     assert agent.result.probe_seconds == sum(probing)
 
 
@@ -695,7 +773,7 @@ def test_a_measurement_stalled_by_idle_intervals_is_budgeted_again(tmp_path):
             return compute_bound().busy(levers, quota) if self.calls <= 2 else (0.0, 0, 0.0)
 
     seen = []
-    run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
+    run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.5),
               StallsAfterStart({}), intervals=PROBE_HOLD_INTERVALS + 6, seen=seen)
     assert seen[-1][1] == "Measuring"  # still waiting for a busy interval
     probing = [settings.probing for settings, _ in seen]

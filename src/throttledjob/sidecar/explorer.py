@@ -220,12 +220,20 @@ class PhaseGate:
 
 @dataclass
 class Waiting:
-    """No step seen yet (start-up, imports): the defaults apply.
+    """No step seen yet (start-up, imports), or no lever can win: the defaults apply.
 
-    -> Measuring(reference) after the first informative interval (not counted: start-up).
+    -> Measuring(reference) after the first informative interval (not counted: start-up),
+       unless a slowdown budget lifts the defaults' rate past what any candidate can win
+       (`lever_may_win`): then the defaults stay, under the budget, with nothing probed,
+       until an interval's demand says a candidate may win, or the run has lasted long
+       enough to pay for an exploration as insurance against the bound being wrong
+       (`insurance_after`). Where the verdict hangs on the demand, it is read past the
+       first informative interval (start-up lowers it).
     """
 
     levers: LeverSetting = DEFAULT_SETTING
+    informative: int = 0      # informative intervals seen
+    seconds: float = 0.0      # and their length
 
 
 @dataclass
@@ -345,7 +353,15 @@ class Explorer:
             if sample.informative:
                 # Not a sample: it holds the start-up (imports, warm-up) as well as the
                 # first steps, and would understate the defaults' steps per CPU-second.
-                self._explore(sample.wants(self.target), current=DEFAULT_SETTING)
+                s.informative += 1
+                s.seconds += sample.elapsed_seconds
+                demand = sample.demand_cores
+                past_start = s.informative > 1
+                if self._may_win(sample.cores) or (past_start and (
+                        self._may_win(demand) or s.seconds >= insurance_after(
+                            self.exploration_intervals * sample.elapsed_seconds,
+                            demand, self.target, self.max_slowdown))):
+                    self._explore(sample.wants(self.target), current=DEFAULT_SETTING)
         elif isinstance(s, Measuring):
             if s.settle > 0:
                 s.settle -= 1
@@ -386,6 +402,18 @@ class Explorer:
             return self.target
         return max(self.target,
                    unthrottled / (self.max_slowdown * max(1e-12, estimate.efficiency)))
+
+    @property
+    def exploration_intervals(self) -> int:
+        """The most intervals an exploration lasts: the reference (its settle and
+        baseline), every other setting (the defaults included) probed in full, and the
+        settle into the winner."""
+        return (self.settle_intervals + self.baseline_intervals
+                + len(self.candidates) * (self.settle_intervals + self.probe_intervals)
+                + self.settle_intervals)
+
+    def _may_win(self, demand_cores: float) -> bool:
+        return lever_may_win(self.candidates, demand_cores, self.target, self.max_slowdown)
 
     def _throughput(self, estimate: Estimate) -> float:
         return estimate.throughput(self.rate_for(estimate))
@@ -509,6 +537,55 @@ def _fewer_threads(candidate: LeverSetting, loser: LeverSetting) -> bool:
 # than this costs an interval at a fraction of the speed and is never kept (at 90% of a
 # 2-core peak, one thread's probes cost 3-10% of the run: docs/benchmarks.md).
 MAX_PER_CORE_GAIN = 1.5
+
+
+def lever_may_win(candidates: list[LeverSetting], demand_cores: float, target_cores: float,
+                  max_slowdown: float | None) -> bool:
+    """Whether any candidate may beat the defaults at the rate the budget gives them.
+
+    With a budget B the defaults, wanting D cores, are lifted to D/B where holding the
+    target would cost more than B: R0/B steps per second, R0 = e0 * D (e0: the defaults'
+    steps per CPU-second). k threads do at most MAX_PER_CORE_GAIN * e0 per CPU-second on
+    at most min(k, T) cores held at T, or, lifted by the same budget, R0/B again: they can
+    win only if MAX_PER_CORE_GAIN * min(k, T) > D / B. Where none can, their probes, held
+    at the target (the agent's probe hold), are pure cost: on torch_train.py at a 1-core
+    target (D = 2, B = 1.25: 1.5 < 1.6) the probes of one thread and of the defaults took
+    5-7 s of a 600-step run, which ran 1.15x the time of the same run with no explorer
+    (docs/benchmarks.md). Settings other than a thread count (stop pacing, a smaller
+    batch) have no such bound: they may always win.
+    """
+    if max_slowdown is None:
+        return True
+    for c in candidates:
+        if c.threads is None or c.batch_scale != 1.0 or c.pacing != Pacing.SLEEP:
+            return True
+        if MAX_PER_CORE_GAIN * min(c.threads, target_cores) > demand_cores / max_slowdown:
+            return True
+    return False
+
+
+# The most of a run's expected length an exploration no lever is expected to win may
+# cost: the "never more than 2% slower than a plain quota" goal (docs/benchmarks.md).
+INSURANCE_SHARE = 0.02
+
+
+def insurance_after(exploration_seconds: float, demand_cores: float, target_cores: float,
+                    max_slowdown: float | None) -> float:
+    """Seconds of stepping after which an exploration that no lever is expected to win
+    (`lever_may_win`) is worth running anyway, in case MAX_PER_CORE_GAIN is wrong for
+    this workload (two threads on a machine busy with other work did 4.7x less per
+    CPU-second than one, docs/benchmarks.md).
+
+    Its probes hold the target, where the defaults run D/T times slower than unheld,
+    instead of the budget's B: each second of them costs at most 1 - B*T/D of a second.
+    Nothing is known of the run's length but how long it has lasted, t; a run that has
+    lasted t is as likely to end before 2t as after (Gott's rule), so 2t is its expected
+    length, and the exploration is run once it costs at most INSURANCE_SHARE of it.
+    """
+    if max_slowdown is None:
+        return 0.0
+    lost = max(0.0, 1.0 - max_slowdown * target_cores / max(1e-9, demand_cores))
+    return exploration_seconds * lost / (2 * INSURANCE_SHARE)
 
 
 def thread_candidates(cores: int, target_cores: float) -> list[LeverSetting]:
