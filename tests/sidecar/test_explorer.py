@@ -24,10 +24,11 @@ from throttledjob.sidecar.explorer import (
     Pacing,
     Settled,
     Waiting,
-    insurance_after,
-    lever_may_win,
+    exploration_cost,
+    lever_gain_bound,
     probe_order,
     thread_candidates,
+    worth_exploring,
 )
 
 ONE = LeverSetting(threads=1)
@@ -346,9 +347,10 @@ def test_no_demand_is_read_past_the_cpus_the_workload_may_use():
 def test_agent_publishes_the_explorers_threads(tmp_path):
     from throttledjob.contracts.policy import Policy
 
-    # A budget of 1.5 leaves one thread room to win (lever_may_win); 1.25 would not.
+    # A budget of 2 lets the probes hold the target at no cost against it; under 1.25
+    # one thread could not win (lever_gain_bound): nothing would be probed.
     agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both",
-                                                  max_slowdown=1.5), memory_bound())
+                                                  max_slowdown=2.0), memory_bound())
     assert agent.explorer is not None and agent.explorer.levers == ONE
     assert published[0] is None and published[-1] == 1
     report = agent.explorer_report()
@@ -600,23 +602,32 @@ def test_under_a_budget_a_cheap_lever_still_wins_and_its_cost_is_known():
 def test_no_thread_count_can_beat_a_budget_that_lifts_the_defaults_past_it():
     # torch_train.py at a 1-core target: two threads want 2 cores; the 1.25 budget lifts
     # them to 1.6, and one thread, at most 1.5x the work per core, cannot match that.
-    assert not lever_may_win([ONE], 2.0, 1.0, 1.25)
-    assert not lever_may_win([ONE], 2.0, 1.4, 1.25)      # 1.5 < 1.6 at 70% too
-    assert lever_may_win([ONE], 2.0, 1.0, 3.0)           # held at 1 core: 1.5 > 1
-    assert lever_may_win([ONE], 1.6, 1.0, 1.25)          # lifted only to 1.28
-    assert lever_may_win([ONE], 2.0, 1.0, None)          # no budget, no lift
+    assert lever_gain_bound([ONE], 2.0, 1.0, 1.25) == pytest.approx(1 - 1.6 / 1.5)
+    # read at 1.8 cores (as under the quota) it can save 4% at most
+    assert lever_gain_bound([ONE], 1.8, 1.0, 1.25) == pytest.approx(0.04)
+    # held at 1 core (a budget that does not bind, or none): a third
+    assert lever_gain_bound([ONE], 2.0, 1.0, 3.0) == pytest.approx(1 / 3)
+    assert lever_gain_bound([ONE], 2.0, 1.0, None) == pytest.approx(1 / 3)
     # a setting other than a thread count has no such bound
-    assert lever_may_win([ONE, LeverSetting(pacing=Pacing.STOP)], 2.0, 1.0, 1.25)
-    assert lever_may_win([ONE, LeverSetting(batch_scale=0.5)], 2.0, 1.0, 1.25)
+    assert lever_gain_bound([ONE, LeverSetting(pacing=Pacing.STOP)], 2.0, 1.0, 1.25) is None
+    assert lever_gain_bound([ONE, LeverSetting(batch_scale=0.5)], 2.0, 1.0, 1.25) is None
 
 
-def test_an_exploration_no_lever_is_expected_to_win_waits_until_it_costs_two_percent():
-    # 7 one-second intervals held at 1 core, where the defaults take 2x, instead of the
-    # budget's 1.25x: each costs 1 - 1.25/2 = 0.375 s; 2.6 s is 2% of 131 s, the expected
-    # length of a run that has lasted 65.6 s.
-    assert insurance_after(7.0, 2.0, 1.0, 1.25) == pytest.approx(7 * 0.375 / 0.04)
-    assert insurance_after(7.0, 1.2, 1.0, 1.25) == 0.0   # the target within the budget
-    assert insurance_after(7.0, 2.0, 1.0, None) == 0.0
+def test_what_an_exploration_costs_against_the_budgets_lift():
+    # 7 s held at 1 core, where the defaults take 2x, instead of the budget's 1.25x
+    assert exploration_cost(7.0, 2.0, 1.0, 1.25) == pytest.approx(7 * (1 - 1.25 / 2))
+    assert exploration_cost(7.0, 1.2, 1.0, 1.25) == 0.0   # the target within the budget
+    assert exploration_cost(7.0, 2.0, 1.0, 3.0) == 0.0    # no lift: held anyway
+    assert exploration_cost(7.0, 2.0, 1.0, None) == 0.0
+
+
+def test_an_exploration_runs_once_the_time_expected_left_repays_it():
+    assert worth_exploring(1.0, 0.0, 0.0)             # costs nothing
+    assert worth_exploring(0.0, 5.0, None)            # no bound: as before
+    assert not worth_exploring(10.0, 2.0, 0.1) and worth_exploring(20.0, 2.0, 0.1)
+    # a gain of 4% or less (none included) counts as 4%: the cost is then 2% of 2t
+    assert not worth_exploring(65.0, 2.625, -0.07) and worth_exploring(66.0, 2.625, -0.07)
+    assert worth_exploring(66.0, 2.625, 0.01) == worth_exploring(66.0, 2.625, 0.04)
 
 
 def torch_like() -> Model:
@@ -678,7 +689,7 @@ def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_
     from throttledjob.contracts.policy import Policy
     from throttledjob.sidecar.summary import summarize
 
-    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.5)
+    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=2.0)
     agent, published = run_agent(tmp_path, policy, memory_bound(), intervals=40)
     assert published[-1] == 1 and agent.explorer.lever_slowdown() == pytest.approx(
         100 / 90, rel=0.02)
@@ -691,16 +702,17 @@ def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_
                    for levers, s in agent.explorer.trace if levers == ONE)
     assert summary.lever_cost_seconds == pytest.approx(one_busy * (1 - 0.9), rel=0.03)
     assert 1.05 < summary.slowdown < 100 / 90 + 0.01, summary
-    # 1.5 / 1.111 leaves a 1.35x budget for pausing: at most 26% of the time.
-    assert agent._max_pause_fraction() == pytest.approx(1 - (100 / 90) / 1.5, rel=0.02)
-    assert policy.max_pause_fraction == pytest.approx(1 / 3)
+    # 2 / 1.111 leaves a 1.8x budget for pausing: at most 44% of the time.
+    assert agent._max_pause_fraction() == pytest.approx(1 - (100 / 90) / 2, rel=0.02)
+    assert policy.max_pause_fraction == pytest.approx(0.5)
 
 
 def test_the_agent_explores_with_the_policys_budget(tmp_path):
     """A compute-bound workload at a 1-core target: one thread would take 2x, which the
     budget forbids; the defaults stay, and the budget holds by pausing alone. With the
-    default budget (1.25) no thread count can win (lever_may_win): nothing is probed.
-    With 1.5 one may, so both are measured, and the defaults win."""
+    default budget (1.25) no thread count can win (lever_gain_bound): nothing is probed.
+    With 1.6 one may save a sixth: both are measured (once the run has lasted long
+    enough to repay the probes, 8.4 s: worth_exploring), and the defaults win."""
     from throttledjob.contracts.policy import Policy
 
     agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
@@ -710,7 +722,7 @@ def test_the_agent_explores_with_the_policys_budget(tmp_path):
     assert set(published) == {None} and agent.result.probe_seconds == 0
     (tmp_path / "wider").mkdir()
     agent, published = run_agent(tmp_path / "wider", Policy(
-        cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.5), compute_bound(),
+        cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.6), compute_bound(),
         intervals=40)
     assert set(agent.explorer.estimates) == {DEFAULT_SETTING, ONE}
     assert published[-1] is None and agent.explorer.levers == DEFAULT_SETTING
@@ -722,7 +734,7 @@ def test_time_under_a_setting_whose_cost_is_not_known_yet_is_reported(tmp_path):
     rather than print an estimate that leaves it out as if it were free."""
     from throttledjob.contracts.policy import Policy
 
-    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.5)
+    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=2.0)
     for run in ("short", "long"):
         (tmp_path / run).mkdir()
     short, published = run_agent(tmp_path / "short", policy, memory_bound(), intervals=4)
@@ -747,9 +759,10 @@ def test_the_explorers_measurements_hold_the_target_off_the_budgets_books(tmp_pa
     from throttledjob.sidecar.agent import PROBE_HOLD_INTERVALS
 
     seen = []
-    # 1.5, not the default 1.25: under 1.25 no thread count could win, nothing is probed.
+    # 1.6, not the default 1.25: under 1.25 no thread count could win, nothing would be
+    # probed.
     agent, _ = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both",
-                                          max_slowdown=1.5),
+                                          max_slowdown=1.6),
                          compute_bound(), intervals=30, seen=seen)
     assert DEFAULT_SETTING in agent.explorer.estimates  # the defaults were probed
     # the settings an interval ran under were published after the previous state
@@ -757,7 +770,8 @@ def test_the_explorers_measurements_hold_the_target_off_the_budgets_books(tmp_pa
     probing = [settings.probing for settings, _ in seen]
     assert probing == [state == "Measuring" for state in states], (probing, states)
     assert 0 < sum(probing) <= PROBE_HOLD_INTERVALS * (1 + len(agent.explorer.estimates))
-    assert all(settings.max_pause_fraction == pytest.approx(1 / 3) for settings, _ in seen)
+    assert all(settings.max_pause_fraction == pytest.approx(1 - 1 / 1.6)
+               for settings, _ in seen)
     assert agent.result.probe_seconds == sum(probing)
 
 
@@ -773,7 +787,7 @@ def test_a_measurement_stalled_by_idle_intervals_is_budgeted_again(tmp_path):
             return compute_bound().busy(levers, quota) if self.calls <= 2 else (0.0, 0, 0.0)
 
     seen = []
-    run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.5),
+    run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=2.0),
               StallsAfterStart({}), intervals=PROBE_HOLD_INTERVALS + 6, seen=seen)
     assert seen[-1][1] == "Measuring"  # still waiting for a busy interval
     probing = [settings.probing for settings, _ in seen]

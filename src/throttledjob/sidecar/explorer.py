@@ -222,13 +222,13 @@ class PhaseGate:
 class Waiting:
     """No step seen yet (start-up, imports), or no lever can win: the defaults apply.
 
-    -> Measuring(reference) after the first informative interval (not counted: start-up),
-       unless a slowdown budget lifts the defaults' rate past what any candidate can win
-       (`lever_may_win`): then the defaults stay, under the budget, with nothing probed,
-       until an interval's demand says a candidate may win, or the run has lasted long
-       enough to pay for an exploration as insurance against the bound being wrong
-       (`insurance_after`). Where the verdict hangs on the demand, it is read past the
-       first informative interval (start-up lowers it).
+    -> Measuring(reference) after the first informative interval (not counted: start-up)
+       where the exploration pays for itself (`worth_exploring`: what its probes, held at
+       the target, cost against the budget's lift, `exploration_cost`, repaid over the
+       time the run is expected to last still by the most a lever can save,
+       `lever_gain_bound`); else the defaults stay, under the budget, nothing probed,
+       until the run has lasted long enough. Where the verdict hangs on the demand, it
+       is read past the first informative interval (start-up lowers it).
     """
 
     levers: LeverSetting = DEFAULT_SETTING
@@ -356,11 +356,11 @@ class Explorer:
                 s.informative += 1
                 s.seconds += sample.elapsed_seconds
                 demand = sample.demand_cores
-                past_start = s.informative > 1
-                if self._may_win(sample.cores) or (past_start and (
-                        self._may_win(demand) or s.seconds >= insurance_after(
-                            self.exploration_intervals * sample.elapsed_seconds,
-                            demand, self.target, self.max_slowdown))):
+                # The first interval's demand is lowered by start-up: it decides only
+                # where even the most demand there can be (all the cores) would.
+                if self._worth(s.seconds, sample.elapsed_seconds, sample.cores) or (
+                        s.informative > 1
+                        and self._worth(s.seconds, sample.elapsed_seconds, demand)):
                     self._explore(sample.wants(self.target), current=DEFAULT_SETTING)
         elif isinstance(s, Measuring):
             if s.settle > 0:
@@ -412,8 +412,11 @@ class Explorer:
                 + len(self.candidates) * (self.settle_intervals + self.probe_intervals)
                 + self.settle_intervals)
 
-    def _may_win(self, demand_cores: float) -> bool:
-        return lever_may_win(self.candidates, demand_cores, self.target, self.max_slowdown)
+    def _worth(self, seconds: float, interval: float, demand_cores: float) -> bool:
+        cost = exploration_cost(self.exploration_intervals * interval, demand_cores,
+                                self.target, self.max_slowdown)
+        gain = lever_gain_bound(self.candidates, demand_cores, self.target, self.max_slowdown)
+        return worth_exploring(seconds, cost, gain)
 
     def _throughput(self, estimate: Estimate) -> float:
         return estimate.throughput(self.rate_for(estimate))
@@ -539,53 +542,60 @@ def _fewer_threads(candidate: LeverSetting, loser: LeverSetting) -> bool:
 MAX_PER_CORE_GAIN = 1.5
 
 
-def lever_may_win(candidates: list[LeverSetting], demand_cores: float, target_cores: float,
-                  max_slowdown: float | None) -> bool:
-    """Whether any candidate may beat the defaults at the rate the budget gives them.
+def lever_gain_bound(candidates: list[LeverSetting], demand_cores: float,
+                     target_cores: float, max_slowdown: float | None) -> float | None:
+    """The most of the run's time any candidate can save against the defaults at the
+    rate the budget gives them (at or under 0: none can win); None where no bound is
+    known (a setting other than a thread count: stop pacing, a smaller batch).
 
-    With a budget B the defaults, wanting D cores, are lifted to D/B where holding the
-    target would cost more than B: R0/B steps per second, R0 = e0 * D (e0: the defaults'
-    steps per CPU-second). k threads do at most MAX_PER_CORE_GAIN * e0 per CPU-second on
-    at most min(k, T) cores held at T, or, lifted by the same budget, R0/B again: they can
-    win only if MAX_PER_CORE_GAIN * min(k, T) > D / B. Where none can, their probes, held
-    at the target (the agent's probe hold), are pure cost: on torch_train.py at a 1-core
-    target (D = 2, B = 1.25: 1.5 < 1.6) the probes of one thread and of the defaults took
-    5-7 s of a 600-step run, which ran 1.15x the time of the same run with no explorer
-    (docs/benchmarks.md). Settings other than a thread count (stop pacing, a smaller
-    batch) have no such bound: they may always win.
+    With a budget B the defaults, wanting D cores, run at max(min(D, T), D/B) cores. k
+    threads do at most MAX_PER_CORE_GAIN times the defaults' steps per CPU-second on at
+    most min(k, T) cores (lifted by the budget they match the defaults' D/B, no more).
     """
-    if max_slowdown is None:
-        return True
+    rate = max(min(demand_cores, target_cores),
+               demand_cores / max_slowdown if max_slowdown else 0.0)
+    best = 0.0
     for c in candidates:
         if c.threads is None or c.batch_scale != 1.0 or c.pacing != Pacing.SLEEP:
-            return True
-        if MAX_PER_CORE_GAIN * min(c.threads, target_cores) > demand_cores / max_slowdown:
-            return True
-    return False
+            return None
+        best = max(best, MAX_PER_CORE_GAIN * min(c.threads, target_cores))
+    return 1.0 - rate / best if best else 0.0
 
 
-# The most of a run's expected length an exploration no lever is expected to win may
-# cost: the "never more than 2% slower than a plain quota" goal (docs/benchmarks.md).
+def exploration_cost(exploration_seconds: float, demand_cores: float, target_cores: float,
+                     max_slowdown: float | None) -> float:
+    """The most an exploration of `exploration_seconds` can cost: its probes hold the
+    target (the agent's probe hold), where the defaults run D/T times slower than unheld,
+    instead of the budget's B: each second costs at most 1 - B*T/D of a second. Without
+    a lift (no budget, or a target within it) holding the target is what the run does
+    anyway: nothing."""
+    if max_slowdown is None:
+        return 0.0
+    return exploration_seconds * max(
+        0.0, 1.0 - max_slowdown * target_cores / max(1e-9, demand_cores))
+
+
+# The least gain an exploration is assumed to bring where the bound says a lever brings
+# less or none (MAX_PER_CORE_GAIN may be wrong for a workload: two threads on this
+# machine busy with other work did 4.7x less per CPU-second than one): the probes then
+# run once they cost at most 2% of the run's expected length, the "never more than 2%
+# slower than a plain quota" goal (docs/benchmarks.md).
 INSURANCE_SHARE = 0.02
 
 
-def insurance_after(exploration_seconds: float, demand_cores: float, target_cores: float,
-                    max_slowdown: float | None) -> float:
-    """Seconds of stepping after which an exploration that no lever is expected to win
-    (`lever_may_win`) is worth running anyway, in case MAX_PER_CORE_GAIN is wrong for
-    this workload (two threads on a machine busy with other work did 4.7x less per
-    CPU-second than one, docs/benchmarks.md).
+def worth_exploring(seconds: float, cost_seconds: float, gain: float | None) -> bool:
+    """Whether an exploration costing `cost_seconds` pays for itself in a run that has
+    stepped for `seconds`, where a lever can save at most `gain` of the time left.
 
-    Its probes hold the target, where the defaults run D/T times slower than unheld,
-    instead of the budget's B: each second of them costs at most 1 - B*T/D of a second.
-    Nothing is known of the run's length but how long it has lasted, t; a run that has
-    lasted t is as likely to end before 2t as after (Gott's rule), so 2t is its expected
-    length, and the exploration is run once it costs at most INSURANCE_SHARE of it.
+    Nothing is known of the run's length but how long it has lasted, t: a run that has
+    lasted t is as likely to end before 2t as after (Gott's rule), so t is what is
+    expected to be left, and the exploration pays when t * gain >= its cost. A gain under
+    2 * INSURANCE_SHARE counts as that much: the cost is then at most INSURANCE_SHARE of
+    the run's expected length, 2t.
     """
-    if max_slowdown is None:
-        return 0.0
-    lost = max(0.0, 1.0 - max_slowdown * target_cores / max(1e-9, demand_cores))
-    return exploration_seconds * lost / (2 * INSURANCE_SHARE)
+    if gain is None or cost_seconds <= 0:
+        return True
+    return seconds * max(gain, 2 * INSURANCE_SHARE) >= cost_seconds
 
 
 def thread_candidates(cores: int, target_cores: float) -> list[LeverSetting]:
