@@ -662,6 +662,15 @@ def test_the_demand_that_decides_is_read_past_the_first_steps():
     assert set(seen) == {DEFAULT_SETTING} and isinstance(ex.state, Waiting)
 
 
+def test_a_dip_in_demand_does_not_set_a_probe_going():
+    # The run's last interval read 1.37 cores of the 1.5-1.9 before it (bench.probes
+    # --pay-off 600): at 1.37 a probe would pay; the most demand read decides.
+    ex = Explorer(1.0, [ONE], max_slowdown=1.25)
+    for usage in (1.0, 1.8, 1.9, 1.8, 1.37):
+        ex.update(LeverSample(usage, 0.0, 100.0, cores=2))
+    assert isinstance(ex.state, Waiting) and ex.state.peak == 1.9
+
+
 def test_a_long_run_explores_anyway_and_finds_a_lever_the_bound_said_could_not_win():
     # Memory-bound past the bound: one thread does 1.8x the work per core of two, and
     # holds 1 core at 1.11x. Nothing is probed for the first 65 s; then the exploration

@@ -234,6 +234,7 @@ class Waiting:
     levers: LeverSetting = DEFAULT_SETTING
     informative: int = 0      # informative intervals seen
     seconds: float = 0.0      # and their length
+    peak: float = 0.0         # the most demand read past the first (cores)
 
 
 @dataclass
@@ -355,12 +356,15 @@ class Explorer:
                 # first steps, and would understate the defaults' steps per CPU-second.
                 s.informative += 1
                 s.seconds += sample.elapsed_seconds
-                demand = sample.demand_cores
+                if s.informative > 1:
+                    # The most, as a setting's peak (Estimate.of): a run's last interval
+                    # read 1.37 cores of the 1.5-1.9 before it, and set a probe going.
+                    s.peak = max(s.peak, sample.demand_cores)
                 # The first interval's demand is lowered by start-up: it decides only
                 # where even the most demand there can be (all the cores) would.
                 if self._worth(s.seconds, sample.elapsed_seconds, sample.cores) or (
                         s.informative > 1
-                        and self._worth(s.seconds, sample.elapsed_seconds, demand)):
+                        and self._worth(s.seconds, sample.elapsed_seconds, s.peak)):
                     self._explore(sample.wants(self.target), current=DEFAULT_SETTING)
         elif isinstance(s, Measuring):
             if s.settle > 0:
