@@ -30,13 +30,16 @@ unthrottled rate (the defaults' efficiency times their demand). A setting that c
 speed by itself (one thread of two on a compute-bound loop) then loses to the defaults
 wherever the budget binds: it would be duty-cycled to the same lifted rate at fewer
 steps per CPU-second. To know R0 the defaults are always measured when there is a budget.
+Where the budget lifts the defaults past what any thread count can reach, probing is
+pure cost (its probes hold the target): the explorer waits until the run has lasted long
+enough to repay it (`worth_exploring`), which on a short run is never.
 `lever_slowdown()` is what the levers in force cost by themselves, R0 over their own
 unthrottled rate: the agent charges it against the budget before any pause.
 
 The state machine (one `update()` per control interval, observations in, levers out;
 pure and deterministic, so it is tested on synthetic workloads):
 
-    Waiting --steps advance--> Measuring(reference)
+    Waiting --steps advance, and the exploration pays--> Measuring(reference)
     Measuring(s) --enough samples--> Measuring(next candidate) | Settled(best)
     Measuring(probe) --first sample clearly worse than the best--> next (probe aborted)
     Settled --workload drifts (phase change) for a few intervals--> Measuring(reference)
