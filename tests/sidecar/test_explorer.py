@@ -24,8 +24,11 @@ from throttledjob.sidecar.explorer import (
     Pacing,
     Settled,
     Waiting,
+    exploration_cost,
+    lever_gain_bound,
     probe_order,
     thread_candidates,
+    worth_exploring,
 )
 
 ONE = LeverSetting(threads=1)
@@ -344,8 +347,10 @@ def test_no_demand_is_read_past_the_cpus_the_workload_may_use():
 def test_agent_publishes_the_explorers_threads(tmp_path):
     from throttledjob.contracts.policy import Policy
 
-    agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
-                                 memory_bound())
+    # A budget of 2 lets the probes hold the target at no cost against it; under 1.25
+    # one thread could not win (lever_gain_bound): nothing would be probed.
+    agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both",
+                                                  max_slowdown=2.0), memory_bound())
     assert agent.explorer is not None and agent.explorer.levers == ONE
     assert published[0] is None and published[-1] == 1
     report = agent.explorer_report()
@@ -594,6 +599,89 @@ def test_under_a_budget_a_cheap_lever_still_wins_and_its_cost_is_known():
     assert ex.decision().predicted_slowdown == pytest.approx(100 / 90, rel=0.02)
 
 
+def test_no_thread_count_can_beat_a_budget_that_lifts_the_defaults_past_it():
+    # torch_train.py at a 1-core target: two threads want 2 cores; the 1.25 budget lifts
+    # them to 1.6, and one thread, at most 1.5x the work per core, cannot match that.
+    assert lever_gain_bound([ONE], 2.0, 1.0, 1.25) == pytest.approx(1 - 1.6 / 1.5)
+    # read at 1.8 cores (as under the quota) it can save 4% at most
+    assert lever_gain_bound([ONE], 1.8, 1.0, 1.25) == pytest.approx(0.04)
+    # held at 1 core (a budget that does not bind, or none): a third
+    assert lever_gain_bound([ONE], 2.0, 1.0, 3.0) == pytest.approx(1 / 3)
+    assert lever_gain_bound([ONE], 2.0, 1.0, None) == pytest.approx(1 / 3)
+    # a setting other than a thread count has no such bound
+    assert lever_gain_bound([ONE, LeverSetting(pacing=Pacing.STOP)], 2.0, 1.0, 1.25) is None
+    assert lever_gain_bound([ONE, LeverSetting(batch_scale=0.5)], 2.0, 1.0, 1.25) is None
+
+
+def test_what_an_exploration_costs_against_the_budgets_lift():
+    # 7 s held at 1 core, where the defaults take 2x, instead of the budget's 1.25x
+    assert exploration_cost(7.0, 2.0, 1.0, 1.25) == pytest.approx(7 * (1 - 1.25 / 2))
+    assert exploration_cost(7.0, 1.2, 1.0, 1.25) == 0.0   # the target within the budget
+    assert exploration_cost(7.0, 2.0, 1.0, 3.0) == 0.0    # no lift: held anyway
+    assert exploration_cost(7.0, 2.0, 1.0, None) == 0.0
+
+
+def test_an_exploration_runs_once_the_time_expected_left_repays_it():
+    assert worth_exploring(1.0, 0.0, 0.0)             # costs nothing
+    assert worth_exploring(0.0, 5.0, None)            # no bound: as before
+    assert not worth_exploring(10.0, 2.0, 0.1) and worth_exploring(20.0, 2.0, 0.1)
+    # a gain of 4% or less (none included) counts as 4%: the cost is then 2% of 2t
+    assert not worth_exploring(65.0, 2.625, -0.07) and worth_exploring(66.0, 2.625, -0.07)
+    assert worth_exploring(66.0, 2.625, 0.01) == worth_exploring(66.0, 2.625, 0.04)
+
+
+def torch_like() -> Model:
+    # examples/torch_train.py on this machine (bench/out/estimate.json): one thread does
+    # 1.3-1.46x the steps per CPU-second of two.
+    return Model({DEFAULT_SETTING: (2.0, 100.0), ONE: (1.0, 70.0)})
+
+
+def test_where_no_thread_count_can_win_under_the_budget_nothing_is_probed():
+    ex = Explorer(1.0, [ONE], max_slowdown=1.25)
+    seen, _ = drive(ex, torch_like(), 30, quota=1.6)
+    assert isinstance(ex.state, Waiting) and ex.estimates == {} and not ex.measuring
+    assert set(seen) == {DEFAULT_SETTING}
+    assert ex.exploration_intervals == 7
+    # With room in the budget the same workload explores once its demand is read past
+    # start-up (at once where even all the cores could not stop one thread winning),
+    # and one thread wins.
+    roomy = Explorer(1.0, [ONE], max_slowdown=3.0)
+    seen, _ = drive(roomy, torch_like(), 30)
+    assert seen.index(ONE) == 2 and roomy.levers == ONE
+    at_once = Explorer(1.0, [ONE], max_slowdown=3.0)
+    at_once.update(LeverSample(2.0, 0.5, 50.0, cores=2))
+    assert at_once.measuring and at_once.levers == ONE
+
+
+def test_the_demand_that_decides_is_read_past_the_first_steps():
+    # The first interval with steps is mostly start-up: it reads 0.6 cores, under which
+    # one thread could win; the next reads the 2 cores the defaults want, and nothing is
+    # probed.
+    ex = Explorer(1.0, [ONE], max_slowdown=1.25)
+    seen, _ = drive(ex, torch_like(), 10, quota=1.6, busy=lambda i: 0.3 if i == 0 else 1.0)
+    assert set(seen) == {DEFAULT_SETTING} and isinstance(ex.state, Waiting)
+
+
+def test_a_dip_in_demand_does_not_set_a_probe_going():
+    # The run's last interval read 1.37 cores of the 1.5-1.9 before it (bench.probes
+    # --pay-off 600): at 1.37 a probe would pay; the most demand read decides.
+    ex = Explorer(1.0, [ONE], max_slowdown=1.25)
+    for usage in (1.0, 1.8, 1.9, 1.8, 1.37):
+        ex.update(LeverSample(usage, 0.0, 100.0, cores=2))
+    assert isinstance(ex.state, Waiting) and ex.state.peak == 1.9
+
+
+def test_a_long_run_explores_anyway_and_finds_a_lever_the_bound_said_could_not_win():
+    # Memory-bound past the bound: one thread does 1.8x the work per core of two, and
+    # holds 1 core at 1.11x. Nothing is probed for the first 65 s; then the exploration
+    # runs, as insurance, and finds it.
+    ex = Explorer(1.0, [ONE], max_slowdown=1.25)
+    seen, _ = drive(ex, memory_bound(), 90, quota=1.6)
+    first = seen.index(ONE)
+    assert 65 <= first <= 67, first
+    assert isinstance(ex.state, Settled) and ex.levers == ONE
+
+
 def test_a_budget_that_does_not_bind_changes_nothing():
     for model, target in ((memory_bound(), 1.2), (compute_bound(), 1.5)):
         with_budget = Explorer(target, [ONE], max_slowdown=4.0)
@@ -610,7 +698,7 @@ def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_
     from throttledjob.contracts.policy import Policy
     from throttledjob.sidecar.summary import summarize
 
-    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.25)
+    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=2.0)
     agent, published = run_agent(tmp_path, policy, memory_bound(), intervals=40)
     assert published[-1] == 1 and agent.explorer.lever_slowdown() == pytest.approx(
         100 / 90, rel=0.02)
@@ -623,20 +711,29 @@ def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_
                    for levers, s in agent.explorer.trace if levers == ONE)
     assert summary.lever_cost_seconds == pytest.approx(one_busy * (1 - 0.9), rel=0.03)
     assert 1.05 < summary.slowdown < 100 / 90 + 0.01, summary
-    # 1.25 / 1.111 leaves a 1.125x budget for pausing: at most 11% of the time.
-    assert agent._max_pause_fraction() == pytest.approx(1 - (100 / 90) / 1.25, rel=0.02)
-    assert policy.max_pause_fraction == pytest.approx(0.2)
+    # 2 / 1.111 leaves a 1.8x budget for pausing: at most 44% of the time.
+    assert agent._max_pause_fraction() == pytest.approx(1 - (100 / 90) / 2, rel=0.02)
+    assert policy.max_pause_fraction == pytest.approx(0.5)
 
 
 def test_the_agent_explores_with_the_policys_budget(tmp_path):
     """A compute-bound workload at a 1-core target: one thread would take 2x, which the
-    1.25 budget forbids; the defaults stay, and the budget holds by pausing alone."""
+    budget forbids; the defaults stay, and the budget holds by pausing alone. With the
+    default budget (1.25) no thread count can win (lever_gain_bound): nothing is probed.
+    With 1.6 one may save a sixth: both are measured (once the run has lasted long
+    enough to repay the probes, 8.4 s: worth_exploring), and the defaults win."""
     from throttledjob.contracts.policy import Policy
 
     agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
                                  compute_bound(), intervals=40)
     assert agent.explorer.max_slowdown == 1.25
-    assert DEFAULT_SETTING in agent.explorer.estimates
+    assert agent.explorer.estimates == {} and isinstance(agent.explorer.state, Waiting)
+    assert set(published) == {None} and agent.result.probe_seconds == 0
+    (tmp_path / "wider").mkdir()
+    agent, published = run_agent(tmp_path / "wider", Policy(
+        cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.6), compute_bound(),
+        intervals=40)
+    assert set(agent.explorer.estimates) == {DEFAULT_SETTING, ONE}
     assert published[-1] is None and agent.explorer.levers == DEFAULT_SETTING
 
 
@@ -646,7 +743,7 @@ def test_time_under_a_setting_whose_cost_is_not_known_yet_is_reported(tmp_path):
     rather than print an estimate that leaves it out as if it were free."""
     from throttledjob.contracts.policy import Policy
 
-    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.25)
+    policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=2.0)
     for run in ("short", "long"):
         (tmp_path / run).mkdir()
     short, published = run_agent(tmp_path / "short", policy, memory_bound(), intervals=4)
@@ -671,7 +768,10 @@ def test_the_explorers_measurements_hold_the_target_off_the_budgets_books(tmp_pa
     from throttledjob.sidecar.agent import PROBE_HOLD_INTERVALS
 
     seen = []
-    agent, _ = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
+    # 1.6, not the default 1.25: under 1.25 no thread count could win, nothing would be
+    # probed.
+    agent, _ = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both",
+                                          max_slowdown=1.6),
                          compute_bound(), intervals=30, seen=seen)
     assert DEFAULT_SETTING in agent.explorer.estimates  # the defaults were probed
     # the settings an interval ran under were published after the previous state
@@ -679,7 +779,8 @@ def test_the_explorers_measurements_hold_the_target_off_the_budgets_books(tmp_pa
     probing = [settings.probing for settings, _ in seen]
     assert probing == [state == "Measuring" for state in states], (probing, states)
     assert 0 < sum(probing) <= PROBE_HOLD_INTERVALS * (1 + len(agent.explorer.estimates))
-    assert all(settings.max_pause_fraction == pytest.approx(0.2) for settings, _ in seen)
+    assert all(settings.max_pause_fraction == pytest.approx(1 - 1 / 1.6)
+               for settings, _ in seen)
     assert agent.result.probe_seconds == sum(probing)
 
 
@@ -695,7 +796,7 @@ def test_a_measurement_stalled_by_idle_intervals_is_budgeted_again(tmp_path):
             return compute_bound().busy(levers, quota) if self.calls <= 2 else (0.0, 0, 0.0)
 
     seen = []
-    run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
+    run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=2.0),
               StallsAfterStart({}), intervals=PROBE_HOLD_INTERVALS + 6, seen=seen)
     assert seen[-1][1] == "Measuring"  # still waiting for a busy interval
     probing = [settings.probing for settings, _ in seen]

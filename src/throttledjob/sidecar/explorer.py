@@ -30,13 +30,16 @@ unthrottled rate (the defaults' efficiency times their demand). A setting that c
 speed by itself (one thread of two on a compute-bound loop) then loses to the defaults
 wherever the budget binds: it would be duty-cycled to the same lifted rate at fewer
 steps per CPU-second. To know R0 the defaults are always measured when there is a budget.
+Where the budget lifts the defaults past what any thread count can reach, probing is
+pure cost (its probes hold the target): the explorer waits until the run has lasted long
+enough to repay it (`worth_exploring`), which on a short run is never.
 `lever_slowdown()` is what the levers in force cost by themselves, R0 over their own
 unthrottled rate: the agent charges it against the budget before any pause.
 
 The state machine (one `update()` per control interval, observations in, levers out;
 pure and deterministic, so it is tested on synthetic workloads):
 
-    Waiting --steps advance--> Measuring(reference)
+    Waiting --steps advance, and the exploration pays--> Measuring(reference)
     Measuring(s) --enough samples--> Measuring(next candidate) | Settled(best)
     Measuring(probe) --first sample clearly worse than the best--> next (probe aborted)
     Settled --workload drifts (phase change) for a few intervals--> Measuring(reference)
@@ -220,12 +223,21 @@ class PhaseGate:
 
 @dataclass
 class Waiting:
-    """No step seen yet (start-up, imports): the defaults apply.
+    """No step seen yet (start-up, imports), or no lever can win: the defaults apply.
 
-    -> Measuring(reference) after the first informative interval (not counted: start-up).
+    -> Measuring(reference) after the first informative interval (not counted: start-up)
+       where the exploration pays for itself (`worth_exploring`: what its probes, held at
+       the target, cost against the budget's lift, `exploration_cost`, repaid over the
+       time the run is expected to last still by the most a lever can save,
+       `lever_gain_bound`); else the defaults stay, under the budget, nothing probed,
+       until the run has lasted long enough. Where the verdict hangs on the demand, it
+       is read past the first informative interval (start-up lowers it).
     """
 
     levers: LeverSetting = DEFAULT_SETTING
+    informative: int = 0      # informative intervals seen
+    seconds: float = 0.0      # and their length
+    peak: float = 0.0         # the most demand read past the first (cores)
 
 
 @dataclass
@@ -345,7 +357,18 @@ class Explorer:
             if sample.informative:
                 # Not a sample: it holds the start-up (imports, warm-up) as well as the
                 # first steps, and would understate the defaults' steps per CPU-second.
-                self._explore(sample.wants(self.target), current=DEFAULT_SETTING)
+                s.informative += 1
+                s.seconds += sample.elapsed_seconds
+                if s.informative > 1:
+                    # The most, as a setting's peak (Estimate.of): a run's last interval
+                    # read 1.37 cores of the 1.5-1.9 before it, and set a probe going.
+                    s.peak = max(s.peak, sample.demand_cores)
+                # The first interval's demand is lowered by start-up: it decides only
+                # where even the most demand there can be (all the cores) would.
+                if self._worth(s.seconds, sample.elapsed_seconds, sample.cores) or (
+                        s.informative > 1
+                        and self._worth(s.seconds, sample.elapsed_seconds, s.peak)):
+                    self._explore(sample.wants(self.target), current=DEFAULT_SETTING)
         elif isinstance(s, Measuring):
             if s.settle > 0:
                 s.settle -= 1
@@ -386,6 +409,21 @@ class Explorer:
             return self.target
         return max(self.target,
                    unthrottled / (self.max_slowdown * max(1e-12, estimate.efficiency)))
+
+    @property
+    def exploration_intervals(self) -> int:
+        """The most intervals an exploration lasts: the reference (its settle and
+        baseline), every other setting (the defaults included) probed in full, and the
+        settle into the winner."""
+        return (self.settle_intervals + self.baseline_intervals
+                + len(self.candidates) * (self.settle_intervals + self.probe_intervals)
+                + self.settle_intervals)
+
+    def _worth(self, seconds: float, interval: float, demand_cores: float) -> bool:
+        cost = exploration_cost(self.exploration_intervals * interval, demand_cores,
+                                self.target, self.max_slowdown)
+        gain = lever_gain_bound(self.candidates, demand_cores, self.target, self.max_slowdown)
+        return worth_exploring(seconds, cost, gain)
 
     def _throughput(self, estimate: Estimate) -> float:
         return estimate.throughput(self.rate_for(estimate))
@@ -509,6 +547,62 @@ def _fewer_threads(candidate: LeverSetting, loser: LeverSetting) -> bool:
 # than this costs an interval at a fraction of the speed and is never kept (at 90% of a
 # 2-core peak, one thread's probes cost 3-10% of the run: docs/benchmarks.md).
 MAX_PER_CORE_GAIN = 1.5
+
+
+def lever_gain_bound(candidates: list[LeverSetting], demand_cores: float,
+                     target_cores: float, max_slowdown: float | None) -> float | None:
+    """The most of the run's time any candidate can save against the defaults at the
+    rate the budget gives them (at or under 0: none can win); None where no bound is
+    known (a setting other than a thread count: stop pacing, a smaller batch).
+
+    With a budget B the defaults, wanting D cores, run at max(min(D, T), D/B) cores. k
+    threads do at most MAX_PER_CORE_GAIN times the defaults' steps per CPU-second on at
+    most min(k, T) cores (lifted by the budget they match the defaults' D/B, no more).
+    """
+    rate = max(min(demand_cores, target_cores),
+               demand_cores / max_slowdown if max_slowdown else 0.0)
+    best = 0.0
+    for c in candidates:
+        if c.threads is None or c.batch_scale != 1.0 or c.pacing != Pacing.SLEEP:
+            return None
+        best = max(best, MAX_PER_CORE_GAIN * min(c.threads, target_cores))
+    return 1.0 - rate / best if best else 0.0
+
+
+def exploration_cost(exploration_seconds: float, demand_cores: float, target_cores: float,
+                     max_slowdown: float | None) -> float:
+    """The most an exploration of `exploration_seconds` can cost: its probes hold the
+    target (the agent's probe hold), where the defaults run D/T times slower than unheld,
+    instead of the budget's B: each second costs at most 1 - B*T/D of a second. Without
+    a lift (no budget, or a target within it) holding the target is what the run does
+    anyway: nothing."""
+    if max_slowdown is None:
+        return 0.0
+    return exploration_seconds * max(
+        0.0, 1.0 - max_slowdown * target_cores / max(1e-9, demand_cores))
+
+
+# The least gain an exploration is assumed to bring where the bound says a lever brings
+# less or none (MAX_PER_CORE_GAIN may be wrong for a workload: two threads on this
+# machine busy with other work did 4.7x less per CPU-second than one): the probes then
+# run once they cost at most 2% of the run's expected length, the "never more than 2%
+# slower than a plain quota" goal (docs/benchmarks.md).
+INSURANCE_SHARE = 0.02
+
+
+def worth_exploring(seconds: float, cost_seconds: float, gain: float | None) -> bool:
+    """Whether an exploration costing `cost_seconds` pays for itself in a run that has
+    stepped for `seconds`, where a lever can save at most `gain` of the time left.
+
+    Nothing is known of the run's length but how long it has lasted, t: a run that has
+    lasted t is as likely to end before 2t as after (Gott's rule), so t is what is
+    expected to be left, and the exploration pays when t * gain >= its cost. A gain under
+    2 * INSURANCE_SHARE counts as that much: the cost is then at most INSURANCE_SHARE of
+    the run's expected length, 2t.
+    """
+    if gain is None or cost_seconds <= 0:
+        return True
+    return seconds * max(gain, 2 * INSURANCE_SHARE) >= cost_seconds
 
 
 def thread_candidates(cores: int, target_cores: float) -> list[LeverSetting]:
