@@ -298,13 +298,12 @@ def build_child(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
     queue and priority labels (kueue.py). Ownership (ownerReferences) is added by
     kopf.adopt."""
     name = body["metadata"]["name"]
-    template = copy.deepcopy(child.template(body["spec"]))
+    ours = copy.deepcopy(dict(body["spec"]))
+    template = child.template(ours)
     meta = template.get("metadata") or {}
     spec = template["spec"]
-    jobset = child.is_jobset(body["spec"])
-    jobs = [r["template"]["spec"] for r in spec.get("replicatedJobs") or []] if jobset \
-        else [spec]
-    for job_spec in jobs:
+    jobset = child.is_jobset(ours)
+    for job_spec in child.job_specs(ours):  # the copy's own dicts: injected in place
         inject_pod(job_spec["template"], body, policy_doc, settings)
     labels = {**(meta.get("labels") or {}),
               **carried_labels(body["metadata"].get("labels")), **_labels(name)}

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+from . import child
+
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 CARRIED_LABELS = (QUEUE_LABEL, PRIORITY_LABEL)
@@ -50,8 +52,7 @@ def queued_by_kueue(job: Mapping[str, Any]) -> bool:
 def queued_tj(tj: Mapping[str, Any]) -> bool:
     """Kueue queues this ThrottledJob's child: its template or the ThrottledJob itself
     names a queue (the label the child carries)."""
-    spec = tj.get("spec") or {}
-    template = spec.get("jobSetTemplate") or spec.get("jobTemplate") or {}
+    template = child.template(tj.get("spec") or {})
     labels = {**((template.get("metadata") or {}).get("labels") or {}),
               **carried_labels((tj.get("metadata") or {}).get("labels"))}
     return bool(labels.get(QUEUE_LABEL))

@@ -67,12 +67,6 @@ class SpecError(ValueError):
         self.reason = reason
 
 
-def pod_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The (first) pod template's spec inside a ThrottledJob's spec ({} when absent);
-    every one of a JobSet's: child.pod_specs."""
-    return (child.pod_specs(spec) or [{}])[0]
-
-
 def parameter_values(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
     """`{name: value}` from `spec.parameters`, each checked against its type and bounds."""
     values: dict[str, Any] = {}
