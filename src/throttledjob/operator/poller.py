@@ -184,6 +184,19 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
             follow_wanted_limits(state, tj, read)
 
 
+def _key(tj: Mapping[str, Any]) -> TjKey:
+    return tj["metadata"].get("namespace", ""), tj["metadata"].get("name", "")
+
+
+def _live_refusals(state: OperatorState, key: TjKey, live: set[str]) -> dict[str, float]:
+    """The limits the API server refused the ThrottledJob's pods, of the pods still
+    `live` only (the others are forgotten): state's own dict, so a refusal the caller
+    adds is kept even if a later resize raises; the caller drops it when empty."""
+    kept = {uid: v for uid, v in state.refused_limits.get(key, {}).items() if uid in live}
+    state.refused_limits[key] = kept
+    return kept
+
+
 def job_view(state: OperatorState, tj: Mapping[str, Any], pods: list[dict[str, Any]],
              reports: Mapping[str, Mapping[str, Any]]) -> tuple[float, list[Rank]]:
     """scope Job: the job-wide target (0 where the spec has none) and the Job's pods as
@@ -193,9 +206,8 @@ def job_view(state: OperatorState, tj: Mapping[str, Any], pods: list[dict[str, A
         target = cpu_limits.quota_target(policy_document(spec)) or 0.0
     except (SpecError, PolicyError):
         target = 0.0
-    key = (tj["metadata"].get("namespace", ""), tj["metadata"].get("name", ""))
     floor = rank_floor(child.containers(spec))
-    return target, ranks(pods, reports, floor, list(state.refused_limits.get(key, {})))
+    return target, ranks(pods, reports, floor, list(state.refused_limits.get(_key(tj), {})))
 
 
 def follow_job_split(state: OperatorState, tj: Mapping[str, Any],
@@ -203,14 +215,9 @@ def follow_job_split(state: OperatorState, tj: Mapping[str, Any],
                      ranks_: list[Rank]) -> None:
     """scope Job: each pod's CPU limits to its part of the job-wide target (job_split.py),
     shrinks before grows; a refused resize holds that pod at its limit from then on."""
-    key = (tj["metadata"].get("namespace", ""), tj["metadata"].get("name", ""))
-    live = {r.uid for r in ranks_}
-    refused = {uid: v for uid, v in state.refused_limits.pop(key, {}).items() if uid in live}
-    if refused:
-        state.refused_limits[key] = refused
+    key = _key(tj)
+    refused = _live_refusals(state, key, {r.uid for r in ranks_})
     moved = moves(target, ranks_, shares(target, ranks_)) if target > 0 else []
-    if not moved:
-        return
     template = child.containers(tj.get("spec") or {})
     by_uid = {p["metadata"].get("uid", ""): p for p in pods}
     done = []
@@ -219,9 +226,11 @@ def follow_job_split(state: OperatorState, tj: Mapping[str, Any],
         demand = cpu_limits.limits_by_name(pod.get("spec") or {})
         outcome = resize_pod(state.kube, tj, pod, total, total, template, demand)
         if outcome is False:
-            state.refused_limits.setdefault(key, {})[rank.uid] = total
+            refused[rank.uid] = total
         elif outcome:
             done.append((rank, total))
+    if not refused:
+        state.refused_limits.pop(key, None)
     if done:
         kopf.info(tj, reason=Reason.SPLIT_CHANGED, message=split_message(done, ranks_))
 
@@ -240,9 +249,8 @@ def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
     if target is None:
         return
     template = child.containers(spec)
-    key = (tj["metadata"].get("namespace", ""), tj["metadata"].get("name", ""))
-    live = {pod["metadata"].get("uid", "") for pod, _ in read}
-    refused = {uid: t for uid, t in state.refused_limits.pop(key, {}).items() if uid in live}
+    key = _key(tj)
+    refused = _live_refusals(state, key, {pod["metadata"].get("uid", "") for pod, _ in read})
     # Kueue admitted the pods by the template's requests (a request left out defaults to
     # the limit, the target's share): no lift past them (kueue.py).
     ceiling = (cpu_limits.total_request({"containers": template}) or target) \
@@ -265,8 +273,8 @@ def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
         if resize_pod(state.kube, tj, pod, total, target, template, demand,
                       LIFT_STEP) is False:
             refused[uid] = total
-    if refused:
-        state.refused_limits[key] = refused
+    if not refused:
+        state.refused_limits.pop(key, None)
 
 
 def due(seen: Mapping[TjKey, tuple[str | None, str | None]],
