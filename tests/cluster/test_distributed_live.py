@@ -39,6 +39,7 @@ from testing.cluster_cli import Kubectl, wait_json
 from testing.helpers import wait_for
 from testing.node_samples import CgroupSampler, on_real_node, summed
 from testing.paths import ROOT
+from throttledjob.contracts.policy import parse_cpu_quantity
 from throttledjob.operator import crd
 from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
@@ -359,8 +360,8 @@ def applied_limits(kubectl: Kubectl, namespace: str, selector: str) -> dict[int,
         for c in pod["status"].get("containerStatuses") or []:
             cpu = ((c.get("resources") or {}).get("limits") or {}).get("cpu")
             if c["name"] == "work" and cpu:
-                out[int(pod["metadata"]["labels"][JOB_INDEX])] = (
-                    float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu))
+                out[int(pod["metadata"]["labels"][JOB_INDEX])] = parse_cpu_quantity(
+                    cpu, "limit")
     return out
 
 
