@@ -353,7 +353,7 @@ def status_with_split(status: Mapping[str, Any], target: float, ranks: list[Rank
     (each pod's sidecar judges only its own use)."""
     out = dict(status)
     wide = job_wide(target, ranks)
-    out["jobWide"] = {**(status.get("jobWide") or {}), **wide}
+    out["jobWide"] = wide
     out["ranks"] = [rank_status(r) for r in ranks]
     limits = wide["limitCores"]
     if limits is None:
