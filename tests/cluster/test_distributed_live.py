@@ -122,7 +122,7 @@ class DdpRun:
     samplers: list[CgroupSampler]  # each rank's workload container, in rank order
     cores: list[float]  # both containers' CPU, second by second
     job_seconds: float | None  # the Job's start to its completion (whole seconds)
-    status: dict[str, Any]  # a ThrottledJob's last status that showed every rank
+    status: dict[str, Any]  # a ThrottledJob's last status with a whole split of every rank
 
     def p99(self) -> float:
         return nearest_rank(self.cores, 0.99) or 0.0
@@ -203,8 +203,11 @@ def run_ddp(kubectl: Kubectl, real_node: Any, namespace: str, job: str,
 
 
 class SplitWatch:
-    """The ThrottledJob's status each second while it runs: the last one that shows every
-    rank (at the end, the first rank to finish leaves status.ranks)."""
+    """The ThrottledJob's status each second while it runs: the last whole split that
+    shows every rank (at the end, the first rank to finish leaves status.ranks). Whole:
+    its limits hand out the job's target. A move is made in two steps (the shrink, then
+    the grow an interval later, once the room exists), and a status between them shows
+    half a move."""
 
     def __init__(self, kubectl: Kubectl, namespace: str, name: str) -> None:
         self.kubectl, self.namespace, self.name = kubectl, namespace, name
@@ -217,7 +220,9 @@ class SplitWatch:
         while not self._stop.wait(1.0):
             tj = self.kubectl.json("get", "tj", "-n", self.namespace, self.name) or {}
             status = tj.get("status") or {}
-            if len(status.get("ranks") or []) == RANKS:
+            ranks = status.get("ranks") or []
+            if len(ranks) == RANKS and \
+                    sum(r.get("limitCores") or 0 for r in ranks) >= 0.95 * JOB_CORES:
                 self.last = status
 
     def stop(self) -> None:
@@ -283,6 +288,7 @@ def test_a_job_wide_target_splits_one_core_between_the_ranks_by_their_cost(
     assert statistics.median(p["job_ratio"] for p in pairs) <= 1.05, pairs
     # What the ThrottledJob showed while it ran: the split it made, and why.
     name = f"ddp-wide-{PAIRS - 1}"
+    assert runs["wide"].status, "no status with a whole split of both ranks"
     wide_status, ranks = runs["wide"].status["jobWide"], runs["wide"].status["ranks"]
     print(f"status.jobWide {wide_status}; status.ranks {ranks}")
     assert wide_status["targetCores"] == JOB_CORES, wide_status

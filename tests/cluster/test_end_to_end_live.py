@@ -481,8 +481,12 @@ def test_the_limit_is_split_between_two_containers_by_what_each_uses(
     idle = CgroupSampler(real_node, kubectl, namespace, selector, "logs")
     kubectl.apply(tj)
     try:
-        wait_for(lambda: (busy.live_quota_cores() or 0) > 0.8, timeout=90, interval=0.5,
-                 what="the busy container given the idle one's share")
+        deadline = time.monotonic() + 90
+        while (busy.live_quota_cores() or 0) <= 0.8:
+            if time.monotonic() > deadline:
+                pytest.fail("the busy container was not given the idle one's share in 90 s: "
+                            + split_story(kubectl, namespace, name, selector, busy))
+            time.sleep(0.5)
         split_at = time.time()
         limits = busy.live_quota_cores(), idle.live_quota_cores()
         wait = kubectl("wait", "--for=condition=Complete", f"job/{name}", "-n", namespace,
@@ -506,6 +510,21 @@ def test_the_limit_is_split_between_two_containers_by_what_each_uses(
     assert max(both) <= KERNEL_BOUND, (both, busy.describe(), idle.describe())
     events = tj_events(kubectl, namespace, name)
     assert ("Normal", "QuotaResized") in events, events
+
+
+def split_story(kubectl: Kubectl, namespace: str, name: str, selector: str,
+                busy: CgroupSampler) -> str:
+    """What a late split went through: the ThrottledJob's status and events, the pod's
+    resize conditions and the resources the kubelet applied, and what the node measured."""
+    events = kubectl.json("get", "events", "-n", namespace) or {"items": []}
+    story = [f"{e.get('lastTimestamp') or e.get('eventTime')} {e['involvedObject']['name']} "
+             f"{e.get('reason')}: {e.get('message')}" for e in events["items"]
+             if name in (e.get("involvedObject") or {}).get("name", "")]
+    pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    return json.dumps({"status": tj_status(kubectl, namespace, name), "events": story,
+                       "pods": [{"spec": [c.get("resources") for c in p["spec"]["containers"]],
+                                 "status": p.get("status")} for p in pods],
+                       "node": busy.describe()}, default=str)
 
 
 # An unmodified PyTorch script (examples/torch_train.py, two intra-op threads on this
