@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import subprocess
 import tempfile
 import threading
@@ -35,8 +36,9 @@ import yaml
 
 from bench.harness import markdown
 from testing.audit import ours_and_kopfs, writes
+from testing.fake_sidecar import FakeSidecar
 from testing.paths import ROOT, VENV_BIN
-from throttledjob.operator.children import build_child, build_configmap
+from throttledjob.operator.children import METRICS_PORT, build_child, build_configmap
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.validation import validate
 from tools.k8s import cluster as k8s
@@ -45,7 +47,8 @@ OPERATOR_NS = "throttledjob-system"
 
 
 class Watch(threading.Thread):
-    """First time this client saw each object of a kind in a namespace, keyed by `key`."""
+    """First time this client saw each object of a kind in a namespace as `key` names it
+    (None: not yet; an object made before the watch is seen at its next change)."""
 
     def __init__(self, cluster: Any, path: str, key: Any) -> None:
         super().__init__(daemon=True)
@@ -90,9 +93,67 @@ class Watch(threading.Thread):
                     event = json.loads(line)
                     obj = event["object"]
                     rv = obj["metadata"].get("resourceVersion", rv)
-                    name = self.key(obj) if event["type"] == "ADDED" else None
+                    name = self.key(obj) if event["type"] in ("ADDED", "MODIFIED") else None
                     if name and name not in self.seen:
                         self.seen[name] = now
+
+
+# What every pod's sidecar answers (all KWOK pods share one IP, tools/k8s/cluster.py): a
+# real /status document whose peak moves a little each second, as a measured one does,
+# so that every read is a status write; `slowdown` steps once, and the time until each
+# ThrottledJob's status shows the step is the poller's lag.
+SLOWDOWN_BEFORE, SLOWDOWN_AFTER = 1.12, 1.31
+
+
+class Sidecars:
+    """The sidecar answer of every KWOK pod, on their shared IP and the metrics port."""
+
+    def __init__(self, host: str) -> None:
+        self.server = FakeSidecar(METRICS_PORT, host=host)
+        self.slowdown = SLOWDOWN_BEFORE
+        self._stop = threading.Event()
+        self._move()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _move(self) -> None:
+        self.server.doc = {
+            "observed": {"cpuPeakCores": round(random.uniform(0.95, 1.05), 3),
+                         "cpuMaxCores": 1.2, "gpuPeakUtilizationPercent": None,
+                         "gpuPeakPowerWatts": None, "throttleLevel": 0.3,
+                         "slowdown": self.slowdown},
+            "targetMet": True, "budgetExhausted": False, "levers": ["quota"], "errors": []}
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self._move()
+
+    def step(self) -> None:
+        self.slowdown = SLOWDOWN_AFTER
+        self._move()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.close()
+
+
+def stepped(obj: dict[str, Any]) -> str | None:
+    """A ThrottledJob's name once its status shows the sidecars' step."""
+    observed = (obj.get("status") or {}).get("observed") or {}
+    return obj["metadata"]["name"] if observed.get("slowdown") == SLOWDOWN_AFTER else None
+
+
+def why_not_stepped(cluster: Any, tj_path: str, seen: dict[str, float]) -> dict[str, int]:
+    """The ThrottledJobs whose status never showed the step, counted by their phase and
+    the first error their status gives."""
+    counts: dict[str, int] = {}
+    for item in cluster.request("GET", tj_path)["items"]:
+        if item["metadata"]["name"] in seen:
+            continue
+        st = item.get("status") or {}
+        errors = (st.get("observed") or {}).get("errors") or ["-"]
+        key = f"{st.get('phase')}: {errors[0][:120]}"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -107,6 +168,24 @@ def proc_figures(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return int(status["VmHWM"].split()[0]) / 1024, (int(fields[11]) + int(fields[12])) / ticks
+
+
+def settle(pid: int, quiet_cores: float = 0.25, at_most: float = 60.0) -> float:
+    """Wait until a process uses under `quiet_cores` over 2 s (the burst's Job and pod
+    events handled), for at most `at_most` seconds; returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < at_most:
+        before = proc_figures(pid)[1]
+        time.sleep(2)
+        if (proc_figures(pid)[1] - before) / 2 < quiet_cores:
+            break
+    return time.monotonic() - started
+
+
+def rss_now(pid: int) -> float:
+    """A process's resident memory now, MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:", 1)[1].split()[0]) / 1024
 
 
 def tj(name: str, namespace: str) -> dict[str, Any]:
@@ -200,6 +279,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
     env = {**os.environ, "KUBECONFIG": str(kubeconfig),
            "THROTTLEDJOB_RESYNC_INTERVAL": "3600", "KUBERNETES_SERVICE_HOST": "",
            "THROTTLEDJOB_STATUS_INTERVAL": str(status_interval)}
+    sidecars = Sidecars(cluster.pod_ip)
     log = open(tmp / "operator.log", "wb")  # noqa: SIM115
     op = subprocess.Popen([str(VENV_BIN / "throttledjob"), "operator", "--standalone", "-A"],
                           stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
@@ -235,6 +315,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         burst_cpu = cpu - cpu0
         burst_writes = writes(cluster, user, namespace, audited)
 
+        settled = settle(op.pid)
         steady = [f"steady-{i:04d}" for i in range(int(rate * steady_seconds))]
         t0 = time.monotonic()
         for i, name in enumerate(steady):
@@ -245,7 +326,39 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
             time.sleep(0.1)
         _, cpu_end = proc_figures(op.pid)
         steady_cpu = (cpu_end - cpu) / (time.monotonic() - t0)
+
+        # Every ThrottledJob running (KWOK keeps the pods Running): the poller's lag.
+        running = burst + steady
+        stepped_tjs = Watch(cluster, tj_path, stepped)
+        stepped_tjs.start()
+        stepped_tjs.ready.wait(30)
+        time.sleep(2 * status_interval)  # the poller at its pace, past the steady stream
+        hits0, cpu0, audited0 = sidecars.server.hits, proc_figures(op.pid)[1], \
+            len(cluster.audit(user))
+        t_step = time.monotonic()
+        sidecars.step()
+        lag_deadline = t_step + 10 * status_interval
+        while len([x for x in running if x in stepped_tjs.seen]) < len(running) \
+                and time.monotonic() < lag_deadline:
+            time.sleep(0.1)
+        poll_seconds = time.monotonic() - t_step
+        poll_cpu = (proc_figures(op.pid)[1] - cpu0) / poll_seconds
+        poll_reads = (sidecars.server.hits - hits0) / poll_seconds
+        poll_writes = writes(cluster, user, namespace, audited0)
+        stepped_tjs.stop()
+        rss_running = rss_now(op.pid)
+        late = why_not_stepped(cluster, tj_path, stepped_tjs.seen)
+        pods_running = sum(p["status"].get("phase") == "Running" for p in cluster.request(
+            "GET", f"/api/v1/namespaces/{namespace}/pods")["items"])
+
+        # All deleted: what the operator keeps of them (its own state, kopf's).
+        subprocess.run([*kubectl, "delete", "throttledjobs", "--all", "-n", namespace,
+                        "--wait=false"], check=True, capture_output=True)
+        time.sleep(30)
+        rss_deleted = rss_now(op.pid)
+        proc_figures_end = proc_figures(op.pid)
     finally:
+        sidecars.close()
         for w in (jobs, pods):
             w.stop()
         op.terminate()
@@ -260,6 +373,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
     create_job = latencies(burst, posted, jobs.seen)
     job_pod = latencies(burst, jobs.seen, pods.seen)
     steady_create_job = latencies(steady, posted, jobs.seen)
+    lag = [stepped_tjs.seen[x] - t_step for x in running if x in stepped_tjs.seen]
     ours, kopf = ours_and_kopfs(burst_writes)
     return {
         "throttledjobs": n, "burst_sent_s": round(sent, 1),
@@ -268,8 +382,8 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         "burst_over_floor": round(all_jobs / floor_s, 2),
         "writes_per_throttledjob_in_burst (ours)": round(ours / n, 2),
         "writes_per_throttledjob_in_burst (kopf)": round(kopf / n, 2),
-        "writes_in_burst": ", ".join(f"{g or 'core'}/{r} {v} {c / n:.2f}"
-                                     for (g, r, v), c in sorted(burst_writes.items())),
+        "writes_in_burst": ", ".join(f"{g or 'core'}/{r} {v} ({by}) {c / n:.2f}"
+                                     for (g, r, v, by), c in sorted(burst_writes.items())),
         "jobs_missing": n - len(create_job),
         "create_to_job_p50_s": round(percentile(create_job, 0.5), 2),
         "create_to_job_p99_s": round(percentile(create_job, 0.99), 2),
@@ -277,11 +391,26 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         "job_to_pod_p99_s (Job controller)": round(percentile(job_pod, 0.99), 2),
         "operator_peak_rss_mib": round(rss), "operator_rss_at_start_mib": round(rss0),
         "operator_cpu_s_in_burst": round(burst_cpu, 1),
+        "steady_stream_started_after_quiet_s": round(settled, 1),
         f"steady_{rate:g}_per_s_create_to_job_p50_s": round(percentile(steady_create_job, 0.5),
                                                              2),
         f"steady_{rate:g}_per_s_create_to_job_p99_s": round(percentile(steady_create_job, 0.99),
                                                              2),
         "operator_cpu_cores_at_steady_rate": round(steady_cpu, 3),
+        "running_throttledjobs": len(running), "pods_running": pods_running,
+        "poller_lag_p50_s (sidecar change -> status)": round(percentile(lag, 0.5), 2),
+        "poller_lag_p99_s": round(percentile(lag, 0.99), 2),
+        "poller_lag_max_s": round(max(lag), 2),
+        "statuses_never_updated_in_10_intervals": len(running) - len(lag),
+        "statuses_not_updated_by_phase_and_error": late,
+        "poller_sidecar_reads_per_s": round(poll_reads, 1),
+        "poller_status_writes_per_s": round(sum(
+            c for (_, r, _, by), c in poll_writes.items()
+            if r == "throttledjobs/status" and by == "ours") / poll_seconds, 1),
+        "operator_cpu_cores_polling": round(poll_cpu, 3),
+        "operator_rss_mib_with_all_running (now)": round(rss_running),
+        "operator_rss_mib_30s_after_all_deleted": round(rss_deleted),
+        "operator_peak_rss_mib_at_end": round(proc_figures_end[0]),
         "status_interval_s": status_interval, "cpus": os.cpu_count(),
     }
 

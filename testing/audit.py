@@ -1,19 +1,17 @@
 """The writes a user made, as the API server's audit log has them (tools/k8s/cluster.py
 keeps one for every ServiceAccount): the operator's API cost per ThrottledJob, split
-into its own calls and kopf's."""
+into its own calls and kopf's by the User-Agent each sends (operator/kube.py names ours;
+the events of kopf.info/warn are posted by kopf, and count as its)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-# What kopf writes itself (its progress and diff-base annotations on the ThrottledJob,
-# the events it posts for kopf.info/warn), against the operator's own calls
-# (operator/kube.py).
-KOPF_WRITES = {("throttledjob.io", "throttledjobs", "patch"), ("", "events", "create"),
-               ("events.k8s.io", "events", "create")}
+from throttledjob.operator.kube import USER_AGENT
+
 WRITE_VERBS = ("create", "update", "patch", "delete")
 
-Call = tuple[str, str, str]  # (API group, resource[/subresource], verb)
+Call = tuple[str, str, str, str]  # (API group, resource[/subresource], verb, "ours"|"kopf")
 
 
 def writes(cluster: Any, user: str, namespace: str, since: int) -> dict[Call, int]:
@@ -24,13 +22,14 @@ def writes(cluster: Any, user: str, namespace: str, since: int) -> dict[Call, in
         ref = e.get("objectRef") or {}
         if ref.get("namespace") != namespace or e.get("verb") not in WRITE_VERBS:
             continue
+        by = "ours" if (e.get("userAgent") or "").startswith(USER_AGENT) else "kopf"
         key = (ref.get("apiGroup", ""), ref["resource"] + (
-            f"/{ref['subresource']}" if ref.get("subresource") else ""), e["verb"])
+            f"/{ref['subresource']}" if ref.get("subresource") else ""), e["verb"], by)
         counts[key] = counts.get(key, 0) + 1
     return counts
 
 
 def ours_and_kopfs(counts: dict[Call, int]) -> tuple[int, int]:
     """(the operator's own writes, kopf's)."""
-    kopf = sum(c for k, c in counts.items() if k in KOPF_WRITES)
-    return sum(counts.values()) - kopf, kopf
+    ours = sum(c for k, c in counts.items() if k[3] == "ours")
+    return ours, sum(counts.values()) - ours

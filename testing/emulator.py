@@ -25,6 +25,7 @@ from testing.manifests import NAMESPACE
 from testing.validation import cr_errors
 from throttledjob.operator import crd
 from throttledjob.operator.children import LABEL_NAME
+from throttledjob.operator.kube import USER_AGENT
 from throttledjob.operator.status import condition
 
 RESOURCES = {
@@ -162,7 +163,7 @@ class Fault:
     delay: float = 0.0
     after_commit: bool = False
     retry_after: int | None = None
-    agent: str = "OpenAPI-Generator"
+    agent: str = USER_AGENT
     hits: int = 0
 
     def matches(self, request: Any) -> bool:

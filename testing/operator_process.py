@@ -88,16 +88,15 @@ def handler_memo(kubeconfig: Path, **settings: Any) -> Any:
     """kopf's memo as the startup handler leaves it, for calling handlers directly: the
     OperatorState of test `settings` and a client logged in with `kubeconfig`."""
     import kopf
-    import kubernetes
 
     from throttledjob.operator.kube import Kube
+    from throttledjob.operator.login import connection_info
     from throttledjob.operator.poller import OperatorState
     from throttledjob.operator.settings import OperatorSettings
     from throttledjob.operator.sidecar_status import HttpStatusReader
 
-    config = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(str(kubeconfig), client_configuration=config)
     ours = OperatorSettings(**settings)
-    kube = Kube(kubernetes.client.ApiClient(config), timeout_seconds=ours.api_timeout_seconds)
+    kube = Kube(lambda: connection_info(kubeconfig),
+                timeout_seconds=ours.api_timeout_seconds)
     return kopf.Memo(state=OperatorState(ours, kube,
                                          HttpStatusReader(ours.status_timeout_seconds)))

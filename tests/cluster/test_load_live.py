@@ -54,3 +54,42 @@ def test_a_burst_of_throttledjobs_and_of_edits(kubectl: Kubectl, real_operator: 
     assert {n: p for n, p in peaks().items() if n not in want} == {
         n: "1500m" for n in names if n not in want}
     assert listed("jobs") == names
+
+
+def test_an_operator_killed_mid_burst_ends_with_one_job_each_and_a_true_status(
+        kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
+    """SIGKILL while a burst is half handled: some ThrottledJobs have their Job, some
+    only their ConfigMap, some neither, some a Job whose status write was lost. The next
+    operator finishes each one, adopting what exists (kopf's annotations tell it what
+    was handled; the creates meet 409 and are adopted): one Job and one ConfigMap each,
+    every status pointing at its Job."""
+    real_operator.env["THROTTLEDJOB_RESYNC_INTERVAL"] = "3600"  # the event path only
+    real_operator.verbose = False
+    real_operator.start()
+    names = [f"crash-{i:03d}" for i in range(N)]
+    kubectl.apply(*(tj_manifest(n, namespace, run_for="1h") for n in names))
+
+    def listed(kind: str) -> list[str]:
+        items = (kubectl.json("get", kind, "-n", namespace) or {}).get("items") or []
+        return sorted(i["metadata"]["name"] for i in items
+                      if i["metadata"]["name"] != "kube-root-ca.crt")
+
+    wait_for(lambda: len(listed("jobs")) >= N // 4, 240, interval=0.2,
+             what=f"a quarter of the {N} Jobs")
+    real_operator.kill()
+    made = len(listed("jobs"))
+    assert made < N, "the burst was over before the kill: nothing tested"
+    real_operator.start()
+    wait_for(lambda: len(listed("jobs")) >= N, 240, interval=1, what=f"{N} Jobs")
+
+    def statuses() -> dict[str, str | None]:
+        items = kubectl.json("get", "tj", "-n", namespace)["items"]
+        return {i["metadata"]["name"]: (i.get("status") or {}).get("jobName") for i in items}
+
+    wait_for(lambda: all(statuses()[n] == n for n in names), 120, interval=1,
+             what="every status pointing at its Job")
+    assert listed("jobs") == names, f"killed with {made} of {N} Jobs made"
+    assert listed("configmaps") == [f"{n}-throttle" for n in names]
+    owners = {j["metadata"]["name"]: [o["name"] for o in j["metadata"]["ownerReferences"]]
+              for j in kubectl.json("get", "jobs", "-n", namespace)["items"]}
+    assert owners == {n: [n] for n in names}

@@ -296,6 +296,6 @@ def test_a_throttledjobs_life_costs_a_counted_number_of_writes(
     counts = writes(cluster, user, namespace, since)
     ours, kopf = ours_and_kopfs(counts)
     print(f"writes of one ThrottledJob's life: ours {ours}, kopf's {kopf}: {counts}")
-    assert counts[("", "configmaps", "create")] == 1, counts
-    assert counts[("batch", "jobs", "create")] == 1, counts
+    assert counts[("", "configmaps", "create", "ours")] == 1, counts
+    assert counts[("batch", "jobs", "create", "ours")] == 1, counts
     assert ours <= OUR_WRITES_PER_LIFE and kopf <= KOPF_WRITES_PER_LIFE, counts

@@ -66,7 +66,8 @@ def test_flags_override_the_environment_in_the_handlers_memo(
     runs: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "run", lambda **kwargs: runs.append(kwargs))
     monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)  # the test's logging stays
-    monkeypatch.setattr(handlers, "load_client", lambda connections: object())
+    monkeypatch.setattr(handlers, "connection_info",  # no cluster: nothing is called
+                        lambda: kopf.ConnectionInfo(server="http://127.0.0.1:1"))
     monkeypatch.setenv("THROTTLEDJOB_SIDECAR_IMAGE", "env/image:1")
     monkeypatch.setenv("THROTTLEDJOB_STATUS_INTERVAL", "30")
     monkeypatch.setenv("THROTTLEDJOB_STATUS_TIMEOUT", "3")

@@ -397,8 +397,10 @@ class Cluster:
             "labels": {"kubernetes.io/hostname": NODE_NAME, "kubernetes.io/os": "linux",
                        "kubernetes.io/arch": "amd64", **KWOK_LABELS}},
             "spec": {"taints": [KWOK_TAINT]},
-            "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "5000"},
-                       "capacity": {"cpu": "64", "memory": "256Gi", "pods": "5000"}}}
+            # Room for the load benchmark's 1,300 pods, each held to a 1-core limit (a
+            # limit with no request makes a request of it).
+            "status": {"allocatable": {"cpu": "2000", "memory": "4Ti", "pods": "5000"},
+                       "capacity": {"cpu": "2000", "memory": "4Ti", "pods": "5000"}}}
         with contextlib.suppress(urllib.error.HTTPError):
             self.request("POST", "/api/v1/nodes", node)
 

@@ -20,8 +20,9 @@ from . import child, cpu_limits
 from .children import LABEL_NAME, build_child, build_configmap, job_owner_name, owned_by
 from .crd import DEFAULT_INJECT, GROUP, PLURAL, VERSION
 from .job_split import job_scoped
-from .kube import ApiError, Kube, load_client
+from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
+from .login import LoginError, connection_info
 from .poller import OperatorState, poll, set_workload_active
 from .resize import resize_pod
 from .settings import OperatorSettings
@@ -75,9 +76,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     try:
-        kube = Kube(load_client(ours.handler_threads + 8),
+        kube = Kube(connection_info, ours.handler_threads + 8,
                     timeout_seconds=ours.api_timeout_seconds)
-    except Exception as e:  # the client's ConfigException and file errors alike
+    except (LoginError, OSError, ValueError) as e:
         # Retrying cannot conjure a kubeconfig: stop with the reason instead.
         raise kopf.PermanentError(f"cannot find the cluster (in-cluster service account, "
                                   f"KUBECONFIG or ~/.kube/config): {e}") from e
@@ -86,6 +87,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
                      daemon=True).start()
     logger.info("sidecar image %s, status every %gs", ours.sidecar_image,
                 ours.status_interval_seconds)
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's watches log in as our own calls do (login.py), and again after a 401."""
+    return connection_info()
 
 
 @kopf.on.cleanup()

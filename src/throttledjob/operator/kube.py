@@ -1,9 +1,8 @@
 """The few Kubernetes API calls the operator makes besides kopf's own, as plain JSON.
 
-The official client finds the cluster as kubectl does (in-cluster service account, else
-KUBECONFIG / ~/.kube/config) and signs the requests; the bodies stay plain dicts so
-that what children.py and status.py return is exactly what is sent, with no model
-round trip.
+One pool of keep-alive connections (urllib3) to the server that login.py found, signed as
+kopf's watches are; the bodies stay plain dicts, so what children.py and status.py
+return is exactly what is sent, with no model round trip.
 """
 
 from __future__ import annotations
@@ -17,6 +16,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import kopf
+import urllib3
+
+from throttledjob import __version__
+
 from .crd import GROUP, PLURAL, VERSION
 from .kueue import workload_query, workloads_path
 
@@ -27,6 +31,8 @@ STATUS_WRITE_ATTEMPTS = 8
 # Answers worth another try: throttled, or the server (or a proxy) failed. Status 0 is
 # ours: no answer at all (timeout, connection refused or reset).
 TRANSIENT = frozenset({0, 429, 500, 502, 503, 504})
+# Who the API server's audit log and metrics name for our calls (kopf names its own).
+USER_AGENT = f"throttledjob-operator/{__version__}"
 log = logging.getLogger(__name__)
 
 
@@ -48,20 +54,6 @@ def backoff_seconds(attempt: int, base: float = 0.2, cap: float = 5.0,
     return max(delay, min(retry_after or 0.0, 60.0))
 
 
-def load_client(connections: int = 10) -> Any:
-    """An ApiClient configured as kubectl would be (kopf logs in the same way), keeping
-    up to `connections` open: one per handler thread, or each call beyond opens anew."""
-    import kubernetes
-
-    config = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_incluster_config(client_configuration=config)
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=config)
-    config.connection_pool_maxsize = connections
-    return kubernetes.client.ApiClient(config)
-
-
 def as_stored(obj: Any) -> Any:
     """`obj` as a merge patch of it leaves it stored: a member set to null is removed (in
     every nested object; a list is stored whole, nulls and all). A status that differs
@@ -73,54 +65,69 @@ def as_stored(obj: Any) -> Any:
 
 
 class Kube:
-    """JSON in, JSON out; one shared ApiClient (its connection pool is thread-safe)."""
+    """JSON in, JSON out, over one thread-safe pool of up to `connections` keep-alive
+    connections (one per thread that calls: beyond it, each call would open anew).
+    `login` gives the server and credentials, again after a 401 (a service account's
+    token is rotated while the operator runs)."""
 
-    def __init__(self, api_client: Any, timeout_seconds: float = 10.0,
-                 attempts: int = 5) -> None:
-        self.api = api_client
+    def __init__(self, login: Callable[[], kopf.ConnectionInfo], connections: int = 10,
+                 timeout_seconds: float = 10.0, attempts: int = 5) -> None:
+        self.login = login
+        self.connections = connections
         self.timeout_seconds = timeout_seconds
         self.attempts = attempts
+        self._connect()
+
+    def _connect(self) -> None:
+        info = self.login()
+        tls = {"ssl_context": info.as_ssl_context()} if info.server.startswith("https") else {}
+        pool = urllib3.PoolManager(num_pools=1, maxsize=self.connections, retries=False,
+                                   **tls)
+        self.server, self.headers, self.pool = \
+            info.server.rstrip("/"), info.as_http_headers(), pool
 
     def request(self, method: str, path: str, body: Any = None,
                 query: Mapping[str, str] | None = None,
                 content_type: str = "application/json") -> dict[str, Any]:
-        """One API call, retried with backoff on transient failures (429, 5xx, timeouts).
+        """One API call, retried with backoff on transient failures (429, 5xx, timeouts),
+        and once more logged in anew after a 401.
 
         Every call the operator makes is safe to repeat: a create that reached the server
         before its answer was lost comes back as 409 (handled by `create`), a merge patch
         is idempotent, and a status write carries a resourceVersion precondition."""
         if query:
             path = f"{path}?{urlencode(query)}"
-        for attempt in range(self.attempts):
+        relogged = False
+        attempt = 0
+        while True:
             try:
                 return self._request_once(method, path, body, content_type)
             except ApiError as e:
+                if e.status == 401 and not relogged:
+                    relogged = True
+                    self._connect()
+                    continue
                 if not e.transient or attempt == self.attempts - 1:
                     raise
                 delay = backoff_seconds(attempt, retry_after=e.retry_after)
                 log.warning("%s %s failed (%s); retry %d in %.2fs", method, path, e,
                             attempt + 1, delay)
+                attempt += 1
                 time.sleep(delay)
-        raise AssertionError("unreachable")
 
     def _request_once(self, method: str, path: str, body: Any,
                       content_type: str) -> dict[str, Any]:
-        import urllib3
-        from kubernetes.client.exceptions import ApiException
-
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        method_, url, headers, body_, _ = self.api.param_serialize(
-            method=method, resource_path=path, header_params=headers, body=body,
-            auth_settings=["BearerToken"])
+        headers = {**self.headers, "Accept": "application/json", "Content-Type": content_type,
+                   "User-Agent": USER_AGENT}
         try:
-            resp = self.api.call_api(method_, url, header_params=headers, body=body_,
-                                     _request_timeout=self.timeout_seconds)
-            data = resp.read()
-        except ApiException as e:  # the client's own (TLS failures, status 0)
-            raise ApiError(e.status or 0, str(e.reason)[:200]) from e
+            resp = self.pool.request(
+                method, self.server + path, headers=headers,
+                body=None if body is None else json.dumps(body).encode(),
+                timeout=urllib3.Timeout(total=self.timeout_seconds))
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise ApiError(0, f"no answer from the API server: {type(e).__name__}: "
                               f"{str(e)[:200]}") from e
+        data = resp.data
         if resp.status >= 400:
             retry_after = None
             try:
@@ -129,7 +136,7 @@ class Kube:
                 retry_after = (doc.get("details") or {}).get("retryAfterSeconds")
             except (ValueError, AttributeError):
                 message = data[:200].decode(errors="replace")
-            header = resp.headers.get("Retry-After") if resp.headers else None
+            header = resp.headers.get("Retry-After")
             with contextlib.suppress(ValueError):  # an HTTP date: keep the body's hint
                 retry_after = float(header) if header else retry_after
             raise ApiError(resp.status, message,
@@ -217,6 +224,8 @@ class Kube:
             except ApiError as e:
                 if e.status == 409:
                     continue
+                if e.status == 404:  # deleted since the read
+                    return None
                 raise
             return tj, old, new
         raise ApiError(409, f"status of {namespace}/{name} kept changing under us")

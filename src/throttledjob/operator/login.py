@@ -1,0 +1,95 @@
+"""Where the cluster is and who we are to it: read once for kopf's watches and for our
+own calls (kube.py), from the pod's service account, else the kubeconfig that kubectl
+would use.
+
+The official `kubernetes` client did this before, and kopf logged in through it too, but
+importing it cost the operator about 20 MiB of its memory for two functions. What a pod
+and a developer's kubeconfig need is small: the server, its CA, and a bearer token or a
+client certificate, kept in kopf's own ConnectionInfo (which makes the TLS context and
+the Authorization header for both). A kubeconfig that names an exec plugin or an auth
+provider is refused with a clear error instead of half-read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kopf
+import yaml
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class LoginError(RuntimeError):
+    """No usable cluster address and credentials."""
+
+
+def connection_info(kubeconfig: str | Path | None = None) -> kopf.ConnectionInfo:
+    """The in-cluster service account (when `kubeconfig` is not given and the pod has
+    one), else `kubeconfig`, $KUBECONFIG (its first file) or ~/.kube/config."""
+    if kubeconfig is None:
+        found = in_cluster()
+        if found is not None:
+            return found
+        kubeconfig = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or \
+            Path.home() / ".kube" / "config"
+    return from_kubeconfig(Path(kubeconfig).expanduser())
+
+
+def in_cluster() -> kopf.ConnectionInfo | None:
+    """The pod's service account, the way client-go finds it: the API server's address
+    from the environment the kubelet sets (no DNS needed), the token and CA mounted."""
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    token = SERVICE_ACCOUNT / "token"
+    if not host or not token.exists():
+        return None
+    port = os.environ.get("KUBERNETES_SERVICE_PORT") or "443"
+    namespace = SERVICE_ACCOUNT / "namespace"
+    return kopf.ConnectionInfo(
+        server=f"https://{f'[{host}]' if ':' in host else host}:{port}",
+        ca_path=str(SERVICE_ACCOUNT / "ca.crt"), token=token.read_text().strip(),
+        default_namespace=namespace.read_text().strip() if namespace.exists() else None)
+
+
+def from_kubeconfig(path: Path) -> kopf.ConnectionInfo:
+    """The current context of one kubeconfig file."""
+    try:
+        return _current_context(path)
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        raise LoginError(f"cannot read the kubeconfig {path}: {type(e).__name__}: {e}") from e
+
+
+def _current_context(path: Path) -> kopf.ConnectionInfo:
+    config = yaml.safe_load(path.read_text()) or {}
+    context = _named(config, "contexts", config.get("current-context"))["context"]
+    cluster = _named(config, "clusters", context.get("cluster"))["cluster"]
+    user = _named(config, "users", context.get("user"))["user"] or {}
+    if "exec" in user or "auth-provider" in user:
+        raise LoginError(f"{path}: the user's exec plugin or auth provider is not "
+                         "supported; use a token or a client certificate")
+
+    def file(key: str) -> str | None:  # relative paths are relative to the kubeconfig
+        value = user.get(key) if key in user else cluster.get(key)
+        return str(path.parent / value) if value else None
+
+    token = user.get("token")
+    if not token and user.get("tokenFile"):
+        token = Path(file("tokenFile") or "").read_text().strip()
+    return kopf.ConnectionInfo(
+        server=cluster["server"], insecure=cluster.get("insecure-skip-tls-verify"),
+        ca_path=file("certificate-authority"),
+        ca_data=cluster.get("certificate-authority-data"),
+        certificate_path=file("client-certificate"),
+        certificate_data=user.get("client-certificate-data"),
+        private_key_path=file("client-key"), private_key_data=user.get("client-key-data"),
+        token=token, default_namespace=context.get("namespace"))
+
+
+def _named(config: Mapping[str, Any], kind: str, name: str | None) -> dict[str, Any]:
+    for item in config.get(kind) or []:
+        if item.get("name") == name:
+            return dict(item)
+    raise KeyError(f"no {kind[:-1]} {name!r}")

@@ -1,0 +1,103 @@
+"""Finding the cluster (login.py) and staying logged in (kube.Kube): kubeconfigs as
+kubectl writes them, the pod's service account, and a token rotated under a running
+operator."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import kopf
+import pytest
+
+from testing.emulator import TJ_PATH, Emulator, Fault
+from throttledjob.operator import login
+from throttledjob.operator.kube import Kube
+
+PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+def kubeconfig(path: Path, cluster: dict, user: dict, current: str = "c") -> Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": current,
+        "clusters": [{"name": "k", "cluster": cluster}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u",
+                                               "namespace": "team"}}]}))
+    return path
+
+
+def test_a_kubeconfig_gives_the_server_its_ca_and_the_users_credentials(
+        tmp_path: Path) -> None:
+    data = base64.b64encode(PEM.encode()).decode()
+    (tmp_path / "certs").mkdir()
+    info = login.connection_info(kubeconfig(
+        tmp_path / "config",
+        {"server": "https://10.0.0.1:6443", "certificate-authority": "certs/ca.crt"},
+        {"client-certificate-data": data, "client-key": "/abs/user.key"}))
+    assert (info.server, info.ca_path, info.certificate_data, info.private_key_path,
+            info.token, info.default_namespace) == (
+        "https://10.0.0.1:6443", str(tmp_path / "certs/ca.crt"), data, "/abs/user.key",
+        None, "team")
+    (tmp_path / "token").write_text("abc\n")
+    info = login.connection_info(kubeconfig(
+        tmp_path / "config", {"server": "https://h", "certificate-authority-data": data},
+        {"tokenFile": "token"}))
+    assert (info.ca_data, info.token, info.as_http_headers()) == (
+        data, "abc", {"Authorization": "Bearer abc"})
+
+
+@pytest.mark.parametrize("cluster, user, current, error", [
+    ({"server": "https://h"}, {"exec": {"command": "aws"}}, "c", "exec plugin"),
+    ({"server": "https://h"}, {"token": "t"}, "other", "no context 'other'"),
+    ({}, {"token": "t"}, "c", "KeyError: 'server'"),
+])
+def test_a_kubeconfig_it_cannot_use_is_refused_in_one_line_naming_why(
+        tmp_path: Path, cluster: dict, user: dict, current: str, error: str) -> None:
+    path = kubeconfig(tmp_path / "config", cluster, user, current)
+    with pytest.raises(login.LoginError, match=error) as raised:
+        login.connection_info(path)
+    assert str(path) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_missing_kubeconfig_is_named(tmp_path: Path) -> None:
+    with pytest.raises(login.LoginError, match=f"{tmp_path / 'nowhere'}.*FileNotFound"):
+        login.connection_info(tmp_path / "nowhere")
+
+
+def test_in_a_pod_the_service_account_and_the_kubelets_address_are_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "token").write_text("sa-token")
+    (tmp_path / "namespace").write_text("throttledjob-system")
+    monkeypatch.setattr(login, "SERVICE_ACCOUNT", tmp_path)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "never-read"))
+    info = login.connection_info()
+    assert (info.server, info.token, info.ca_path, info.default_namespace) == (
+        "https://[fd00::1]:443", "sa-token", str(tmp_path / "ca.crt"), "throttledjob-system")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")  # not in a pod: the kubeconfig
+    with pytest.raises(login.LoginError, match="never-read"):
+        login.connection_info()
+
+
+def test_a_rotated_token_is_read_again_after_a_401(emulator: Emulator) -> None:
+    """The kubelet rotates a service account's token under the running operator: the
+    server's 401 makes the client log in again and repeat the call, once."""
+    logins: list[str] = []
+
+    def rotating() -> kopf.ConnectionInfo:
+        logins.append(f"token-{len(logins)}")
+        return kopf.ConnectionInfo(server=emulator.url, token=logins[-1])
+
+    expired = Fault("GET", r"/throttledjobs$", status=401)
+    emulator.handler.faults.append(expired)
+    kube = Kube(rotating)
+    assert kube.request("GET", TJ_PATH)["items"] == []
+    assert (expired.hits, logins, kube.headers) == (
+        1, ["token-0", "token-1"], {"Authorization": "Bearer token-1"})
+    emulator.handler.faults.append(Fault("GET", r"/throttledjobs$", status=401, times=2))
+    with pytest.raises(Exception, match="HTTP 401"):  # a second 401 is not retried again
+        kube.request("GET", TJ_PATH)
+    assert len(logins) == 3
