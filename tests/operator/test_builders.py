@@ -474,18 +474,27 @@ def test_unreachable_sidecars_keep_the_last_observation() -> None:
     assert status_with_observed(first, [], [], "later") == first
 
 
-def test_a_read_that_changed_nothing_is_not_written_until_its_time_is_a_minute_old() -> None:
-    """The status poller writes a running ThrottledJob's status only when a figure moved,
-    or to refresh lastReadTime once a minute (Kube.update_status skips a no-op)."""
+def test_a_read_within_five_percent_is_not_written_until_its_time_is_a_minute_old() -> None:
+    """The status poller writes a running ThrottledJob's status only when a figure moved
+    by more than 5% (measured figures move a little every interval), when anything else
+    changed, or to refresh lastReadTime once a minute (Kube.update_status skips a no-op)."""
     # As the API server stores it after a merge patch: the null figures (no GPU) gone.
     first = as_stored(status_with_observed({}, [report(1.2, 0.2)], [], NOW))
     assert "gpuPeakUtilizationPercent" not in first["observed"]
-    same = status_with_observed(first, [report(1.2, 0.2)], [], "2026-01-01T00:00:30Z")
-    assert as_stored(same) == first  # nothing to write
-    moved = status_with_observed(first, [report(1.3, 0.2)], [], "2026-01-01T00:00:30Z")
-    assert moved["observed"]["lastReadTime"] == "2026-01-01T00:00:30Z"
+    later = "2026-01-01T00:00:30Z"
+    for same in ([report(1.2, 0.2)], [report(1.25, 0.205)]):  # 4% and 2.5% moves
+        assert as_stored(status_with_observed(first, same, [], later)) == first, same
+    for moved in ([report(1.3, 0.2)], [report(1.2, 0.25)], [report(1.2, 0.2, met=False)],
+                  [report(1.2, 0.2), report(1.2, 0.2)], [report(1.2, 0.2, errors=["e"])]):
+        st = status_with_observed(first, moved, [], later)
+        assert as_stored(st) != first, moved
+    assert status_with_observed(first, [report(1.3, 0.2)], [], later)["observed"][
+        "lastReadTime"] == later
     stale = status_with_observed(first, [report(1.2, 0.2)], [], "2026-01-01T00:01:00Z")
     assert stale["observed"]["lastReadTime"] == "2026-01-01T00:01:00Z"
+    # A figure near zero moves by at least 0.01 before it counts: 0.004 -> 0.012 does not.
+    idle = as_stored(status_with_observed({}, [report(0.004, 0.0)], [], NOW))
+    assert as_stored(status_with_observed(idle, [report(0.012, 0.0)], [], later)) == idle
 
 
 def test_hostile_report_values_are_clamped() -> None:

@@ -197,7 +197,8 @@ class Kube:
 
     def update_status(self, namespace: str, name: str,
                       mutate: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]],
-                      ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+                      known: Mapping[str, Any] | None = None,
+                      ) -> tuple[Mapping[str, Any], dict[str, Any], dict[str, Any]] | None:
         """Read-modify-write of a ThrottledJob's status, guarded by resourceVersion:
         `mutate(status, tj)` makes the new status from a copy of the old one and the
         ThrottledJob as read.
@@ -205,10 +206,12 @@ class Kube:
         Several writers (the create handler, the Job watcher, the sidecar timer) own
         different conditions of one list, and a merge patch replaces a list whole: the
         resourceVersion precondition turns a lost update into a 409 and a retry.
+        `known`: the object as a watch showed it; the first try starts from it instead
+        of a GET (a stale one costs a 409 and the GET after all).
         Returns (object, old status, new status), or None when the object is gone."""
         path = self.tj_path(namespace, name)
-        for _ in range(STATUS_WRITE_ATTEMPTS):
-            tj = self.get(path)
+        for attempt in range(STATUS_WRITE_ATTEMPTS):
+            tj = known if attempt == 0 and known is not None else self.get(path)
             if tj is None:
                 return None
             old = dict(tj.get("status") or {})

@@ -15,6 +15,7 @@ from throttledjob.contracts.policy import Choice
 from throttledjob.contracts.status import (
     LEVERS,
     OBSERVED,
+    OBSERVED_NAMES,
     Aggregate,
     ObservedField,
     finite_number,
@@ -25,10 +26,14 @@ from .kube import as_stored
 from .kueue import admission, queued_by_kueue
 from .validation import SpecError
 
-# A sidecar read that changed nothing but its time is not written unless the time
-# written is this old: one status patch per running ThrottledJob every status interval
-# was most of the operator's writes (docs/operator.md, "Load").
+# A sidecar read whose figures are all within OBSERVED_TOLERANCE of the written ones is
+# not written unless those are this old: a measured figure moves a little every
+# interval, and one status patch per running ThrottledJob every interval was most of
+# the operator's and the API server's work at 1,000 running (docs/operator.md, "Load").
+# The figures of every second are the sidecar's Prometheus metrics.
 READ_TIME_REFRESH_SECONDS = 60.0
+OBSERVED_TOLERANCE = 0.05  # of the figure written, and at least OBSERVED_ABSOLUTE
+OBSERVED_ABSOLUTE = 0.01
 
 
 class Phase(Choice):
@@ -262,6 +267,28 @@ def aggregate_observed(reports: list[Mapping[str, Any]], failures: list[str],
     }
 
 
+def close_to(written: Mapping[str, Any], read: Mapping[str, Any]) -> bool:
+    """Whether a new status.observed says what the written one says: the same fields,
+    each figure within OBSERVED_TOLERANCE (or OBSERVED_ABSOLUTE) of the written one, the
+    rest (pods, levers, errors) the same."""
+    a = as_stored({**written, "lastReadTime": None})
+    b = as_stored({**read, "lastReadTime": None})
+    if a.keys() != b.keys():
+        return False
+    for key, x in a.items():
+        y = b[key]
+        if key in OBSERVED_NAMES and _is_number(x) and _is_number(y):
+            if abs(x - y) > max(OBSERVED_TOLERANCE * abs(x), OBSERVED_ABSOLUTE):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _fold(f: ObservedField, values: list[Any]) -> float | int | None:
     """One field over the pods. A sidecar is another program: what is not a finite
     number (NaN is valid to Python's json module but not to the API server, which would
@@ -324,10 +351,9 @@ def status_with_observed(status: Mapping[str, Any], reports: list[Mapping[str, A
         return out
     observed = aggregate_observed(reports, failures, now)
     last = status.get("observed") or {}
-    if (as_stored({**last, "lastReadTime": now}) == as_stored(observed)
-            and last.get("lastReadTime")
+    if (last.get("lastReadTime") and close_to(last, observed)
             and _seconds_between(last["lastReadTime"], now) < READ_TIME_REFRESH_SECONDS):
-        observed["lastReadTime"] = last["lastReadTime"]
+        observed = dict(last)  # what is written stands: nothing moved enough
     out["observed"] = observed
     level = observed["throttleLevel"]
     conds = set_condition(status.get("conditions"), Condition.THROTTLING, level > 0,
