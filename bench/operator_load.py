@@ -182,6 +182,14 @@ def settle(pid: int, quiet_cores: float = 0.25, at_most: float = 60.0) -> float:
     return time.monotonic() - started
 
 
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU time of the whole machine so far, seconds (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = sum(fields[:8])
+    return (total - fields[3] - fields[4]) / ticks, total / ticks
+
+
 def rss_now(pid: int) -> float:
     """A process's resident memory now, MiB."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -301,6 +309,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         time.sleep(5)  # the operator's start-up (kopf login, watches) is not the burst
         rss0, cpu0 = proc_figures(op.pid)
         burst = [f"burst-{i:04d}" for i in range(n)]
+        burst_busy0 = machine_busy()
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(create, burst))
@@ -309,6 +318,8 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         while len([x for x in burst if x in jobs.seen]) < n and time.monotonic() < deadline:
             time.sleep(0.1)
         all_jobs = max(jobs.seen[x] for x in burst if x in jobs.seen) - started
+        burst_busy1 = machine_busy()
+        machine_burst = (burst_busy1[0] - burst_busy0[0]) / (burst_busy1[1] - burst_busy0[1])
         while len([x for x in burst if x in pods.seen]) < n and time.monotonic() < deadline:
             time.sleep(0.1)
         rss, cpu = proc_figures(op.pid)
@@ -335,6 +346,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         time.sleep(2 * status_interval)  # the poller at its pace, past the steady stream
         hits0, cpu0, audited0 = sidecars.server.hits, proc_figures(op.pid)[1], \
             len(cluster.audit(user))
+        busy0 = machine_busy()
         t_step = time.monotonic()
         sidecars.step()
         lag_deadline = t_step + 10 * status_interval
@@ -343,6 +355,8 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
             time.sleep(0.1)
         poll_seconds = time.monotonic() - t_step
         poll_cpu = (proc_figures(op.pid)[1] - cpu0) / poll_seconds
+        busy1 = machine_busy()
+        machine_polling = (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
         poll_reads = (sidecars.server.hits - hits0) / poll_seconds
         poll_writes = writes(cluster, user, namespace, audited0)
         stepped_tjs.stop()
@@ -391,6 +405,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         "job_to_pod_p99_s (Job controller)": round(percentile(job_pod, 0.99), 2),
         "operator_peak_rss_mib": round(rss), "operator_rss_at_start_mib": round(rss0),
         "operator_cpu_s_in_burst": round(burst_cpu, 1),
+        "machine_cpu_busy_in_burst (all cores)": f"{machine_burst:.0%}",
         "steady_stream_started_after_quiet_s": round(settled, 1),
         f"steady_{rate:g}_per_s_create_to_job_p50_s": round(percentile(steady_create_job, 0.5),
                                                              2),
@@ -408,6 +423,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
             c for (_, r, _, by), c in poll_writes.items()
             if r == "throttledjobs/status" and by == "ours") / poll_seconds, 1),
         "operator_cpu_cores_polling": round(poll_cpu, 3),
+        "machine_cpu_busy_polling (all cores)": f"{machine_polling:.0%}",
         "operator_rss_mib_with_all_running (now)": round(rss_running),
         "operator_rss_mib_30s_after_all_deleted": round(rss_deleted),
         "operator_peak_rss_mib_at_end": round(proc_figures_end[0]),
