@@ -261,7 +261,8 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
     # What the operator read from the sidecar over the pod network, in the status.
     status = tj_status(kubectl, namespace, name)
     observed = status.get("observed") or {}
-    assert 0 < observed.get("cpuPeakCores", 0) <= TARGET_CORES * 1.1, status
+    assert 0 < observed.get("cpuPeakCores", 0) <= TARGET_CORES * 1.1, \
+        f"{status}; operator log: {operator_log(kubectl, namespace)}"
     # What held it back over the run, not in the last interval: the operator's last read
     # may come after the workload ended (a loaded run read throttleLevel 0 then, rightly:
     # nothing is held back once nothing runs). Under Quota the sidecar sees the kernel
@@ -510,6 +511,14 @@ def test_the_limit_is_split_between_two_containers_by_what_each_uses(
     assert max(both) <= KERNEL_BOUND, (both, busy.describe(), idle.describe())
     events = tj_events(kubectl, namespace, name)
     assert ("Normal", "QuotaResized") in events, events
+
+
+def operator_log(kubectl: Kubectl, watched: str) -> str:
+    """The last lines of the operator's log (the chart's release in `<release>-system`
+    watching `<release>-jobs`: conftest.operator)."""
+    system = watched.removesuffix("-jobs") + "-system"
+    return kubectl("logs", "-n", system, "-l", "app.kubernetes.io/component=operator",
+                   "--tail", "60", check=False).stdout[-6000:]
 
 
 def split_story(kubectl: Kubectl, namespace: str, name: str, selector: str,
