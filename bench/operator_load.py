@@ -22,7 +22,7 @@ import argparse
 import contextlib
 import json
 import os
-import random
+import signal
 import subprocess
 import tempfile
 import threading
@@ -35,8 +35,8 @@ from typing import Any
 import yaml
 
 from bench.harness import markdown
+from bench.sidecars import SLOWDOWN_AFTER
 from testing.audit import ours_and_kopfs, writes
-from testing.fake_sidecar import FakeSidecar
 from testing.paths import ROOT, VENV_BIN
 from throttledjob.operator.children import METRICS_PORT, build_child, build_configmap
 from throttledjob.operator.settings import OperatorSettings
@@ -98,42 +98,28 @@ class Watch(threading.Thread):
                         self.seen[name] = now
 
 
-# What every pod's sidecar answers (all KWOK pods share one IP, tools/k8s/cluster.py): a
-# real /status document whose peak moves a little each second, as a measured one does,
-# so that every read is a status write; `slowdown` steps once, and the time until each
-# ThrottledJob's status shows the step is the poller's lag.
-SLOWDOWN_BEFORE, SLOWDOWN_AFTER = 1.12, 1.31
-
-
 class Sidecars:
-    """The sidecar answer of every KWOK pod, on their shared IP and the metrics port."""
+    """The sidecar answer of every KWOK pod (bench/sidecars.py), in its own process."""
 
-    def __init__(self, host: str) -> None:
-        self.server = FakeSidecar(METRICS_PORT, host=host)
-        self.slowdown = SLOWDOWN_BEFORE
-        self._stop = threading.Event()
-        self._move()
-        threading.Thread(target=self._run, daemon=True).start()
+    def __init__(self, host: str, tmp: Path) -> None:
+        self.hits_file = tmp / "sidecar-hits"
+        self.proc = subprocess.Popen(
+            [str(VENV_BIN / "python"), "-m", "bench.sidecars", host, str(METRICS_PORT),
+             str(self.hits_file)], cwd=ROOT)
 
-    def _move(self) -> None:
-        self.server.doc = {
-            "observed": {"cpuPeakCores": round(random.uniform(0.95, 1.05), 3),
-                         "cpuMaxCores": 1.2, "gpuPeakUtilizationPercent": None,
-                         "gpuPeakPowerWatts": None, "throttleLevel": 0.3,
-                         "slowdown": self.slowdown},
-            "targetMet": True, "budgetExhausted": False, "levers": ["quota"], "errors": []}
-
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            self._move()
+    @property
+    def hits(self) -> int:
+        """Reads answered, as of the last second."""
+        with contextlib.suppress(OSError, ValueError):
+            return int(self.hits_file.read_text())
+        return 0
 
     def step(self) -> None:
-        self.slowdown = SLOWDOWN_AFTER
-        self._move()
+        self.proc.send_signal(signal.SIGUSR1)
 
     def close(self) -> None:
-        self._stop.set()
-        self.server.close()
+        self.proc.terminate()
+        self.proc.wait(10)
 
 
 def stepped(obj: dict[str, Any]) -> str | None:
@@ -287,7 +273,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
     env = {**os.environ, "KUBECONFIG": str(kubeconfig),
            "THROTTLEDJOB_RESYNC_INTERVAL": "3600", "KUBERNETES_SERVICE_HOST": "",
            "THROTTLEDJOB_STATUS_INTERVAL": str(status_interval)}
-    sidecars = Sidecars(cluster.pod_ip)
+    sidecars = Sidecars(cluster.pod_ip, tmp)
     log = open(tmp / "operator.log", "wb")  # noqa: SIM115
     op = subprocess.Popen([str(VENV_BIN / "throttledjob"), "operator", "--standalone", "-A"],
                           stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
@@ -344,7 +330,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         stepped_tjs.start()
         stepped_tjs.ready.wait(30)
         time.sleep(2 * status_interval)  # the poller at its pace, past the steady stream
-        hits0, cpu0, audited0 = sidecars.server.hits, proc_figures(op.pid)[1], \
+        hits0, cpu0, audited0 = sidecars.hits, proc_figures(op.pid)[1], \
             len(cluster.audit(user))
         busy0 = machine_busy()
         t_step = time.monotonic()
@@ -357,7 +343,8 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         poll_cpu = (proc_figures(op.pid)[1] - cpu0) / poll_seconds
         busy1 = machine_busy()
         machine_polling = (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
-        poll_reads = (sidecars.server.hits - hits0) / poll_seconds
+        time.sleep(1.1)  # its count is written each second
+        poll_reads = (sidecars.hits - hits0) / (poll_seconds + 1.1)
         poll_writes = writes(cluster, user, namespace, audited0)
         stepped_tjs.stop()
         rss_running = rss_now(op.pid)

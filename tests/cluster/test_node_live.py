@@ -19,6 +19,7 @@ import subprocess
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,6 +100,20 @@ def test_a_real_pod_runs_the_image_to_success(real_node: Any, kubectl: Kubectl,
     assert sorted(os.listdir("/sys/class/net")) != ["eth0", "lo"]
     subnet = ipaddress.ip_network(k8s.Cluster(real_node.cluster.dir).state["node"]["subnet"])
     assert ipaddress.ip_address(pod["status"]["podIP"]) in subnet, pod["status"]
+
+
+def test_the_pods_gateway_keeps_its_mac_address_when_pods_come_and_go(
+        real_node: Any, kubectl: Kubectl, namespace: str) -> None:
+    """The bridge's MAC is set, not the kernel's pick: a pick follows the lowest MAC of
+    the bridge's ports, so a pod's exit could change the gateway's MAC under the other
+    pods, whose cached ARP entry then sent their new connections nowhere for about 30 s
+    (an operator's calls to the API server timed out after a test pod ended)."""
+    bridge = Path("/sys/class/net") / k8s.Cluster(real_node.cluster.dir).state["node"]["bridge"]
+    assert (bridge / "addr_assign_type").read_text().strip() == "3"  # NET_ADDR_SET
+    before = (bridge / "address").read_text()
+    pod = run_pod(kubectl, namespace, 0)
+    kubectl("delete", "pod", "-n", namespace, pod["metadata"]["name"], "--wait=true")
+    assert (bridge / "address").read_text() == before
 
 
 def test_a_real_pod_failing_reports_its_exit_code_and_output(real_node: Any, kubectl: Kubectl,

@@ -172,8 +172,13 @@ class RealNode:
         self._serve_kubernetes_service()
         gateway = node["gateway"]
         # The bridge exists before any pod, so the kubelet and CoreDNS can listen on its
-        # address; the CNI bridge plugin takes it over as it is.
-        run("ip", "link", "add", node["bridge"], "type", "bridge")
+        # address; the CNI bridge plugin takes it over as it is. Its MAC address is set,
+        # not left to the kernel: an unset one follows the lowest of its ports', so a
+        # pod's exit changed the gateway's MAC under every other pod, whose cached ARP
+        # entry then sent new connections (the operator's to the API server) nowhere for
+        # about 30 s.
+        mac = "02:" + ":".join(f"{b:02x}" for b in secrets.token_bytes(5))  # local, unicast
+        run("ip", "link", "add", node["bridge"], "address", mac, "type", "bridge")
         run("ip", "address", "add", f"{gateway}/{subnet.prefixlen}", "dev", node["bridge"])
         run("ip", "link", "set", node["bridge"], "up")
         dns.start(self.cluster, gateway)

@@ -23,7 +23,7 @@ from .job_split import job_scoped
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
 from .login import LoginError, connection_info
-from .poller import OperatorState, poll, set_workload_active
+from .poller import POLL_THREADS, OperatorState, poll, set_workload_active
 from .resize import resize_pod
 from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
@@ -76,7 +76,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     try:
-        kube = Kube(connection_info, ours.handler_threads + 8,
+        kube = Kube(connection_info, ours.handler_threads + POLL_THREADS,  # one per thread
                     timeout_seconds=ours.api_timeout_seconds)
     except (LoginError, OSError, ValueError) as e:
         # Retrying cannot conjure a kubeconfig: stop with the reason instead.
