@@ -142,9 +142,14 @@ def why_not_stepped(cluster: Any, tj_path: str, seen: dict[str, float]) -> dict[
     return counts
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float | None:
+    """None where nothing was measured (the table says so, rather than the run failing)."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else None
+
+
+def rounded(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def proc_figures(pid: int) -> tuple[float, float]:
@@ -386,23 +391,23 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         "writes_in_burst": ", ".join(f"{g or 'core'}/{r} {v} ({by}) {c / n:.2f}"
                                      for (g, r, v, by), c in sorted(burst_writes.items())),
         "jobs_missing": n - len(create_job),
-        "create_to_job_p50_s": round(percentile(create_job, 0.5), 2),
-        "create_to_job_p99_s": round(percentile(create_job, 0.99), 2),
-        "job_to_pod_p50_s (Job controller)": round(percentile(job_pod, 0.5), 2),
-        "job_to_pod_p99_s (Job controller)": round(percentile(job_pod, 0.99), 2),
+        "create_to_job_p50_s": rounded(percentile(create_job, 0.5), 2),
+        "create_to_job_p99_s": rounded(percentile(create_job, 0.99), 2),
+        "job_to_pod_p50_s (Job controller)": rounded(percentile(job_pod, 0.5), 2),
+        "job_to_pod_p99_s (Job controller)": rounded(percentile(job_pod, 0.99), 2),
         "operator_peak_rss_mib": round(rss), "operator_rss_at_start_mib": round(rss0),
         "operator_cpu_s_in_burst": round(burst_cpu, 1),
         "machine_cpu_busy_in_burst (all cores)": f"{machine_burst:.0%}",
         "steady_stream_started_after_quiet_s": round(settled, 1),
-        f"steady_{rate:g}_per_s_create_to_job_p50_s": round(percentile(steady_create_job, 0.5),
+        f"steady_{rate:g}_per_s_create_to_job_p50_s": rounded(percentile(steady_create_job, 0.5),
                                                              2),
-        f"steady_{rate:g}_per_s_create_to_job_p99_s": round(percentile(steady_create_job, 0.99),
+        f"steady_{rate:g}_per_s_create_to_job_p99_s": rounded(percentile(steady_create_job, 0.99),
                                                              2),
         "operator_cpu_cores_at_steady_rate": round(steady_cpu, 3),
         "running_throttledjobs": len(running), "pods_running": pods_running,
-        "poller_lag_p50_s (sidecar change -> status)": round(percentile(lag, 0.5), 2),
-        "poller_lag_p99_s": round(percentile(lag, 0.99), 2),
-        "poller_lag_max_s": round(max(lag), 2),
+        "poller_lag_p50_s (sidecar change -> status)": rounded(percentile(lag, 0.5), 2),
+        "poller_lag_p99_s": rounded(percentile(lag, 0.99), 2),
+        "poller_lag_max_s": rounded(max(lag, default=None)),
         "statuses_never_updated_in_10_intervals": len(running) - len(lag),
         "statuses_not_updated_by_phase_and_error": late,
         "poller_sidecar_reads_per_s": round(poll_reads, 1),

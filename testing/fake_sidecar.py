@@ -8,6 +8,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Many readers connect at once (the load benchmark's poller): the default backlog of
+    # 5 drops their SYNs, which come back a second later.
+    request_queue_size = 256
+
+
 class FakeSidecar:
     """A real HTTP server answering GET /status with `self.doc`."""
 
@@ -29,7 +36,7 @@ class FakeSidecar:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = _Server((host, port), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
