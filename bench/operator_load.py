@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from bench.harness import markdown
+from bench.harness import machine_cpu_seconds, markdown
 from bench.sidecars import SLOWDOWN_AFTER
 from testing.audit import ours_and_kopfs, writes
 from testing.paths import ROOT, VENV_BIN
@@ -44,6 +44,7 @@ from throttledjob.operator.validation import validate
 from tools.k8s import cluster as k8s
 
 OPERATOR_NS = "throttledjob-system"
+CPUS = os.cpu_count() or 1
 
 
 class Watch(threading.Thread):
@@ -119,7 +120,10 @@ class Sidecars:
 
     def close(self) -> None:
         self.proc.terminate()
-        self.proc.wait(10)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def stepped(obj: dict[str, Any]) -> str | None:
@@ -171,14 +175,6 @@ def settle(pid: int, quiet_cores: float = 0.25, at_most: float = 60.0) -> float:
         if (proc_figures(pid)[1] - before) / 2 < quiet_cores:
             break
     return time.monotonic() - started
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU time of the whole machine so far, seconds (/proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = sum(fields[:8])
-    return (total - fields[3] - fields[4]) / ticks, total / ticks
 
 
 def rss_now(pid: int) -> float:
@@ -300,7 +296,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         time.sleep(5)  # the operator's start-up (kopf login, watches) is not the burst
         rss0, cpu0 = proc_figures(op.pid)
         burst = [f"burst-{i:04d}" for i in range(n)]
-        burst_busy0 = machine_busy()
+        burst_busy0 = machine_cpu_seconds()
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(create, burst))
@@ -309,8 +305,8 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         while len([x for x in burst if x in jobs.seen]) < n and time.monotonic() < deadline:
             time.sleep(0.1)
         all_jobs = max(jobs.seen[x] for x in burst if x in jobs.seen) - started
-        burst_busy1 = machine_busy()
-        machine_burst = (burst_busy1[0] - burst_busy0[0]) / (burst_busy1[1] - burst_busy0[1])
+        machine_burst = (machine_cpu_seconds() - burst_busy0) / (
+            time.monotonic() - started) / CPUS
         while len([x for x in burst if x in pods.seen]) < n and time.monotonic() < deadline:
             time.sleep(0.1)
         rss, cpu = proc_figures(op.pid)
@@ -337,7 +333,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         time.sleep(2 * status_interval)  # the poller at its pace, past the steady stream
         hits0, cpu0, audited0 = sidecars.hits, proc_figures(op.pid)[1], \
             len(cluster.audit(user))
-        busy0 = machine_busy()
+        busy0 = machine_cpu_seconds()
         t_step = time.monotonic()
         sidecars.step()
         lag_deadline = t_step + 10 * status_interval
@@ -346,8 +342,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
             time.sleep(0.1)
         poll_seconds = time.monotonic() - t_step
         poll_cpu = (proc_figures(op.pid)[1] - cpu0) / poll_seconds
-        busy1 = machine_busy()
-        machine_polling = (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
+        machine_polling = (machine_cpu_seconds() - busy0) / poll_seconds / CPUS
         time.sleep(1.1)  # its count is written each second
         poll_reads = (sidecars.hits - hits0) / (poll_seconds + 1.1)
         poll_writes = writes(cluster, user, namespace, audited0)
@@ -364,7 +359,6 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         rss_deleted = rss_now(op.pid)
         proc_figures_end = proc_figures(op.pid)
     finally:
-        sidecars.close()
         for w in (jobs, pods):
             w.stop()
         op.terminate()
@@ -372,6 +366,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         log.close()
         subprocess.run([*kubectl, "delete", "namespace", namespace, "--wait=false"],
                        capture_output=True)
+        sidecars.close()
 
     def latencies(names: list[str], start: dict[str, float], end: dict[str, float]):
         return [end[x] - start[x] for x in names if x in end and x in start]

@@ -1,8 +1,8 @@
 """The sidecar of every KWOK pod for bench/operator_load.py, in a process of its own.
 
 All KWOK pods share one IP (tools/k8s/cluster.py), so one server answers every pod's
-GET /status: a real document whose peak moves a little each second (so every read is a
-status write, as a measured one is) and whose `slowdown` steps once, on SIGUSR1. It runs
+GET /status: a real document whose peak moves by up to 5% each second, as a measured one
+does, and whose `slowdown` steps once, on SIGUSR1. It runs
 apart from the benchmark, whose watches parse every event of 1,300 ThrottledJobs: in
 the same process, their GIL made the stand-in, not the operator, the slow part (reads
 past the operator's 2 s deadline). Each second it writes how many reads it answered.
@@ -44,7 +44,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR1, step)
     while True:
         server.doc = document(slowdown[0])
-        hits_file.write_text(str(server.hits))
+        partial = hits_file.with_suffix(".partial")  # read whole or not at all
+        partial.write_text(str(server.hits))
+        partial.replace(hits_file)
         time.sleep(1)
 
 

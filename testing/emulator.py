@@ -154,7 +154,8 @@ class Fault:
     `after_commit` the server does the work first and only the answer is lost (the case
     that duplicates objects in a careless client); status None then means a late answer
     (a client timeout when `delay` exceeds it). Only requests whose User-Agent contains
-    `agent` count: by default the operator's own client, not kopf's or the test's."""
+    `agent` count: by default the operator's own client, not kopf's or the test's; with
+    `authorization`, only those signed so (an expired token)."""
 
     method: str
     path: str
@@ -164,11 +165,14 @@ class Fault:
     after_commit: bool = False
     retry_after: int | None = None
     agent: str = USER_AGENT
+    authorization: str | None = None  # only requests that carry this Authorization
     hits: int = 0
 
     def matches(self, request: Any) -> bool:
+        headers = request.headers or {}
         return (self.hits < self.times and str(request.method.value) == self.method
-                and self.agent in (request.headers or {}).get("User-Agent", "")
+                and self.agent in headers.get("User-Agent", "")
+                and self.authorization in (None, headers.get("Authorization"))
                 and re.search(self.path, str(request.url.path)) is not None)
 
     def error(self) -> Exception:

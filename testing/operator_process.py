@@ -27,6 +27,7 @@ class OperatorProcess:
         # Test-sized defaults; a test may change them before start().
         self.env = {"THROTTLEDJOB_RESYNC_INTERVAL": "2", "THROTTLEDJOB_API_TIMEOUT": "5"}
         self.verbose = True
+        self.status_interval = 0.5
         self.kubeconfig = kubeconfig
         self.scope = scope
         self.proc: subprocess.Popen | None = None
@@ -41,8 +42,9 @@ class OperatorProcess:
                "KUBERNETES_SERVICE_HOST": "", **self.env}
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "throttledjob"), "operator", "--standalone", *self.scope,
-             *(["--verbose"] if self.verbose else []), "--status-interval", "0.5", "--liveness",
-             f"http://127.0.0.1:{self.port}/healthz"],
+             *(["--verbose"] if self.verbose else []),
+             "--status-interval", str(self.status_interval),
+             "--liveness", f"http://127.0.0.1:{self.port}/healthz"],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
         log.close()
         wait_for(self._live, timeout=30, what=f"operator liveness (see {self.log_text()})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from testing.cluster_cli import Kubectl
 from testing.helpers import wait_for
@@ -67,11 +68,13 @@ def test_an_operator_killed_mid_burst_ends_with_one_job_each_and_a_true_status(
     was handled; the creates meet 409 and are adopted): one Job and one ConfigMap each,
     every status pointing at its Job."""
     real_operator.env["THROTTLEDJOB_RESYNC_INTERVAL"] = "3600"  # the event path only
+    real_operator.status_interval = 10  # 200 running pods, no sidecar answering: idle
     real_operator.verbose = False
     real_operator.start()
     names = [f"crash-{i:03d}" for i in range(CRASH_N)]
-    posting = threading.Thread(target=kubectl.apply, args=[
-        tj_manifest(n, namespace, run_for="1h") for n in names])
+    posted: list[Any] = []
+    posting = threading.Thread(target=lambda: posted.append(kubectl.apply(
+        *(tj_manifest(n, namespace, run_for="1h") for n in names), check=False)))
     posting.start()
 
     def listed(kind: str) -> list[str]:
@@ -86,6 +89,7 @@ def test_an_operator_killed_mid_burst_ends_with_one_job_each_and_a_true_status(
     assert made < CRASH_N, "the burst was over before the kill: nothing tested"
     real_operator.start()
     posting.join()
+    assert posted and posted[0].returncode == 0, posted
     wait_for(lambda: len(listed("jobs")) >= CRASH_N, 240, interval=1, what=f"{CRASH_N} Jobs")
 
     def statuses() -> dict[str, str | None]:

@@ -108,12 +108,14 @@ def test_the_pods_gateway_keeps_its_mac_address_when_pods_come_and_go(
     the bridge's ports, so a pod's exit could change the gateway's MAC under the other
     pods, whose cached ARP entry then sent their new connections nowhere for about 30 s
     (an operator's calls to the API server timed out after a test pod ended)."""
-    bridge = Path("/sys/class/net") / k8s.Cluster(real_node.cluster.dir).state["node"]["bridge"]
-    assert (bridge / "addr_assign_type").read_text().strip() == "3"  # NET_ADDR_SET
-    before = (bridge / "address").read_text()
+    node = k8s.Cluster(real_node.cluster.dir).state["node"]
+    bridge = Path("/sys/class/net") / node["bridge"]
+    # Set by node.py (NET_ADDR_SET), so the kernel never changes it; a node made before
+    # this was fixed has none: `python -m tools.k8s.cluster down` and up again.
+    assert (bridge / "addr_assign_type").read_text().strip() == "3", node
     pod = run_pod(kubectl, namespace, 0)
     kubectl("delete", "pod", "-n", namespace, pod["metadata"]["name"], "--wait=true")
-    assert (bridge / "address").read_text() == before
+    assert (bridge / "address").read_text().strip() == node["bridge_mac"]
 
 
 def test_a_real_pod_failing_reports_its_exit_code_and_output(real_node: Any, kubectl: Kubectl,

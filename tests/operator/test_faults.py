@@ -143,25 +143,3 @@ def test_killed_mid_create_restarts_to_one_job_and_a_true_status(
     assert len(jobs_of(emulator, "crash")) == 1
     if moment == "after-job":
         assert status(emulator, "crash")["startTime"] == "2026-01-01T00:00:00Z"
-
-
-def test_a_status_write_starts_from_the_watched_object_and_reads_again_if_stale(
-        emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The poller and the Job watcher write a ThrottledJob's status from the object as
-    the watch last showed it, with no GET; when someone wrote since (its resourceVersion
-    is old), the server's 409 sends it back to a GET, and nothing is lost."""
-    from testing.manifests import NAMESPACE
-    from throttledjob.operator.login import connection_info
-
-    client = kube.Kube(lambda: connection_info(emulator.write_kubeconfig(tmp_path / "kc")))
-    watched = emulator.call("POST", TJ_PATH, make_tj("w"), content_type=JSON)
-    gets: list[str] = []
-    get = client.get
-    monkeypatch.setattr(client, "get", lambda path: gets.append(path) or get(path))
-    client.update_status(NAMESPACE, "w", lambda st, _: {**st, "phase": "Pending"},
-                         known=watched)
-    assert (gets, status(emulator, "w")["phase"]) == ([], "Pending")
-    # `watched` is stale now: its resourceVersion is the one before that write.
-    client.update_status(NAMESPACE, "w", lambda st, _: {**st, "jobName": "w"}, known=watched)
-    assert len(gets) == 1
-    assert (status(emulator, "w")["phase"], status(emulator, "w")["jobName"]) == ("Pending", "w")

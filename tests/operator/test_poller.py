@@ -89,7 +89,7 @@ class MemoryKube:
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self.pods.get(selector.split("=", 1)[1], []))
 
-    def update_status(self, namespace: str, name: str, mutate: Any, known: Any = None) -> Any:
+    def update_status(self, namespace: str, name: str, mutate: Any) -> Any:
         with self.lock:
             tj = self.tjs[(namespace, name)]
             old = dict(tj.get("status") or {})

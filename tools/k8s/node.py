@@ -178,6 +178,7 @@ class RealNode:
         # entry then sent new connections (the operator's to the API server) nowhere for
         # about 30 s.
         mac = "02:" + ":".join(f"{b:02x}" for b in secrets.token_bytes(5))  # local, unicast
+        self.cluster.update_state(node={**self.cluster.state["node"], "bridge_mac": mac})
         run("ip", "link", "add", node["bridge"], "address", mac, "type", "bridge")
         run("ip", "address", "add", f"{gateway}/{subnet.prefixlen}", "dev", node["bridge"])
         run("ip", "link", "set", node["bridge"], "up")

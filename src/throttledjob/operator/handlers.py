@@ -182,8 +182,7 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     # The phase comes from the child as it is now: after a restart it may be running or
     # finished already, and its events may have been handled before this.
     kube.update_status(ns, name, lambda st, tj: status_from_job(status_job_created(
-        st, job["metadata"]["name"], generation, now), child.as_job(current), tj, now),
-        known=body)
+        st, job["metadata"]["name"], generation, now), child.as_job(current), tj, now))
     if created:
         logger.info("created %s %s", kind, job["metadata"]["name"])
         kopf.info(body, reason=Reason.JOB_CREATED,
@@ -329,8 +328,7 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
     job = child.as_job(body)
     try:
         result = state.kube.update_status(
-            namespace, owner, lambda st, tj: status_from_job(st, job, tj, now),
-            known=state.last_watched((namespace, owner)))
+            namespace, owner, lambda st, tj: status_from_job(st, job, tj, now))
     except ApiError as e:
         # Event handlers are not retried by kopf; the poller's resync catches up.
         logger.warning("cannot update %s/%s from its Job: %s", namespace, owner, e)
@@ -360,11 +358,9 @@ def track(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
         state.context = contextvars.copy_context()
     if type == "DELETED":
         state.seen.pop(key, None)
-        state.watched.pop(key, None)
         state.refused_limits.pop(key, None)
         state.jobsets.discard(key)
     else:
-        state.remember(key, body)
         if child.is_jobset(body.get("spec") or {}):
             state.jobsets.add(key)
         st = body.get("status") or {}

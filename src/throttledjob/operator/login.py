@@ -34,8 +34,8 @@ def connection_info(kubeconfig: str | Path | None = None) -> kopf.ConnectionInfo
         found = in_cluster()
         if found is not None:
             return found
-        kubeconfig = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or \
-            Path.home() / ".kube" / "config"
+        files = [f for f in (os.environ.get("KUBECONFIG") or "").split(os.pathsep) if f]
+        kubeconfig = files[0] if files else Path.home() / ".kube" / "config"
     return from_kubeconfig(Path(kubeconfig).expanduser())
 
 
@@ -58,7 +58,7 @@ def from_kubeconfig(path: Path) -> kopf.ConnectionInfo:
     """The current context of one kubeconfig file."""
     try:
         return _current_context(path)
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise LoginError(f"cannot read the kubeconfig {path}: {type(e).__name__}: {e}") from e
 
 
@@ -78,13 +78,17 @@ def _current_context(path: Path) -> kopf.ConnectionInfo:
     token = user.get("token")
     if not token and user.get("tokenFile"):
         token = Path(file("tokenFile") or "").read_text().strip()
+    # Where a kubeconfig gives both a file and its data, kubectl takes the data.
     return kopf.ConnectionInfo(
         server=cluster["server"], insecure=cluster.get("insecure-skip-tls-verify"),
-        ca_path=file("certificate-authority"),
         ca_data=cluster.get("certificate-authority-data"),
-        certificate_path=file("client-certificate"),
+        ca_path=None if cluster.get("certificate-authority-data")
+        else file("certificate-authority"),
         certificate_data=user.get("client-certificate-data"),
-        private_key_path=file("client-key"), private_key_data=user.get("client-key-data"),
+        certificate_path=None if user.get("client-certificate-data")
+        else file("client-certificate"),
+        private_key_data=user.get("client-key-data"),
+        private_key_path=None if user.get("client-key-data") else file("client-key"),
         token=token, default_namespace=context.get("namespace"))
 
 

@@ -11,7 +11,6 @@ namespaces) and hands each one's reads to a pool.
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import threading
 import time
@@ -79,22 +78,6 @@ class OperatorState:
     # kopf.info/warn find kopf's event queue in context variables, set for handlers (not
     # yet for startup activities): the pool's threads run in a copy of a handler's.
     context: contextvars.Context | None = None
-    # Each ThrottledJob as the watch last showed it, compact JSON without managedFields
-    # and annotations (a few KiB each, not a tree of dicts): a status write starts from
-    # it instead of a GET, one API call fewer per sidecar read.
-    watched: dict[TjKey, bytes] = field(default_factory=dict)
-
-    def remember(self, key: TjKey, body: Mapping[str, Any]) -> None:
-        meta = {k: v for k, v in (body.get("metadata") or {}).items()
-                if k not in ("managedFields", "annotations")}
-        self.watched[key] = json.dumps(
-            {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-             "metadata": meta, "spec": body.get("spec"), "status": body.get("status")},
-            separators=(",", ":")).encode()
-
-    def last_watched(self, key: TjKey) -> dict[str, Any] | None:
-        raw = self.watched.get(key)
-        return json.loads(raw) if raw is not None else None
 
 
 Read = Callable[[OperatorState, str, str, str | None], None]
@@ -187,8 +170,7 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
             else []
         return status_with_split(out, *split[0], now) if split and split[0][1] else out
 
-    result = kube.update_status(namespace, name, mutate,
-                                known=state.last_watched((namespace, name)))
+    result = kube.update_status(namespace, name, mutate)
     if result:
         tj, old, new = result
         was = condition(old, Condition.TARGET_MET) or {}
