@@ -156,13 +156,18 @@ def rounded(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def proc_figures(pid: int) -> tuple[float, float]:
-    """(peak RSS MiB, CPU seconds) of a process."""
+def proc_status_mib(pid: int, key: str) -> float:
+    """A memory figure of /proc/PID/status (VmHWM: the peak, VmRSS: now), MiB."""
     status = dict(line.split(":", 1) for line in
                   Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(status[key].split()[0]) / 1024
+
+
+def proc_figures(pid: int) -> tuple[float, float]:
+    """(peak RSS MiB, CPU seconds) of a process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return int(status["VmHWM"].split()[0]) / 1024, (int(fields[11]) + int(fields[12])) / ticks
+    return proc_status_mib(pid, "VmHWM"), (int(fields[11]) + int(fields[12])) / ticks
 
 
 def settle(pid: int, quiet_cores: float = 0.25, at_most: float = 60.0) -> float:
@@ -175,12 +180,6 @@ def settle(pid: int, quiet_cores: float = 0.25, at_most: float = 60.0) -> float:
         if (proc_figures(pid)[1] - before) / 2 < quiet_cores:
             break
     return time.monotonic() - started
-
-
-def rss_now(pid: int) -> float:
-    """A process's resident memory now, MiB."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(status.split("VmRSS:", 1)[1].split()[0]) / 1024
 
 
 def tj(name: str, namespace: str) -> dict[str, Any]:
@@ -347,7 +346,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         poll_reads = (sidecars.hits - hits0) / (poll_seconds + 1.1)
         poll_writes = writes(cluster, user, namespace, audited0)
         stepped_tjs.stop()
-        rss_running = rss_now(op.pid)
+        rss_running = proc_status_mib(op.pid, "VmRSS")
         late = why_not_stepped(cluster, tj_path, stepped_tjs.seen)
         pods_running = sum(p["status"].get("phase") == "Running" for p in cluster.request(
             "GET", f"/api/v1/namespaces/{namespace}/pods")["items"])
@@ -356,7 +355,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         subprocess.run([*kubectl, "delete", "throttledjobs", "--all", "-n", namespace,
                         "--wait=false"], check=True, capture_output=True)
         time.sleep(30)
-        rss_deleted = rss_now(op.pid)
+        rss_deleted = proc_status_mib(op.pid, "VmRSS")
         proc_figures_end = proc_figures(op.pid)
     finally:
         for w in (jobs, pods):
@@ -414,7 +413,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         "operator_rss_mib_with_all_running (now)": round(rss_running),
         "operator_rss_mib_30s_after_all_deleted": round(rss_deleted),
         "operator_peak_rss_mib_at_end": round(proc_figures_end[0]),
-        "status_interval_s": status_interval, "cpus": os.cpu_count(),
+        "status_interval_s": status_interval, "cpus": CPUS,
     }
 
 

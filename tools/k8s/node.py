@@ -159,6 +159,8 @@ class RealNode:
             f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(256)}.0/24")
         # Inside the cluster's own cgroup (cluster.CPU_SHARES), beside its daemons.
         node = {"bridge": f"tj{suffix}",
+                # Set, not the kernel's pick (below); local, unicast.
+                "bridge_mac": "02:" + ":".join(f"{b:02x}" for b in secrets.token_bytes(5)),
                 "cgroup_root": f"{state.get('cgroup', '')}/tj-node-{suffix}",
                 "subnet": str(subnet),
                 # The bridge's own address: the pods' gateway, the node's IP (where the API
@@ -177,9 +179,8 @@ class RealNode:
         # pod's exit changed the gateway's MAC under every other pod, whose cached ARP
         # entry then sent new connections (the operator's to the API server) nowhere for
         # about 30 s.
-        mac = "02:" + ":".join(f"{b:02x}" for b in secrets.token_bytes(5))  # local, unicast
-        self.cluster.update_state(node={**self.cluster.state["node"], "bridge_mac": mac})
-        run("ip", "link", "add", node["bridge"], "address", mac, "type", "bridge")
+        run("ip", "link", "add", node["bridge"], "address", node["bridge_mac"],
+            "type", "bridge")
         run("ip", "address", "add", f"{gateway}/{subnet.prefixlen}", "dev", node["bridge"])
         run("ip", "link", "set", node["bridge"], "up")
         dns.start(self.cluster, gateway)

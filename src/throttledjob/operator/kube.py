@@ -71,7 +71,6 @@ class _Session(NamedTuple):
     server: str
     headers: dict[str, str]
     pool: urllib3.PoolManager
-    generation: int
 
 
 class Kube:
@@ -87,14 +86,14 @@ class Kube:
         self.timeout_seconds = timeout_seconds
         self.attempts = attempts
         self._lock = threading.Lock()
-        self._session = self._logged_in(0)
+        self._session = self._logged_in()
 
-    def _logged_in(self, generation: int) -> _Session:
+    def _logged_in(self) -> _Session:
         info = self.login()
         tls = {"ssl_context": info.as_ssl_context()} if info.server.startswith("https") else {}
         pool = urllib3.PoolManager(num_pools=1, maxsize=self.connections, retries=False,
                                    **tls)
-        return _Session(info.server.rstrip("/"), info.as_http_headers(), pool, generation)
+        return _Session(info.server.rstrip("/"), info.as_http_headers(), pool)
 
     def _log_in_again(self, stale: _Session) -> None:
         """After a 401 on `stale`: log in anew, once for all the threads that met it."""
@@ -102,7 +101,7 @@ class Kube:
             if self._session is not stale:
                 return  # another thread has already
             try:
-                self._session = self._logged_in(stale.generation + 1)
+                self._session = self._logged_in()
             except Exception as e:  # the login's own errors, whatever the source
                 raise ApiError(401, f"logging in again failed: {e}") from e
             stale.pool.clear()

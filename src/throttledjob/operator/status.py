@@ -276,17 +276,13 @@ def close_to(written: Mapping[str, Any], read: Mapping[str, Any]) -> bool:
     if a.keys() != b.keys():
         return False
     for key, x in a.items():
-        y = b[key]
-        if key in OBSERVED_NAMES and _is_number(x) and _is_number(y):
-            if abs(x - y) > max(OBSERVED_TOLERANCE * abs(x), OBSERVED_ABSOLUTE):
+        fx, fy = finite_number(x), finite_number(b[key])
+        if key in OBSERVED_NAMES and fx is not None and fy is not None:
+            if abs(fx - fy) > max(OBSERVED_TOLERANCE * abs(fx), OBSERVED_ABSOLUTE):
                 return False
-        elif x != y:
+        elif x != b[key]:
             return False
     return True
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _fold(f: ObservedField, values: list[Any]) -> float | int | None:
