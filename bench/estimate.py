@@ -34,9 +34,13 @@ def workloads(scale: float) -> dict[str, tuple[list[str], list[str]]]:
         "busy (2 processes)": ([*HUNGRY, "--units", str(int(150 * scale))], []),
         "matmul (zoo)": ([*ZOO, "matmul", "--scale", str(0.5 * scale)], []),
         "elementwise (zoo)": ([*ZOO, "elementwise", "--scale", str(0.5 * scale)], []),
+        "bursty (zoo)": ([*ZOO, "bursty", "--scale", str(scale)], []),
         "torch_train.py (unmodified)": (
             [sys.executable, str(ROOT / "examples" / "torch_train.py"),
              "--steps", str(int(1500 * scale))], ["--inject"]),
+        "gpt_train.py (unmodified)": (
+            [sys.executable, str(ROOT / "examples" / "gpt_train.py"),
+             "--iters", str(int(300 * scale))], ["--inject"]),
     }
 
 

@@ -56,7 +56,7 @@ def test_estimate() -> None:
     out = run_benchmark("estimate", "--scale", "0.02")
     assert [row[0] for row in table_rows(out, "| workload | target |")] == [
         "busy (2 processes)", "matmul (zoo)", "elementwise (zoo)",
-        "torch_train.py (unmodified)"]
+        "bursty (zoo)", "torch_train.py (unmodified)", "gpt_train.py (unmodified)"]
 
 
 @needs_cgroup

@@ -19,7 +19,7 @@ from throttledjob.sidecar.controller import CpuController
 from throttledjob.sidecar.decide import decide, gpu_rate
 from throttledjob.sidecar.enforcement import plan_as_written, pod_plan
 from throttledjob.sidecar.explorer import LeverSetting, Pacing
-from throttledjob.sidecar.measure import Meter, Sample
+from throttledjob.sidecar.measure import Meter, ProgressClock, Sample, steps_in_interval
 
 
 def sample(usage: float = 1.0, coop: float = 0.0, signal: float = 0.0,
@@ -35,12 +35,31 @@ class Enforcer:
 
     paused_seconds = 0.0
     pause_capped = False
+    busy_width = None
 
     def __init__(self) -> None:
         self.calls: list[tuple[float | None, float]] = []
 
     def set(self, rate: float | None, max_pause: float) -> None:
         self.calls.append((rate, max_pause))
+
+
+def test_steps_are_read_over_the_writers_cpu_clock_so_a_wait_between_writes_does_not_thin_them():
+    """A 2-thread loop steps 300 times in a 0.5 s burst (1 CPU-second), then waits 1 s.
+    Over the wall clock between the writes its rate read 200 steps/s, as if it stepped
+    through the wait: 200 steps for an interval that used one CPU-second on 300. Over the
+    CPU the writers used it reads 300; the wall clock serves where the CPU clock cannot."""
+    me = frozenset({1})
+    before, after = ProgressClock(100.0, 10.0, me), ProgressClock(101.5, 11.0, me)
+    assert steps_in_interval(300, before, after, elapsed=1.0, used_seconds=1.0) == 300
+    # An older runtime writes no CPU clock; another process came meanwhile.
+    old = ProgressClock(100.0, 0.0, me), ProgressClock(101.5, 0.0, me)
+    assert steps_in_interval(300, *old, elapsed=1.0, used_seconds=1.0) == 200
+    joined = ProgressClock(101.5, 13.0, frozenset({1, 2}))
+    assert steps_in_interval(300, before, joined, elapsed=1.0, used_seconds=1.0) == 200
+    # No clock moved (the first write): the count as it is.
+    assert steps_in_interval(300, ProgressClock(0.0, 0.0, me), ProgressClock(0.0, 0.0, me),
+                             elapsed=1.0, used_seconds=1.0) == 300
 
 
 def test_the_meter_turns_counters_into_an_intervals_rates(tmp_path) -> None:

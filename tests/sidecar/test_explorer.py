@@ -344,6 +344,18 @@ def test_no_demand_is_read_past_the_cpus_the_workload_may_use():
     assert Estimate.of(DEFAULT_SETTING, [deep]).peak_cores == 2
 
 
+def test_a_bursts_demand_is_the_width_the_kernel_measured_not_the_intervals_average():
+    """A 2-thread burst held to 1 core, then a wait, in one interval: its average over
+    the interval reads 1.4 cores where the burst wanted 2 (the kernel's throttled width),
+    and the defaults' unthrottled rate, every lever's cost, read low with it."""
+    burst = dict(usage_cores=0.84, pause_fraction=0.4, steps=143, cores=2)
+    assert LeverSample(**burst).demand_cores == pytest.approx(1.4)
+    assert LeverSample(**burst, busy_width=1.95).demand_cores == 1.95
+    assert LeverSample(**burst, busy_width=2.4).demand_cores == 2  # never past the CPUs
+    assert Estimate.of(DEFAULT_SETTING, [LeverSample(**burst, busy_width=1.95)]) \
+        .unthrottled_rate == pytest.approx(143 / 0.84 * 1.95)
+
+
 def test_agent_publishes_the_explorers_threads(tmp_path):
     from throttledjob.contracts.policy import Policy
 
@@ -423,6 +435,7 @@ class RecordingEnforcer:
         pass
 
     error = None
+    busy_width = None
 
     def kernel_throttling(self) -> None:
         return None

@@ -149,7 +149,10 @@ def test_the_slowdown_budget_raises_the_quota_it_would_pass(busy) -> None:
         free = cores(parent.pid, 0.5)  # what the machine gives it now, unlimited
         q.set(0.3, 0.5)
         assert not q.pause_capped  # the width is not known before the quota binds
+        assert q.busy_width is None
         time.sleep(1.0)  # one control interval
+        # Two processes wanting a core each (about 1 beside a busy process), at 0.3 asked.
+        assert 0.7 <= q.busy_width <= 2.1, q.busy_width
         q.set(0.3, 0.5)
         # The width is estimated from the kernel's counters (1.5-2 here; about 1 beside a
         # busy process, which leaves the tree one core): raised well above the 0.3 asked,

@@ -35,6 +35,7 @@ class Enforcer:
         pass
 
     error = None
+    busy_width = None
 
     def kernel_throttling(self) -> None:
         return None

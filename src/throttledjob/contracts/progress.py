@@ -23,6 +23,9 @@ class Progress:
     started: float = 0.0
     # Seconds this process spent pacing (sleeping on purpose) since it started.
     paused_seconds: float = 0.0
+    # CPU seconds this process (all its threads) had used when it wrote the record: steps
+    # per CPU-second between two records, whatever the sidecar's cycle and idle waits.
+    cpu_seconds: float = 0.0
     # The slowdown budget stopped this process from pausing as much as the quota asked.
     pause_capped: bool = False
     batch_size: int | None = None
@@ -45,11 +48,12 @@ def parse_progress(obj: Any) -> Progress:
         pid=int(obj["pid"]), steps=int(obj.get("steps", 0)), time=float(obj.get("time", 0.0)),
         started=float(obj.get("started", 0.0)),
         paused_seconds=float(obj.get("paused_seconds", 0.0)),
+        cpu_seconds=float(obj.get("cpu_seconds", 0.0)),
         pause_capped=bool(obj.get("pause_capped", False)),
         batch_size=None if obj.get("batch_size") is None else int(obj["batch_size"]),
         oom_events=int(obj.get("oom_events", 0)),
         visible_devices=[str(d) for d in obj.get("visible_devices", [])][:64],
     )
-    if p.pid <= 0 or p.steps < 0 or p.paused_seconds < 0:
+    if p.pid <= 0 or p.steps < 0 or p.paused_seconds < 0 or not p.cpu_seconds >= 0:
         raise ValueError("negative progress")
     return p

@@ -153,6 +153,7 @@ class Throttle:
         try:
             write_progress(self.directory, Progress(
                 pid=os.getpid(), steps=self.steps, time=wall, started=self._started,
+                cpu_seconds=time.process_time(),
                 paused_seconds=self._budget.paused_seconds,
                 pause_capped=self._budget.pause_capped, batch_size=self._last_batch,
                 oom_events=self.oom_events, visible_devices=self._devices))

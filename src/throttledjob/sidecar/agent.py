@@ -27,7 +27,7 @@ from .enforcement import Plan, plan_as_written
 from .enforcer import Enforcer
 from .explorer import DEFAULT_SETTING, Explorer, LeverSample, LeverSetting, probe_order
 from .lever_time import LeverLedger
-from .measure import Meter, Sample
+from .measure import Meter, ProgressClock, Sample, progress_clock, steps_in_interval
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume
 from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker
@@ -142,7 +142,9 @@ class Agent:
         # at the first reported step, when the levers the workload uses are known.
         self.explorer: Explorer | None = None
         self._explorer_steps: int | None = None
-        self._explorer_stamp = 0.0  # when the runtime wrote the steps last seen (Unix s)
+        # The runtime's clocks when it wrote the steps last seen: Unix time, CPU seconds
+        # and which processes wrote (progress_clock).
+        self._explorer_clock: ProgressClock | None = None
         self.os_levers = OsLevers(policy.nice, policy.cpu_affinity)
         self.started = clock()
         self.meter = Meter(tree, settings_dir, self.started, container_quota)
@@ -387,14 +389,11 @@ class Agent:
             return
         steps = sample.steps
         done = 0 if self._explorer_steps is None else max(0, steps - self._explorer_steps)
-        stamp = max((r.time for r in sample.records), default=0.0)
-        if done and self._explorer_stamp and stamp > self._explorer_stamp:
-            # Steps are counted when the runtime writes them (every half second), not at
-            # this cycle: counted per cycle, an interval read half or one and a half of its
-            # steps, and a setting measured over two intervals read 25% slow. Their rate
-            # over the writes' own clock, for this interval, does not.
-            done = done / (stamp - self._explorer_stamp) * sample.elapsed
-        self._explorer_steps, self._explorer_stamp = steps, stamp
+        clock = progress_clock(sample.records)
+        if done and self._explorer_clock is not None:
+            done = steps_in_interval(done, self._explorer_clock, clock, sample.elapsed,
+                                     sample.used_seconds)
+        self._explorer_steps, self._explorer_clock = steps, clock
         if self.explorer is None:
             if not done:
                 return  # no step reported (yet): the policy's levers, as without explorer
@@ -407,7 +406,8 @@ class Agent:
             self.explorer = Explorer(self.policy.cpu_peak_cores, candidates,
                                      max_slowdown=self.policy.max_slowdown)
         self.explorer.update(LeverSample(sample.usage_cores, sample.pause_fraction, done,
-                                         sample.elapsed, cores=_usable_cores()))
+                                         sample.elapsed, cores=_usable_cores(),
+                                         busy_width=sample.busy_width))
 
     def explorer_report(self) -> dict | None:
         """What the explorer measured and chose (None when it never ran)."""

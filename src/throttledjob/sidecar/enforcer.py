@@ -53,6 +53,11 @@ class Enforcer(Protocol):
         """The kernel's CFS throttling counters, where the kernel does the holding."""
 
     @property
+    def busy_width(self) -> float | None:
+        """Cores the tree wanted at its busy moments, from its last throttled periods,
+        where the kernel does the holding (None: not known)."""
+
+    @property
     def error(self) -> str | None:
         """Why it fails open now (holds nothing back), or None."""
 
@@ -100,6 +105,10 @@ class SignalEnforcer:
 
     def kernel_throttling(self) -> ThrottleStats | None:
         return None  # signals hold the tree; the kernel throttles nothing
+
+    @property
+    def busy_width(self) -> float | None:
+        return None  # a stopped tree's width is not measured
 
     def release_script(self) -> str:
         return ""  # a stopped process needs only the guardian's SIGCONT

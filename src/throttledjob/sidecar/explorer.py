@@ -121,6 +121,11 @@ class LeverSample:
     # The CPUs the workload may use: no demand is more. Read through a deep pause, the
     # demand of a 2-thread loop on 2 cores read 2.42, and R0 with it (every lever's cost).
     cores: float = float("inf")
+    # Cores the workload wanted at its busy moments, as the kernel's quota measured them
+    # (None: not measured). A partly idle interval (a burst, then a wait) averages its
+    # usage down: a 2-thread burst held to 1 core read a demand of 1.4, and the defaults'
+    # unthrottled rate (every lever's cost) with it.
+    busy_width: float | None = None
 
     @property
     def informative(self) -> bool:
@@ -129,7 +134,9 @@ class LeverSample:
 
     @property
     def demand_cores(self) -> float:
-        """The usage the workload would have had unpaused."""
+        """The usage the workload would have had unpaused at its busy moments."""
+        if self.busy_width is not None:
+            return min(self.cores, self.busy_width)
         return min(self.cores,
                    self.usage_cores / (1.0 - min(self.pause_fraction, MAX_PAUSE_FOR_DEMAND)))
 

@@ -38,6 +38,9 @@ class Sample:
     signal_pause: float         # the share the enforcer held the tree back
     enforcer_capped: bool       # the enforcer's budget refused a pause
     kernel_pause: float         # the share the containers' own CPU limit held it back
+    # Cores the tree wanted at its busy moments, where the enforcer's kernel quota held it
+    # back in the interval (None: not held, or not by the kernel).
+    busy_width: float | None = None
 
     @property
     def usage_cores(self) -> float:
@@ -57,6 +60,40 @@ class Sample:
     def devices(self) -> list[str]:
         """The GPUs the cooperating processes see (CUDA_VISIBLE_DEVICES)."""
         return sorted({d for r in self.records for d in r.visible_devices})
+
+
+@dataclass(frozen=True)
+class ProgressClock:
+    """The cooperating processes' clocks at their last writes of the steps."""
+
+    time: float             # the latest write (Unix seconds)
+    cpu_seconds: float      # the CPU they had used by then, summed (0: an older runtime)
+    pids: frozenset[int]
+
+
+def progress_clock(records: tuple[Progress, ...]) -> ProgressClock:
+    return ProgressClock(max((r.time for r in records), default=0.0),
+                         sum(r.cpu_seconds for r in records), frozenset(r.pid for r in records))
+
+
+def steps_in_interval(steps: float, before: ProgressClock, now: ProgressClock,
+                      elapsed: float, used_seconds: float) -> float:
+    """The steps of one control interval, from the `steps` counted between two writes.
+
+    The runtime writes its count every half second, at a step, not at this cycle: counted
+    per cycle, an interval read half or one and a half of its steps (a setting measured
+    over two intervals read 25% slow). Their rate over the writers' own CPU clock, times
+    the CPU the interval used, is the interval's own; so is their rate over the wall
+    clock while the work steps without a break, but a wait between the writes (a bursty
+    loop idles between bursts) spread them thin: a 2-thread burst read 40% fewer steps per
+    CPU-second than it ran. The wall clock serves where the CPU clock cannot (an older
+    runtime, a process come or gone between the writes)."""
+    if (now.pids == before.pids and before.cpu_seconds > 0
+            and now.cpu_seconds > before.cpu_seconds):
+        return steps / (now.cpu_seconds - before.cpu_seconds) * used_seconds
+    if before.time and now.time > before.time:
+        return steps / (now.time - before.time) * elapsed
+    return steps
 
 
 class Meter:
@@ -111,6 +148,7 @@ class Meter:
             signal_pause=signal_pause,
             enforcer_capped=bool(enforcer and enforcer.pause_capped),
             kernel_pause=self._container_quota_pause(elapsed),
+            busy_width=enforcer.busy_width if enforcer and signal_pause > 0 else None,
         )
 
     def _cooperative_pause(self, records: tuple[Progress, ...], elapsed: float) -> float:

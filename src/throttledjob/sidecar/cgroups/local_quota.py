@@ -145,6 +145,14 @@ class CgroupQuota:
         return self._capped
 
     @property
+    def busy_width(self) -> float | None:
+        """Cores the tree wanted in its last throttled periods (throttled_width): its
+        demand at its busy moments, which an interval's average understates when part of
+        the interval was idle."""
+        self._account()
+        return self._throttling.width
+
+    @property
     def stopped(self) -> bool:
         return False  # throttling is not a stop: nothing is left to resume
 
