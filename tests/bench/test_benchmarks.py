@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,13 @@ def test_estimate() -> None:
     assert [row[0] for row in table_rows(out, "| workload | target |")] == [
         "busy (2 processes)", "matmul (zoo)", "elementwise (zoo)",
         "bursty (zoo)", "torch_train.py (unmodified)", "gpt_train.py (unmodified)"]
+
+
+@needs_cgroup
+def test_quota_period() -> None:
+    out = run_benchmark("quota_period", "--turns", "1", "--periods", "50", "100", "--",
+                        sys.executable, "examples/torch_train.py", "--steps", "5")
+    assert [row[0] for row in table_rows(out, "| period ms |")] == ["50", "100"]
 
 
 @needs_cgroup

@@ -405,7 +405,10 @@ class Agent:
                 return
             self.explorer = Explorer(self.policy.cpu_peak_cores, candidates,
                                      max_slowdown=self.policy.max_slowdown)
-        self.explorer.update(LeverSample(sample.usage_cores, sample.pause_fraction, done,
+        # In a pod the containers' limits hold the workload back too: their pause is
+        # the explorer's as much as the actuators' (the larger counts, as in the cycle).
+        pause = max(sample.pause_fraction, sample.kernel_pause)
+        self.explorer.update(LeverSample(sample.usage_cores, pause, done,
                                          sample.elapsed, cores=_usable_cores(),
                                          busy_width=sample.busy_width))
 
