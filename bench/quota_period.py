@@ -21,25 +21,18 @@ import sys
 from bench.harness import markdown
 from testing.paths import ROOT
 from throttledjob.sidecar.cgroups.detection import detect
-from throttledjob.sidecar.cgroups.local_quota import CgroupQuota
+from throttledjob.sidecar.cgroups.local_quota import CgroupQuota, QuotaBackend
 
 DEFAULT = [sys.executable, str(ROOT / "examples" / "torch_train.py"), "--steps", "1000"]
 
 
-def work_seconds(cmd: list[str], quota: float | None, period_ms: int) -> float:
+def work_seconds(cmd: list[str], backend: QuotaBackend, quota: float | None,
+                 period_ms: int) -> float:
     """The command's own `seconds=`, under `quota` cores per `period_ms` (None: none)."""
-    found = detect()
-    if quota is not None and not found:
-        raise SystemExit(f"no cgroup quota can be made here: {found.reason}")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    q = CgroupQuota(proc.pid, found.backend, period_us=period_ms * 1000) \
-        if quota is not None else None
-    if q:
+    with CgroupQuota(proc.pid, backend, period_us=period_ms * 1000) as q:
         q.set(quota)
-        q.start()
-    out, _ = proc.communicate()
-    if q:
-        q.close()
+        out, _ = proc.communicate()
     m = re.search(r'seconds"?[=:] ?([0-9.]+)', out)
     if proc.returncode or not m:
         raise SystemExit(f"{cmd} failed or printed no seconds: {out[-200:]}")
@@ -54,12 +47,15 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args()
-    cmd = [c for c in args.cmd if c != "--"] or DEFAULT
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    found = detect()
+    if not found:
+        raise SystemExit(f"no cgroup quota can be made here: {found.reason}")
     ratios: dict[int, list[float]] = {p: [] for p in args.periods}
     for _ in range(args.turns):
-        base = work_seconds(cmd, None, 100)
+        base = work_seconds(cmd or DEFAULT, found.backend, None, 100)
         for p in args.periods:
-            ratios[p].append(work_seconds(cmd, args.quota, p) / base)
+            ratios[p].append(work_seconds(cmd or DEFAULT, found.backend, args.quota, p) / base)
             print(p, round(ratios[p][-1], 3), flush=True)
     print(markdown([{"period ms": p, "quota": args.quota,
                      "work time / unthrottled": "/".join(f"{r:.2f}" for r in rs),

@@ -54,6 +54,8 @@ def test_step_records_progress(tmp_path, monkeypatch):
     t.flush()
     [record] = read_progress(str(tmp_path))
     assert record.pid == os.getpid() and record.steps == 5
+    # The CPU clock the sidecar reads steps over (measure.steps_in_interval).
+    assert 0 < record.cpu_seconds <= time.process_time()
     assert record.visible_devices == ["0", "GPU-abc"]
 
 

@@ -162,7 +162,7 @@ def test_each_named_container_says_what_it_wanted_its_use_or_its_width(
     assert view.demand_by_container() == {"train": pytest.approx(2.0),
                                           "logs": pytest.approx(0.1)}
     # The workload's busy width, for the lever explorer: every container, named or not.
-    assert view.busy_width() == pytest.approx(2.0 + 0.1 + 0.2)
+    assert view.busy_width == pytest.approx(2.0 + 0.1 + 0.2)
     # Its cgroup gone (the container exited): it wants nothing any more.
     del pod.containers[20]
     for p in pod.cgroups["logs"].iterdir():

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from dataclasses import replace
 
 import pytest
 
@@ -48,18 +50,24 @@ def test_steps_are_read_over_the_writers_cpu_clock_so_a_wait_between_writes_does
     """A 2-thread loop steps 300 times in a 0.5 s burst (1 CPU-second), then waits 1 s.
     Over the wall clock between the writes its rate read 200 steps/s, as if it stepped
     through the wait: 200 steps for an interval that used one CPU-second on 300. Over the
-    CPU the writers used it reads 300; the wall clock serves where the CPU clock cannot."""
+    CPU the writers used it reads 300, whatever helpers beside them used (a data loader's
+    workers are in the tree's CPU, not the writers'); the wall clock serves where the CPU
+    clock cannot."""
     me = frozenset({1})
-    before, after = ProgressClock(100.0, 10.0, me), ProgressClock(101.5, 11.0, me)
-    assert steps_in_interval(300, before, after, elapsed=1.0, used_seconds=1.0) == 300
+    before = ProgressClock(100.0, 10.0, me, cycle_cpu_seconds=10.2)
+    after = ProgressClock(101.5, 11.0, me, cycle_cpu_seconds=11.2)
+    assert steps_in_interval(300, before, after, elapsed=1.0) == pytest.approx(300)
+    # Half the writers' CPU between the writes fell in this interval: half the steps.
+    assert steps_in_interval(300, before, replace(after, cycle_cpu_seconds=10.7),
+                             elapsed=1.0) == pytest.approx(150)
     # An older runtime writes no CPU clock; another process came meanwhile.
-    old = ProgressClock(100.0, 0.0, me), ProgressClock(101.5, 0.0, me)
-    assert steps_in_interval(300, *old, elapsed=1.0, used_seconds=1.0) == 200
-    joined = ProgressClock(101.5, 13.0, frozenset({1, 2}))
-    assert steps_in_interval(300, before, joined, elapsed=1.0, used_seconds=1.0) == 200
+    old = replace(before, cpu_seconds=0.0), replace(after, cpu_seconds=0.0)
+    assert steps_in_interval(300, *old, elapsed=1.0) == 200
+    joined = replace(after, cpu_seconds=13.0, pids=frozenset({1, 2}))
+    assert steps_in_interval(300, before, joined, elapsed=1.0) == 200
     # No clock moved (the first write): the count as it is.
-    assert steps_in_interval(300, ProgressClock(0.0, 0.0, me), ProgressClock(0.0, 0.0, me),
-                             elapsed=1.0, used_seconds=1.0) == 300
+    first = ProgressClock(0.0, 0.0, me)
+    assert steps_in_interval(300, first, first, elapsed=1.0) == 300
 
 
 def test_the_meter_turns_counters_into_an_intervals_rates(tmp_path) -> None:
@@ -72,11 +80,15 @@ def test_the_meter_turns_counters_into_an_intervals_rates(tmp_path) -> None:
     assert first.usage_cores == pytest.approx(0.75) and first.elapsed == 2.0
     assert first.steps == first.new_steps == 10 and first.cooperating == [me]
     assert first.cooperative_pause == 0.0  # the first record is the baseline
+    # The writers' own CPU at the cycle, on the clock the runtime writes (process_time).
+    assert first.writers_cpu_seconds == pytest.approx(time.process_time(), abs=0.05)
     write_progress(str(tmp_path), Progress(pid=me, steps=25, paused_seconds=0.5))
     enforcer = Enforcer()
     enforcer.paused_seconds = 0.25
+    enforcer.busy_width = 1.8  # a kernel quota's: its tree wanted 1.8 cores when busy
     tree.cpu = 2.0
     second = meter.measure(3.0, enforcer)
+    assert second.busy_width == 1.8  # it held the tree back in this interval
     assert second.usage_cores == pytest.approx(0.5)
     assert (second.steps, second.new_steps) == (25, 15)
     assert second.cooperative_pause == pytest.approx(0.5)
@@ -87,6 +99,7 @@ def test_the_meter_turns_counters_into_an_intervals_rates(tmp_path) -> None:
     os.unlink(tmp_path / f"progress-{me}.json")
     third = meter.measure(4.0, enforcer)
     assert third.steps == 25 and third.new_steps == 0 and third.records == ()
+    assert third.busy_width is None  # not held back in this one: no width is claimed
 
 
 def test_a_decision_follows_the_controller_and_the_budget() -> None:

@@ -455,7 +455,7 @@ def agent_with_scripted_levers(tmp_path, levers: LeverSetting):
     agent.start()
     agent.explorer = types.SimpleNamespace(levers=levers, update=lambda sample: None,
                                            lever_slowdown=lambda levers=None: None,
-                                           measuring=False)
+                                           measuring=False, estimates={})
     agent._explorer_steps = 0
     return agent, tree, enforcer, now
 

@@ -151,9 +151,10 @@ def test_the_slowdown_budget_raises_the_quota_it_would_pass(busy) -> None:
         assert not q.pause_capped  # the width is not known before the quota binds
         assert q.busy_width is None
         time.sleep(1.0)  # one control interval
-        # Two processes wanting a core each (about 1 beside a busy process), at 0.3 asked.
-        assert 0.7 <= q.busy_width <= 2.1, q.busy_width
         q.set(0.3, 0.5)
+        # Two processes wanting a core each, as many as the machine gives them (about 1
+        # beside a busy process), at 0.3 asked: as of the accounting the set made.
+        assert 0.6 * free <= q.busy_width <= 2.1, (q.busy_width, free)
         # The width is estimated from the kernel's counters (1.5-2 here; about 1 beside a
         # busy process, which leaves the tree one core): raised well above the 0.3 asked,
         # to about half what the tree gets, never above what the budget needs at width 2.

@@ -121,6 +121,19 @@ def test_the_estimates_top_charges_time_of_unknown_cost_at_the_most_it_can_cost(
     agent.close()
 
 
+def test_a_levers_cost_slows_the_time_the_workload_computes_not_its_waits():
+    """One thread (1 core when busy) computed half a second, held back a tenth of the
+    interval and waited the rest: half a second is what its cost slowed. Charged on the
+    wait too, a bursty loop's real slowdown of 1.45 read 1.7."""
+    from throttledjob.sidecar.lever_time import busy_seconds
+
+    assert busy_seconds(1.0, 0.1, used_seconds=0.5, peak_cores=1.0) == pytest.approx(0.5)
+    # Busy for all its unpaused time (2 cores when busy, 1.8 CPU-seconds): all of it.
+    assert busy_seconds(1.0, 0.1, used_seconds=1.8, peak_cores=2.0) == pytest.approx(0.9)
+    # The setting's cores not measured yet: its unpaused time, as before.
+    assert busy_seconds(1.0, 0.1, used_seconds=0.5, peak_cores=None) == pytest.approx(0.9)
+
+
 def test_an_armed_enforcer_that_never_paused_is_no_lever_used(tmp_path):
     _, result = run(tmp_path, Policy(cpu_peak_cores=1.5, enforcement="signals"), [0.5] * 3)
     assert result.last.enforcer_armed

@@ -3,6 +3,7 @@ workload process tells the sidecar (steps, pid, GPUs, pauses)."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -54,6 +55,6 @@ def parse_progress(obj: Any) -> Progress:
         oom_events=int(obj.get("oom_events", 0)),
         visible_devices=[str(d) for d in obj.get("visible_devices", [])][:64],
     )
-    if p.pid <= 0 or p.steps < 0 or p.paused_seconds < 0 or not p.cpu_seconds >= 0:
+    if p.pid <= 0 or p.steps < 0 or p.paused_seconds < 0 or not 0 <= p.cpu_seconds < math.inf:
         raise ValueError("negative progress")
     return p

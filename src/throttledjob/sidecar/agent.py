@@ -26,7 +26,7 @@ from .decide import cpu_controller, decide
 from .enforcement import Plan, plan_as_written
 from .enforcer import Enforcer
 from .explorer import DEFAULT_SETTING, Explorer, LeverSample, LeverSetting, probe_order
-from .lever_time import LeverLedger
+from .lever_time import LeverLedger, busy_seconds
 from .measure import Meter, ProgressClock, Sample, progress_clock, steps_in_interval
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume
@@ -241,7 +241,7 @@ class Agent:
         self._gpu_bound = decision.gpu_bound
         # The interval ran under the levers chosen before it.
         levers = self.levers
-        self.ledger.add(levers, (1 - sample.pause_fraction) * sample.elapsed)
+        self.ledger.add(levers, self._busy_seconds(levers, sample))
         if self._probing():
             self._probe_seconds += sample.elapsed
             self._probe_max_cores = max(self._probe_max_cores or 0.0, sample.usage_cores)
@@ -269,7 +269,7 @@ class Agent:
         self.last = LastCycle(
             usage_cores=sample.usage_cores,
             rate_cores=rate,
-            pause_fraction=max(sample.pause_fraction, sample.kernel_pause),
+            pause_fraction=sample.held_back,
             throttling=decision.throttling or sample.kernel_pause > BINDING_PAUSE_FRACTION,
             budget_exhausted=exhausted,
             cooperating_pids=sample.cooperating,
@@ -389,10 +389,9 @@ class Agent:
             return
         steps = sample.steps
         done = 0 if self._explorer_steps is None else max(0, steps - self._explorer_steps)
-        clock = progress_clock(sample.records)
+        clock = progress_clock(sample)
         if done and self._explorer_clock is not None:
-            done = steps_in_interval(done, self._explorer_clock, clock, sample.elapsed,
-                                     sample.used_seconds)
+            done = steps_in_interval(done, self._explorer_clock, clock, sample.elapsed)
         self._explorer_steps, self._explorer_clock = steps, clock
         if self.explorer is None:
             if not done:
@@ -405,12 +404,14 @@ class Agent:
                 return
             self.explorer = Explorer(self.policy.cpu_peak_cores, candidates,
                                      max_slowdown=self.policy.max_slowdown)
-        # In a pod the containers' limits hold the workload back too: their pause is
-        # the explorer's as much as the actuators' (the larger counts, as in the cycle).
-        pause = max(sample.pause_fraction, sample.kernel_pause)
-        self.explorer.update(LeverSample(sample.usage_cores, pause, done,
+        self.explorer.update(LeverSample(sample.usage_cores, sample.held_back, done,
                                          sample.elapsed, cores=_usable_cores(),
                                          busy_width=sample.busy_width))
+
+    def _busy_seconds(self, levers: LeverSetting, sample: Sample) -> float:
+        known = self.explorer.estimates.get(levers) if self.explorer else None
+        return busy_seconds(sample.elapsed, sample.held_back, sample.used_seconds,
+                            known.peak_cores if known else None)
 
     def explorer_report(self) -> dict | None:
         """What the explorer measured and chose (None when it never ran)."""

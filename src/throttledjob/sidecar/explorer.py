@@ -19,9 +19,11 @@ busy-time throughput is
 and the best setting is the one that maximises it. Idle time (waits, I/O) is the same
 under every setting, so ranking by busy-time throughput ranks by run time too. Both
 figures are measured *while the rate is on*: duty cycling scales CPU and steps alike,
-so steps per CPU-second does not depend on it, and the unpaused demand is the measured
-usage divided by the fraction of the interval not paused. Probing therefore never lifts
-the rate: the peak target holds during exploration too.
+so steps per CPU-second does not depend on it (save the CPU a kernel quota makes
+synchronised threads waste, docs/benchmarks.md), and the unpaused demand is the width
+the kernel measured where its quota held the tree back, else the measured usage divided
+by the fraction of the interval not paused. Probing therefore never lifts the rate: the
+peak target holds during exploration too.
 
 The slowdown budget. With `max_slowdown` B, the rate is lifted wherever holding the
 target would slow the workload by more than B, so a setting is ranked by its throughput
@@ -66,7 +68,8 @@ from enum import Enum
 MIN_GAIN = 0.03
 # Below this usage (cores) an interval tells nothing about the levers (idle wait).
 IDLE_CORES = 0.05
-# Demand is usage / (1 - pause); past this pause fraction the estimate is too noisy.
+# Demand, where no kernel measured the width, is usage / (1 - pause); past this pause
+# fraction that estimate is too noisy.
 MAX_PAUSE_FOR_DEMAND = 0.9
 # Paused for at least this fraction of an interval, the workload wanted more than the
 # rate at its busy moments, whatever its interval-averaged demand says.

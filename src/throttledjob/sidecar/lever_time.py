@@ -26,6 +26,18 @@ class LeverTime:
     bound: float = 0.0    # `known`, plus the unknown time at max_lever_cost
 
 
+def busy_seconds(elapsed: float, held_back: float, used_seconds: float,
+                 peak_cores: float | None) -> float:
+    """An interval's time the workload computed, which is what a setting's own cost
+    slows: not held back, and not idle either where the cores the setting keeps busy
+    (`peak_cores`, measured by the explorer) are known: its CPU over them. A bursty
+    loop's waits, charged at one thread's cost too, read a real 1.45 as 1.7."""
+    busy = (1 - held_back) * elapsed
+    if peak_cores:
+        busy = min(busy, used_seconds / peak_cores)
+    return busy
+
+
 def max_lever_cost(levers: LeverSetting, cores: int) -> float:
     """The most a setting can cost by itself on `cores` CPUs: k threads of n run at
     k/n of the speed at worst (perfect scaling lost), a batch scaled by s at s of it (a

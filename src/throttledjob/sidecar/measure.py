@@ -15,7 +15,7 @@ from throttledjob.runtime.progress import read_progress
 
 from .cgroups.container_quota import ContainerQuota
 from .enforcer import Enforcer
-from .processes import ProcessTree, alive
+from .processes import ProcessTree, alive, own_cpu_seconds
 
 # Processes whose steps are counted over a run (the meter keeps each one's last count):
 # bounded, whatever the shared directory holds.
@@ -42,6 +42,9 @@ class Sample:
     # in a pod the containers' limits) held it back in the interval (None: not held, or
     # not by the kernel).
     busy_width: float | None = None
+    # CPU seconds the cooperating processes (`records`) had used by the end of the
+    # interval, their own threads only, as the runtime's clock in their records counts.
+    writers_cpu_seconds: float = 0.0
 
     @property
     def usage_cores(self) -> float:
@@ -58,6 +61,12 @@ class Sample:
         return min(1.0, max(self.cooperative_pause, self.signal_pause))
 
     @property
+    def held_back(self) -> float:
+        """Held back by anything: our actuators, or in a pod the containers' own limits
+        (they hold the same workload at the same time: the larger counts)."""
+        return max(self.pause_fraction, self.kernel_pause)
+
+    @property
     def devices(self) -> list[str]:
         """The GPUs the cooperating processes see (CUDA_VISIBLE_DEVICES)."""
         return sorted({d for r in self.records for d in r.visible_devices})
@@ -70,28 +79,34 @@ class ProgressClock:
     time: float             # the latest write (Unix seconds)
     cpu_seconds: float      # the CPU they had used by then, summed (0: an older runtime)
     pids: frozenset[int]
+    # The same processes' CPU at the end of the sidecar's interval (Sample's).
+    cycle_cpu_seconds: float = 0.0
 
 
-def progress_clock(records: tuple[Progress, ...]) -> ProgressClock:
+def progress_clock(sample: Sample) -> ProgressClock:
+    records = sample.records
     return ProgressClock(max((r.time for r in records), default=0.0),
-                         sum(r.cpu_seconds for r in records), frozenset(r.pid for r in records))
+                         sum(r.cpu_seconds for r in records), frozenset(r.pid for r in records),
+                         sample.writers_cpu_seconds)
 
 
 def steps_in_interval(steps: float, before: ProgressClock, now: ProgressClock,
-                      elapsed: float, used_seconds: float) -> float:
+                      elapsed: float) -> float:
     """The steps of one control interval, from the `steps` counted between two writes.
 
     The runtime writes its count every half second, at a step, not at this cycle: counted
     per cycle, an interval read half or one and a half of its steps (a setting measured
     over two intervals read 25% slow). Their rate over the writers' own CPU clock, times
-    the CPU the interval used, is the interval's own; so is their rate over the wall
-    clock while the work steps without a break, but a wait between the writes (a bursty
-    loop idles between bursts) spread them thin: a 2-thread burst read 40% fewer steps per
-    CPU-second than it ran. The wall clock serves where the CPU clock cannot (an older
-    runtime, a process come or gone between the writes)."""
+    the CPU the same processes used in the interval, is the interval's own; so is their
+    rate over the wall clock while the work steps without a break, but a wait between the
+    writes (a bursty loop idles between bursts) spread them thin: a 2-thread burst read
+    40% fewer steps per CPU-second than it ran. The wall clock serves where the CPU clock
+    cannot (an older runtime, a process come or gone between the writes)."""
     if (now.pids == before.pids and before.cpu_seconds > 0
-            and now.cpu_seconds > before.cpu_seconds):
-        return steps / (now.cpu_seconds - before.cpu_seconds) * used_seconds
+            and now.cpu_seconds > before.cpu_seconds
+            and now.cycle_cpu_seconds >= before.cycle_cpu_seconds > 0):
+        return (steps / (now.cpu_seconds - before.cpu_seconds)
+                * (now.cycle_cpu_seconds - before.cycle_cpu_seconds))
     if before.time and now.time > before.time:
         return steps / (now.time - before.time) * elapsed
     return steps
@@ -145,7 +160,7 @@ class Meter:
         kernel_pause = self._container_quota_pause(elapsed)
         busy_width = enforcer.busy_width if enforcer and signal_pause > 0 else None
         if busy_width is None and kernel_pause > 0 and self.container_quota:
-            busy_width = self.container_quota.busy_width()
+            busy_width = self.container_quota.busy_width
         return Sample(
             time=now, elapsed=elapsed, cpu_seconds=cpu, used_seconds=used, records=records,
             steps=steps, new_steps=new_steps, cooperative_pause=coop_pause,
@@ -153,6 +168,7 @@ class Meter:
             signal_pause=signal_pause,
             enforcer_capped=bool(enforcer and enforcer.pause_capped),
             kernel_pause=kernel_pause, busy_width=busy_width,
+            writers_cpu_seconds=sum(own_cpu_seconds(r.pid) or 0.0 for r in records),
         )
 
     def _cooperative_pause(self, records: tuple[Progress, ...], elapsed: float) -> float:

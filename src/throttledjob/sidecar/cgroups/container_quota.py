@@ -163,6 +163,7 @@ class ContainerQuota:
         # 2% of room: a limit the kernel holds exactly is not lifted for its own jitter.
         return round(wanted, 2) if wanted > target_cores * 1.02 else None
 
+    @property
     def busy_width(self) -> float | None:
         """Cores the workload's containers wanted in the last interval, summed: their
         use, or their width where the kernel held them back (None: none read twice)."""

@@ -148,8 +148,8 @@ class CgroupQuota:
     def busy_width(self) -> float | None:
         """Cores the tree wanted in its last throttled periods (throttled_width): its
         demand at its busy moments, which an interval's average understates when part of
-        the interval was idle."""
-        self._account()
+        the interval was idle. As of the last accounting (`paused_seconds`, `set`):
+        read with the interval's pause, it is the same periods' width."""
         return self._throttling.width
 
     @property
