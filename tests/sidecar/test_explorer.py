@@ -113,6 +113,16 @@ def test_compute_bound_workload_keeps_its_threads():
     assert isinstance(ex.state, Settled)
 
 
+def test_the_defaults_are_measured_in_full_however_they_compare():
+    """The defaults measured after one thread (the reference) at a 1-core target look
+    clearly worse under the rate, but every cost is read from them: not cut short."""
+    ex = Explorer(1.0, [ONE], max_slowdown=3.0)
+    drive(ex, memory_bound(), 20)
+    assert ex.reference == ONE and ex.estimates[ONE].samples == 2
+    assert not ex.estimates[DEFAULT_SETTING].aborted
+    assert ex.estimates[DEFAULT_SETTING].samples == 2
+
+
 def test_a_clearly_worse_probe_is_cut_short():
     ex = Explorer(1.8, [ONE])
     seen, _ = drive(ex, compute_bound(), 20)
@@ -814,6 +824,23 @@ def test_a_measurement_stalled_by_idle_intervals_is_budgeted_again(tmp_path):
     assert seen[-1][1] == "Measuring"  # still waiting for a busy interval
     probing = [settings.probing for settings, _ in seen]
     assert 0 < sum(probing) <= PROBE_HOLD_INTERVALS and not probing[-1]
+
+
+def test_the_first_interval_under_the_setting_the_probes_chose_is_held_too(tmp_path):
+    """The probes end on the defaults and settle on one thread: the first interval under
+    it is held at the target as the probes were (the quota's last width is the
+    defaults', and the budget's floor read from it would lift one thread past the
+    target); the next is the budget's again."""
+    from throttledjob.contracts.policy import Policy
+
+    seen: list = []
+    run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=2.0),
+              memory_bound(), intervals=20, seen=seen)
+    settled = [state for _, state in seen].index("Settled")
+    assert seen[settled][0].threads is None  # the defaults, measured last
+    after, then = seen[settled + 1][0], seen[settled + 2][0]
+    assert after.threads == 1 and after.probing
+    assert then.threads == 1 and not then.probing
 
 
 def test_the_explorer_reads_steps_at_the_rate_the_runtime_counted_them(tmp_path):

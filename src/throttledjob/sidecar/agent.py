@@ -247,6 +247,12 @@ class Agent:
             self._probe_max_cores = max(self._probe_max_cores or 0.0, sample.usage_cores)
         self._explore(sample)
         measured = self.levers if self.explorer and self.explorer.measuring else None
+        if measured is None and self._probed is not None and self.levers != levers:
+            # The probes ended on a change of setting: its first interval is held at the
+            # target too. The kernel's last width was the probed setting's (2 threads),
+            # and the budget's floor read from it lifted one thread's quota to 1.24
+            # cores: a second at 1.09 for a 1-core target.
+            measured = self.levers
         self._probe_intervals = (0 if measured is None else self._probe_intervals + 1
                                  if measured == self._probed else 1)
         self._probed = measured
