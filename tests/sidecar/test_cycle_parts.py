@@ -21,7 +21,13 @@ from throttledjob.sidecar.controller import CpuController
 from throttledjob.sidecar.decide import decide, gpu_rate
 from throttledjob.sidecar.enforcement import plan_as_written, pod_plan
 from throttledjob.sidecar.explorer import LeverSetting, Pacing
-from throttledjob.sidecar.measure import Meter, ProgressClock, Sample, steps_in_interval
+from throttledjob.sidecar.measure import (
+    Meter,
+    ProgressClock,
+    Sample,
+    progress_clock,
+    steps_in_interval,
+)
 
 
 def sample(usage: float = 1.0, coop: float = 0.0, signal: float = 0.0,
@@ -81,7 +87,8 @@ def test_the_meter_turns_counters_into_an_intervals_rates(tmp_path) -> None:
     assert first.steps == first.new_steps == 10 and first.cooperating == [me]
     assert first.cooperative_pause == 0.0  # the first record is the baseline
     # The writers' own CPU at the cycle, on the clock the runtime writes (process_time).
-    assert first.writers_cpu_seconds == pytest.approx(time.process_time(), abs=0.05)
+    assert progress_clock(first.records).cycle_cpu_seconds == pytest.approx(
+        time.process_time(), abs=0.05)
     write_progress(str(tmp_path), Progress(pid=me, steps=25, paused_seconds=0.5))
     enforcer = Enforcer()
     enforcer.paused_seconds = 0.25

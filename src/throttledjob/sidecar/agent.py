@@ -395,7 +395,7 @@ class Agent:
             return
         steps = sample.steps
         done = 0 if self._explorer_steps is None else max(0, steps - self._explorer_steps)
-        clock = progress_clock(sample)
+        clock = progress_clock(sample.records)
         if done and self._explorer_clock is not None:
             done = steps_in_interval(done, self._explorer_clock, clock, sample.elapsed)
         self._explorer_steps, self._explorer_clock = steps, clock

@@ -42,9 +42,6 @@ class Sample:
     # back in the interval (None: not held, or not by the kernel). In a pod, whose
     # containers' limits hold it, not read: the explorer there sees its actuators' pause.
     busy_width: float | None = None
-    # CPU seconds the cooperating processes (`records`) had used by the end of the
-    # interval, their own threads only, as the runtime's clock in their records counts.
-    writers_cpu_seconds: float = 0.0
 
     @property
     def usage_cores(self) -> float:
@@ -79,15 +76,16 @@ class ProgressClock:
     time: float             # the latest write (Unix seconds)
     cpu_seconds: float      # the CPU they had used by then, summed (0: an older runtime)
     pids: frozenset[int]
-    # The same processes' CPU at the end of the sidecar's interval (Sample's).
+    # The same processes' CPU now, at the sidecar's cycle: their own threads only, as
+    # the runtime's clock in their records counts (read from /proc).
     cycle_cpu_seconds: float = 0.0
 
 
-def progress_clock(sample: Sample) -> ProgressClock:
-    records = sample.records
+def progress_clock(records: tuple[Progress, ...]) -> ProgressClock:
+    """The writers' clocks, read when the explorer needs them (not on every cycle)."""
     return ProgressClock(max((r.time for r in records), default=0.0),
                          sum(r.cpu_seconds for r in records), frozenset(r.pid for r in records),
-                         sample.writers_cpu_seconds)
+                         sum(own_cpu_seconds(r.pid) or 0.0 for r in records))
 
 
 def steps_in_interval(steps: float, before: ProgressClock, now: ProgressClock,
@@ -157,16 +155,14 @@ class Meter:
         signal_paused = enforcer.paused_seconds if enforcer else 0.0
         signal_pause = (signal_paused - self._last_signal_paused) / elapsed
         self._last_signal_paused = signal_paused
-        kernel_pause = self._container_quota_pause(elapsed)
-        busy_width = enforcer.busy_width if enforcer and signal_pause > 0 else None
         return Sample(
             time=now, elapsed=elapsed, cpu_seconds=cpu, used_seconds=used, records=records,
             steps=steps, new_steps=new_steps, cooperative_pause=coop_pause,
             cooperative_capped=any(r.pause_capped for r in records),
             signal_pause=signal_pause,
             enforcer_capped=bool(enforcer and enforcer.pause_capped),
-            kernel_pause=kernel_pause, busy_width=busy_width,
-            writers_cpu_seconds=sum(own_cpu_seconds(r.pid) or 0.0 for r in records),
+            kernel_pause=self._container_quota_pause(elapsed),
+            busy_width=enforcer.busy_width if enforcer and signal_pause > 0 else None,
         )
 
     def _cooperative_pause(self, records: tuple[Progress, ...], elapsed: float) -> float:
