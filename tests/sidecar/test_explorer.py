@@ -622,6 +622,36 @@ def test_under_a_budget_a_cheap_lever_still_wins_and_its_cost_is_known():
     assert ex.decision().predicted_slowdown == pytest.approx(100 / 90, rel=0.02)
 
 
+class QuotaWaste(Model):
+    """A kernel quota holding several synchronised threads back makes them waste CPU: a
+    fifth of the steps of the defaults held back are lost (one thread wastes none)."""
+
+    def busy(self, levers: LeverSetting, quota: float, fraction: float = 1.0) -> tuple[float, ...]:
+        usage, pause, steps = super().busy(levers, quota, fraction)
+        return usage, pause, steps * (0.8 if pause > 0 and levers.threads is None else 1.0)
+
+
+def test_the_most_a_lever_can_cost_covers_an_unthrottled_rate_read_low_under_the_quota():
+    # Compute-bound: one thread of two really costs 2x. Held to 1 core, the defaults
+    # waste a fifth, so R0 reads 80 steps/s and one thread's cost 1.6x; the estimate's top
+    # takes R0 at one thread's steps per CPU-second over the defaults' cores: 2x.
+    model = QuotaWaste(compute_bound().table)
+    ex = Explorer(1.0, [ONE], max_slowdown=3)   # a budget: the defaults are measured
+    drive(ex, model, 20)
+    assert {DEFAULT_SETTING, ONE} <= set(ex.estimates) and ex.estimates[DEFAULT_SETTING].paced
+    assert ex.lever_slowdown(ONE) == pytest.approx(1.6, rel=0.02)
+    assert ex.lever_slowdown(ONE, most=True) == pytest.approx(2.0, rel=0.02)
+    # The defaults themselves, held: up to 1.25x slower than their pause alone says.
+    assert ex.lever_slowdown(DEFAULT_SETTING) == 1.0
+    assert ex.lever_slowdown(DEFAULT_SETTING, most=True) == pytest.approx(1.25, rel=0.02)
+    # Measured unheld (the target over the demand), R0 is as read: no interval.
+    free = Explorer(2.5, [ONE], max_slowdown=1.25)
+    free.estimates[DEFAULT_SETTING] = Estimate(DEFAULT_SETTING, 50.0, 2.0, 2)
+    free.estimates[ONE] = Estimate(ONE, 50.0, 1.0, 2)
+    assert free.unthrottled_rate_high() == free.unthrottled_rate() == 100.0
+    assert free.lever_slowdown(ONE, most=True) == free.lever_slowdown(ONE) == 2.0
+
+
 def test_no_thread_count_can_beat_a_budget_that_lifts_the_defaults_past_it():
     # torch_train.py at a 1-core target: two threads want 2 cores; the 1.25 budget lifts
     # them to 1.6, and one thread, at most 1.5x the work per core, cannot match that.

@@ -121,6 +121,29 @@ def test_the_estimates_top_charges_time_of_unknown_cost_at_the_most_it_can_cost(
     agent.close()
 
 
+def test_the_estimates_top_charges_each_setting_at_the_most_it_can_cost():
+    """One thread measured at 1.6x against an R0 read under the quota, which may have
+    read it low (it can be 2x), and the defaults held by that quota (up to 1.25x): the
+    estimate charges what was measured, the top the most; a setting not measured at all
+    is in the top only, at the most any can cost."""
+    from throttledjob.sidecar.explorer import DEFAULT_SETTING, LeverSetting
+    from throttledjob.sidecar.lever_time import LeverLedger
+
+    one, half = LeverSetting(threads=1), LeverSetting(batch_scale=0.5)
+    ledger = LeverLedger(cores=2)
+    ledger.add(one, 4.0)
+    ledger.add(DEFAULT_SETTING, 2.0)
+    ledger.add(half, 1.0)
+    costs = {one: (1.6, 2.0), DEFAULT_SETTING: (1.0, 1.25)}
+    lost = ledger.time(lambda s: costs.get(s, (None,))[0],
+                       lambda s: costs.get(s, (None, None))[1])
+    assert lost.known == pytest.approx(4.0 * (1 - 1 / 1.6))
+    assert lost.unknown == 1.0
+    assert lost.bound == pytest.approx(4.0 * 0.5 + 2.0 * (1 - 1 / 1.25) + 1.0 * 0.5)
+    # The top is kept when the explorer that knew it is gone (a live edit).
+    assert ledger.time(lambda s: None).bound == pytest.approx(lost.bound)
+
+
 def test_a_levers_cost_slows_the_time_the_workload_computes_not_its_waits():
     """One thread (1 core when busy) computed half a second, held back a tenth of the
     interval and waited the rest: half a second is what its cost slowed. Charged on the

@@ -72,9 +72,9 @@ OBSERVED: tuple[ObservedField, ...] = (
                   "estimated wall time over unthrottled wall time",
                   nullable=False, minimum=0, default=1),
     ObservedField("slowdownHigh", "number", "factor", Aggregate.WORST,
-                  "the most the slowdown can be: lever settings whose own cost was not "
-                  "measured yet charged at the most they can cost (equal to slowdown "
-                  "once every cost is known)",
+                  "the most the slowdown can be: lever settings charged at the most "
+                  "they can cost (not measured yet: the most any can; measured against "
+                  "an unthrottled rate read under the quota: that rate at its most)",
                   nullable=False, minimum=0, default=1),
     ObservedField("cpuCores", "number", "cores", Aggregate.POD,
                   "the workload's CPU use in the last control interval", nullable=False),

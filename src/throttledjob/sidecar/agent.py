@@ -96,8 +96,8 @@ class CycleResult:
     # Busy time under lever settings whose own cost was never measured: not in
     # lever_cost_seconds, so the slowdown is a lower bound while this is over 0.
     lever_cost_unknown_seconds: float = 0.0
-    # The most the levers run so far can have cost: lever_cost_seconds, plus the unknown
-    # time at the most its setting can cost (lever_time.max_lever_cost).
+    # The most the levers run so far can have cost: each setting at the most it can cost
+    # (lever_time.LeverTime.bound).
     lever_cost_bound_seconds: float = 0.0
     # Wall time the explorer's probes held the target off the budget's books, and the
     # most CPU an interval of it used (None: no probe yet).
@@ -303,8 +303,10 @@ class Agent:
         return 0 < self._probe_intervals <= PROBE_HOLD_INTERVALS
 
     def _result(self, now: float, cycle_seconds: float) -> CycleResult:
+        ex = self.explorer
         lost = self.ledger.time(
-            lambda levers: self.explorer.lever_slowdown(levers) if self.explorer else None)
+            lambda levers: ex.lever_slowdown(levers) if ex else None,
+            lambda levers: ex.lever_slowdown(levers, most=True) if ex else None)
         return CycleResult(
             time=now, wall_seconds=now - self.started, policy=self.policy, plan=self.plan,
             last=self.last,
@@ -429,6 +431,10 @@ class Agent:
             "state": decision.state, "levers": str(decision.levers),
             "predicted_slowdown": decision.predicted_slowdown,
             "explorations": ex.explorations,
+            # R0, the defaults' busy-time steps per second unheld, and the most it can be
+            # (Explorer.unthrottled_rate_high); None until the defaults were measured.
+            "unthrottled_steps_per_second": _rounded(ex.unthrottled_rate()),
+            "unthrottled_steps_per_second_high": _rounded(ex.unthrottled_rate_high()),
             "estimates": {str(e.levers): {"steps_per_cpu_second": round(e.efficiency, 3),
                                           "peak_cores": round(e.peak_cores, 3),
                                           "samples": e.samples, "aborted": e.aborted}
@@ -439,6 +445,10 @@ class Agent:
             "trace": [[str(levers), round(s.usage_cores, 3), round(s.pause_fraction, 3),
                        round(s.steps / s.elapsed_seconds, 1)] for levers, s in ex.trace],
         }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _usable_cores() -> int:

@@ -403,10 +403,27 @@ class Explorer:
         base = self.estimates.get(DEFAULT_SETTING)
         return base.unthrottled_rate if base else None
 
-    def lever_slowdown(self, levers: LeverSetting | None = None) -> float | None:
+    def unthrottled_rate_high(self) -> float | None:
+        """The most R0 can be. Measured while the rate held the defaults back, R0 reads
+        low where a kernel quota makes synchronised threads waste CPU (a transformer's
+        estimate read 11-20% low, docs/benchmarks.md); unheld, the defaults do no more
+        steps per CPU-second than fewer threads do (no superlinear scaling, as the
+        probe order assumes), so the best such efficiency at the defaults' demand bounds
+        it. Unheld, R0 was measured as it is."""
+        base = self.estimates.get(DEFAULT_SETTING)
+        if base is None or not base.paced:
+            return base.unthrottled_rate if base else None
+        fewer = [e.efficiency for levers, e in self.estimates.items()
+                 if levers.threads is not None and levers.batch_scale == 1.0]
+        return base.peak_cores * max([base.efficiency, *fewer])
+
+    def lever_slowdown(self, levers: LeverSetting | None = None,
+                       most: bool = False) -> float | None:
         """What `levers` (default: those in force) cost by themselves (1 or more): R0 over
-        their own unthrottled rate; None where either was not measured."""
-        unthrottled = self.unthrottled_rate()
+        their own unthrottled rate, or with `most` the most they can cost (R0 at its
+        most: the defaults too may cost more than 1 then); None where either was not
+        measured."""
+        unthrottled = self.unthrottled_rate_high() if most else self.unthrottled_rate()
         current = self.estimates.get(self.levers if levers is None else levers)
         if not unthrottled or current is None:
             return None

@@ -23,7 +23,9 @@ class LeverTime:
     # Busy time under settings other than the defaults whose cost is not known: `known`
     # leaves it out, so it is a lower bound while this is over 0.
     unknown: float = 0.0
-    bound: float = 0.0    # `known`, plus the unknown time at max_lever_cost
+    # The top: each known setting at the most it can cost (R0 read low under a quota,
+    # Explorer.unthrottled_rate_high), the unknown time at max_lever_cost.
+    bound: float = 0.0
 
 
 def busy_seconds(elapsed: float, held_back: float, used_seconds: float,
@@ -48,29 +50,40 @@ def max_lever_cost(levers: LeverSetting, cores: int) -> float:
 
 @dataclass
 class LeverLedger:
-    """Busy seconds run under each setting, and the last cost each was known at (kept
-    across a new explorer: a live edit)."""
+    """Busy seconds run under each setting, and the last cost each was known at, and
+    the most it could be (kept across a new explorer: a live edit)."""
 
     cores: int
     busy: dict[LeverSetting, float] = field(default_factory=dict)
     costs: dict[LeverSetting, float] = field(default_factory=dict)
+    most: dict[LeverSetting, float] = field(default_factory=dict)
 
     def add(self, levers: LeverSetting, busy_seconds: float) -> None:
         self.busy[levers] = self.busy.get(levers, 0.0) + busy_seconds
 
-    def time(self, cost_of: Callable[[LeverSetting], float | None]) -> LeverTime:
+    def time(self, cost_of: Callable[[LeverSetting], float | None],
+             most_of: Callable[[LeverSetting], float | None] = lambda levers: None,
+             ) -> LeverTime:
         """The time lost so far, `cost_of` giving what a setting is known to cost now
-        (None: not known); a setting costing c slows its busy time by 1 - 1/c."""
+        (None: not known) and `most_of` the most it can cost (None: its cost); a setting
+        costing c slows its busy time by 1 - 1/c."""
         for levers in self.busy:
             cost = cost_of(levers)
             if cost is not None:
                 self.costs[levers] = cost
-        known = unknown = worst = 0.0
+                self.most[levers] = max(cost, most_of(levers) or cost)
+        known = unknown = bound = 0.0
         for levers, busy in self.busy.items():
             cost = self.costs.get(levers)
             if cost is None and levers != DEFAULT_SETTING:
                 unknown += busy
-                worst += busy * (1 - 1 / max_lever_cost(levers, self.cores))
+                bound += busy * _lost(max_lever_cost(levers, self.cores))
             else:
-                known += busy * (1 - 1 / (cost or 1.0))
-        return LeverTime(known, unknown, known + worst)
+                known += busy * _lost(cost or 1.0)
+                bound += busy * _lost(self.most.get(levers, cost or 1.0))
+        return LeverTime(known, unknown, bound)
+
+
+def _lost(cost: float) -> float:
+    """The share of its busy time a setting costing `cost` loses."""
+    return 1 - 1 / cost

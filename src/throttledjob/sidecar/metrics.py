@@ -128,7 +128,7 @@ def _control(s: Snapshot) -> Iterator[Metric]:
     yield from _gauge("slowdown_estimate_ratio", "Estimated slowdown so far: wall time over "
                       "wall time minus time held back.", s.slowdown)
     yield from _gauge("slowdown_estimate_high_ratio", "The most the slowdown so far can be: "
-                      "lever settings of unmeasured cost charged at their worst.",
+                      "lever settings charged at the most they can cost.",
                       s.slowdown_high)
     yield from _gauge("throttling", "1 while a controller is holding the workload back.",
                       float(s.last.throttling))

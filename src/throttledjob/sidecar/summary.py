@@ -10,7 +10,8 @@ Rules (each in one place, so the two outputs cannot disagree):
   the time the levers in force lost by themselves (one thread instead of two: slower
   steps no pause shows), from the explorer's measured unthrottled rate; slowdown_high is
   the same with a lever setting whose cost was never measured charged at the most it
-  can cost (lever_time.max_lever_cost): the estimate's interval, one figure while all is known;
+  can cost (lever_time.max_lever_cost), and each measured one at the most it can cost
+  where R0 was read under the quota (Explorer.unthrottled_rate_high): the interval;
 - levers used: a duty-cycle lever (the kernel's quota or signals, pacing) once it has
   held the workload back,
   a setting while it is in force (threads and batch scale as published, the explorer's
@@ -57,7 +58,7 @@ class RunSummary:
     paused_seconds: float
     lever_cost_seconds: float
     slowdown: float
-    slowdown_high: float   # the interval's top: unknown lever costs at their worst
+    slowdown_high: float   # the interval's top: lever costs at the most they can be
     throttle_level: float  # the last interval's held-back fraction, 0..1
     levers: tuple[str, ...]
     target_met: bool
