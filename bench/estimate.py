@@ -9,7 +9,8 @@ of the unthrottled p99; the default enforcement, the kernel's quota, and `--inje
 the unmodified PyTorch script). The real slowdown is the throttled wall over the
 unthrottled wall; the estimate is the report's `controller.estimated_slowdown`; error is
 estimate / real - 1 (negative: the report says it cost less than it did); estimate_high
-is the top of the report's interval; probe_s the time the explorer's probes held the
+is the top of the report's interval, high_covers how many pairs' real slowdown was at or
+under it; probe_s the time the explorer's probes held the
 target off the budget's books. With `--max-slowdown 1.25` (the default budget) the real
 slowdown is judged against the budget.
 """
@@ -73,6 +74,7 @@ def main() -> None:
         reals = [o["wall_seconds"] / b["wall_seconds"] for b, o, _ in pairs]
         estimates = [o["controller"]["estimated_slowdown"] for _, o, _ in pairs]
         errors = [e / r - 1 for e, r in zip(estimates, reals, strict=True)]
+        highs = [o["controller"]["estimated_slowdown_high"] for _, o, _ in pairs]
         ours = pairs[-1][1]["controller"]
         rows.append({"workload": name, "target": pairs[-1][2],
                      "unthrottled_s": "/".join(f"{b['wall_seconds']:.1f}" for b, _, _ in pairs),
@@ -81,7 +83,11 @@ def main() -> None:
                      # per pair, estimate / real - 1 (negative: the report says it cost
                      # less than it did)
                      "error": "/".join(f"{e:+.1%}" for e in errors),
-                     "estimate_high": ours["estimated_slowdown_high"],
+                     # per pair, the top of the report's interval, and how many pairs'
+                     # real slowdown it covered (at or under it)
+                     "estimate_high": "/".join(f"{h:.3f}" for h in highs),
+                     "high_covers": f"{sum(r <= h for r, h in zip(reals, highs, strict=True))}"
+                                    f"/{len(pairs)}",
                      "probe_s": ours["probe_seconds"],
                      # over 0: the estimate left this much time's lever cost out
                      "unknown_cost_s": ours["lever_cost_unknown_seconds"],

@@ -8,6 +8,7 @@ up at its next tick. The tests drive the explorer with it, interval by interval.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -377,6 +378,23 @@ def test_agent_publishes_the_explorers_threads(tmp_path):
     assert published[0] is None and published[-1] == 1
     report = agent.explorer_report()
     assert report["levers"] == "threads=1" and report["state"] == "Settled"
+    # No duty cycling here: the defaults were read unheld, R0 as it is, one figure.
+    assert report["unthrottled_steps_per_second"] == pytest.approx(100.0, rel=0.02)
+    assert report["unthrottled_steps_per_second_high"] == report["unthrottled_steps_per_second"]
+    result = agent.cycle()
+    assert result.lever_cost_bound_seconds == pytest.approx(result.lever_cost_seconds)
+    # Read held back, R0's top is one thread's 90 steps per CPU-second on the defaults'
+    # 2 cores, and the agent charges one thread's time at 180/90 = 2x in the top.
+    base = agent.explorer.estimates[DEFAULT_SETTING]
+    agent.explorer.estimates[DEFAULT_SETTING] = dataclasses.replace(base, paced=True)
+    assert agent.explorer_report()["unthrottled_steps_per_second_high"] == \
+        pytest.approx(180.0, rel=0.02)
+    result = agent.cycle()
+    one_busy = agent.ledger.busy[ONE]
+    assert result.lever_cost_seconds == pytest.approx(one_busy * (1 - 90 / 100), rel=0.03)
+    assert result.lever_cost_bound_seconds == pytest.approx(
+        one_busy * (1 - 1 / 2) + agent.ledger.busy[DEFAULT_SETTING] * (1 - 100 / 180),
+        rel=0.03)
 
 
 @pytest.mark.parametrize("changes", [{"enforcement": "signals"}, {"mode": "fixed"},
@@ -647,9 +665,20 @@ def test_the_most_a_lever_can_cost_covers_an_unthrottled_rate_read_low_under_the
     # Measured unheld (the target over the demand), R0 is as read: no interval.
     free = Explorer(2.5, [ONE], max_slowdown=1.25)
     free.estimates[DEFAULT_SETTING] = Estimate(DEFAULT_SETTING, 50.0, 2.0, 2)
-    free.estimates[ONE] = Estimate(ONE, 50.0, 1.0, 2)
+    free.estimates[ONE] = Estimate(ONE, 60.0, 1.0, 2)
     assert free.unthrottled_rate_high() == free.unthrottled_rate() == 100.0
-    assert free.lever_slowdown(ONE, most=True) == free.lever_slowdown(ONE) == 2.0
+    # Held, only a cap measured with no waste witnesses: not 3 threads of 4 held (they
+    # waste too), nor a smaller batch (its steps are smaller), nor the defaults stopped.
+    held = Explorer(2.5, [], max_slowdown=1.25)
+    held.estimates[DEFAULT_SETTING] = Estimate(DEFAULT_SETTING, 50.0, 4.0, 2, paced=True)
+    for levers in (LeverSetting(threads=3), LeverSetting(batch_scale=0.5),
+                   LeverSetting(pacing=Pacing.STOP)):
+        held.estimates[levers] = Estimate(levers, 70.0, 3.0, 2, paced=True)
+    assert held.unthrottled_rate_high() == held.unthrottled_rate() == 200.0
+    held.estimates[LeverSetting(threads=3)] = Estimate(LeverSetting(threads=3), 60.0, 2.4, 2)
+    assert held.unthrottled_rate_high() == 240.0     # that cap, unheld
+    held.estimates[ONE] = Estimate(ONE, 65.0, 1.0, 2, paced=True)
+    assert held.unthrottled_rate_high() == 260.0     # one thread, held or not
 
 
 def test_no_thread_count_can_beat_a_budget_that_lifts_the_defaults_past_it():

@@ -140,8 +140,13 @@ def test_the_estimates_top_charges_each_setting_at_the_most_it_can_cost():
     assert lost.known == pytest.approx(4.0 * (1 - 1 / 1.6))
     assert lost.unknown == 1.0
     assert lost.bound == pytest.approx(4.0 * 0.5 + 2.0 * (1 - 1 / 1.25) + 1.0 * 0.5)
-    # The top is kept when the explorer that knew it is gone (a live edit).
-    assert ledger.time(lambda s: None).bound == pytest.approx(lost.bound)
+    # The top is kept when the explorer that knew it is gone (a live edit), and no
+    # setting is charged past the most it can cost at all (one thread of two: 2x).
+    assert ledger.time(lambda s: None, lambda s: None).bound == pytest.approx(lost.bound)
+    ledger.costs.clear()
+    ledger.most.clear()
+    assert ledger.time(lambda s: 1.6 if s == one else None,
+                       lambda s: 3.0).bound == pytest.approx(4.0 * 0.5 + 1.0 * 0.5)
 
 
 def test_a_levers_cost_slows_the_time_the_workload_computes_not_its_waits():

@@ -73,8 +73,9 @@ OBSERVED: tuple[ObservedField, ...] = (
                   nullable=False, minimum=0, default=1),
     ObservedField("slowdownHigh", "number", "factor", Aggregate.WORST,
                   "the most the slowdown can be: lever settings charged at the most "
-                  "they can cost (not measured yet: the most any can; measured against "
-                  "an unthrottled rate read under the quota: that rate at its most)",
+                  "they can cost (not measured yet: the most that setting can; measured "
+                  "against an unthrottled rate read while held back: that rate at its "
+                  "most)",
                   nullable=False, minimum=0, default=1),
     ObservedField("cpuCores", "number", "cores", Aggregate.POD,
                   "the workload's CPU use in the last control interval", nullable=False),

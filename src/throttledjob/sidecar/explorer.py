@@ -405,17 +405,24 @@ class Explorer:
 
     def unthrottled_rate_high(self) -> float | None:
         """The most R0 can be. Measured while the rate held the defaults back, R0 reads
-        low where a kernel quota makes synchronised threads waste CPU (a transformer's
-        estimate read 11-20% low, docs/benchmarks.md); unheld, the defaults do no more
-        steps per CPU-second than fewer threads do (no superlinear scaling, as the
-        probe order assumes), so the best such efficiency at the defaults' demand bounds
-        it. Unheld, R0 was measured as it is."""
+        low where synchronised threads waste CPU at the hold's edges (one spins at a
+        barrier while a sibling is throttled: 3-9% of a PyTorch loop's speed at the
+        quota's period, docs/benchmarks.md). Unheld, the defaults do no more steps per
+        CPU-second than fewer threads do (no superlinear scaling, as the probe order
+        assumes), so a thread cap measured with no such waste (one thread, which has no
+        sibling, or any cap unheld) bounds it at the defaults' demand. That bound also
+        takes in the loop's own loss to a second thread, which the held measurement
+        cannot tell from the waste: it is wide where fewer threads win. With no such
+        witness it says what R0 says; measured unheld, R0 is as read."""
         base = self.estimates.get(DEFAULT_SETTING)
-        if base is None or not base.paced:
-            return base.unthrottled_rate if base else None
-        fewer = [e.efficiency for levers, e in self.estimates.items()
-                 if levers.threads is not None and levers.batch_scale == 1.0]
-        return base.peak_cores * max([base.efficiency, *fewer])
+        if base is None:
+            return None
+        if not base.paced:
+            return base.unthrottled_rate
+        witnesses = [e.efficiency for levers, e in self.estimates.items()
+                     if levers.threads is not None and levers.batch_scale == 1.0
+                     and (levers.threads == 1 or not e.paced)]
+        return base.peak_cores * max([base.efficiency, *witnesses])
 
     def lever_slowdown(self, levers: LeverSetting | None = None,
                        most: bool = False) -> float | None:

@@ -62,8 +62,7 @@ class LeverLedger:
         self.busy[levers] = self.busy.get(levers, 0.0) + busy_seconds
 
     def time(self, cost_of: Callable[[LeverSetting], float | None],
-             most_of: Callable[[LeverSetting], float | None] = lambda levers: None,
-             ) -> LeverTime:
+             most_of: Callable[[LeverSetting], float | None]) -> LeverTime:
         """The time lost so far, `cost_of` giving what a setting is known to cost now
         (None: not known) and `most_of` the most it can cost (None: its cost); a setting
         costing c slows its busy time by 1 - 1/c."""
@@ -71,7 +70,12 @@ class LeverLedger:
             cost = cost_of(levers)
             if cost is not None:
                 self.costs[levers] = cost
-                self.most[levers] = max(cost, most_of(levers) or cost)
+                # The most is kept at its highest: a later explorer (a live edit) that
+                # measures the defaults unheld knows nothing of the time held before.
+                most = max(cost, most_of(levers) or cost, self.most.get(levers, 1.0))
+                if levers != DEFAULT_SETTING:  # no more than a setting can cost at all
+                    most = min(most, max(cost, max_lever_cost(levers, self.cores)))
+                self.most[levers] = most
         known = unknown = bound = 0.0
         for levers, busy in self.busy.items():
             cost = self.costs.get(levers)

@@ -214,8 +214,8 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             # ended before the defaults were): over 0, the estimate is a lower bound.
             "lever_cost_unknown_seconds": round(result.lever_cost_unknown_seconds, 3),
             # The estimate's top: that time charged at the most its setting can cost, and
-            # every setting at the most it can where the unthrottled rate was read under
-            # the quota (Explorer.unthrottled_rate_high).
+            # every setting at the most it can where the unthrottled rate was read held
+            # back (Explorer.unthrottled_rate_high).
             "estimated_slowdown_high": round(run.slowdown_high, 3),
             # Wall time the explorer's probes held the target off the budget's books,
             # and the most CPU (cores) an interval of them used.

@@ -11,7 +11,7 @@ Rules (each in one place, so the two outputs cannot disagree):
   steps no pause shows), from the explorer's measured unthrottled rate; slowdown_high is
   the same with a lever setting whose cost was never measured charged at the most it
   can cost (lever_time.max_lever_cost), and each measured one at the most it can cost
-  where R0 was read under the quota (Explorer.unthrottled_rate_high): the interval;
+  where R0 was read held back (Explorer.unthrottled_rate_high): the interval;
 - levers used: a duty-cycle lever (the kernel's quota or signals, pacing) once it has
   held the workload back,
   a setting while it is in force (threads and batch scale as published, the explorer's
