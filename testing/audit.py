@@ -12,15 +12,20 @@ from throttledjob.operator.kube import USER_AGENT
 WRITE_VERBS = ("create", "update", "patch", "delete")
 
 Call = tuple[str, str, str, str]  # (API group, resource[/subresource], verb, "ours"|"kopf")
+CONFLICT = 409
 
 
-def writes(cluster: Any, user: str, namespace: str, since: int) -> dict[Call, int]:
+def writes(cluster: Any, user: str, namespace: str, since: int,
+           conflicts: bool = False) -> dict[Call, int]:
     """How many times `user` made each write in `namespace`, after its first `since`
-    audited calls."""
+    audited calls: those the server took, or with `conflicts` those it refused as a
+    conflict (a write raced by another writer: how many depends on the load)."""
     counts: dict[Call, int] = {}
     for e in cluster.audit(user)[since:]:
         ref = e.get("objectRef") or {}
         if ref.get("namespace") != namespace or e.get("verb") not in WRITE_VERBS:
+            continue
+        if ((e.get("responseStatus") or {}).get("code") == CONFLICT) != conflicts:
             continue
         by = "ours" if (e.get("userAgent") or "").startswith(USER_AGENT) else "kopf"
         key = (ref.get("apiGroup", ""), ref["resource"] + (

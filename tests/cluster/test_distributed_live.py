@@ -45,9 +45,11 @@ from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
 from tools.k8s import batch, images
 
-# bench/distributed.py sets more pairs (THROTTLEDJOB_DDP_PAIRS) and reads the figures
-# the job-wide test writes; the suite runs one.
-PAIRS = int(os.environ.get("THROTTLEDJOB_DDP_PAIRS", "1"))
+# bench/distributed.py sets the pairs (THROTTLEDJOB_DDP_PAIRS) and reads the figures
+# the job-wide test writes; the suite runs three and judges their median (one pair read
+# 0.94 twice under fresh-clone CI, while the split still followed one interval's noisy
+# cost of a step).
+PAIRS = int(os.environ.get("THROTTLEDJOB_DDP_PAIRS", "3"))
 pytestmark = pytest.mark.timeout(900 + 400 * PAIRS)
 RANKS = 2
 JOB_CORES = 1.0  # the whole job's CPU: the baseline's two limits, the job-wide target

@@ -41,9 +41,12 @@ def failed_creates(kubectl: Kubectl, namespace: str) -> list[str]:
 # measured: ours 8 (ConfigMap, Job, 6 status patches, one of them a 409 conflict
 # retried), kopf's 5 (its annotation patch, 4 events). Before a read that changed
 # nothing stopped being written (status.READ_TIME_REFRESH_SECONDS, kube.as_stored), ours
-# were 14-17: a status patch every read. The bounds leave room for a conflict or two.
-OUR_WRITES_PER_LIFE = 10
+# were 14-17: a status patch every read. The writes the server took are bounded apart
+# from those it refused as conflicts, which race kopf's own patches and grow with the
+# load: under fresh-clone CI ours once came to 11 with 9 status patches.
+OUR_WRITES_PER_LIFE = 9
 KOPF_WRITES_PER_LIFE = 6
+CONFLICTS_PER_LIFE = 4
 STATUS_DOC = {"observed": {"cpuPeakCores": 1.48, "cpuMaxCores": 1.9,
                            "gpuPeakUtilizationPercent": None, "gpuPeakPowerWatts": None,
                            "throttleLevel": 0.4, "slowdown": 1.12},
@@ -294,8 +297,11 @@ def test_a_throttledjobs_life_costs_a_counted_number_of_writes(
               "tj", "-n", namespace, "writes", what="phase Succeeded")
     time.sleep(3)  # writes a handler may still make after it
     counts = writes(cluster, user, namespace, since)
+    refused = writes(cluster, user, namespace, since, conflicts=True)
     ours, kopf = ours_and_kopfs(counts)
-    print(f"writes of one ThrottledJob's life: ours {ours}, kopf's {kopf}: {counts}")
+    print(f"writes of one ThrottledJob's life: ours {ours}, kopf's {kopf}: {counts}; "
+          f"refused as conflicts: {refused}")
     assert counts[("", "configmaps", "create", "ours")] == 1, counts
     assert counts[("batch", "jobs", "create", "ours")] == 1, counts
-    assert ours <= OUR_WRITES_PER_LIFE and kopf <= KOPF_WRITES_PER_LIFE, counts
+    assert ours <= OUR_WRITES_PER_LIFE and kopf <= KOPF_WRITES_PER_LIFE, (counts, refused)
+    assert sum(refused.values()) <= CONFLICTS_PER_LIFE, (counts, refused)

@@ -43,6 +43,17 @@ def test_each_rank_gets_its_cost_of_a_step_so_the_ranks_keep_pace() -> None:
     assert moves(TARGET, fair, shares(TARGET, fair)) == []
 
 
+def test_the_sidecars_cost_of_a_step_over_its_window_weighs_the_ranks() -> None:
+    # One interval's use and pace say rank 0 costs as much as rank 1 (a read that caught
+    # a batch of rank 0's steps late); their costs over the sidecar's 10 s say 1 : 2.
+    ranks_ = [Rank("r0", "r0", 0, 0.5, 0.05, 0.25, 1.0, cost=0.025),
+              Rank("r1", "r1", 1, 0.5, 0.05, 0.5, 2.0, cost=0.05)]
+    assert shares(TARGET, ranks_) == {"r0": 0.333, "r1": 0.666}
+    # A rank with no step in its window: by use and pace as before.
+    ranks_[0] = Rank("r0", "r0", 0, 0.5, 0.05, 0.25, 1.0, cost=None)
+    assert shares(TARGET, ranks_) == {"r0": 0.5, "r1": 0.5}
+
+
 def test_without_steps_the_split_follows_measured_use_with_a_floor() -> None:
     # Rank 0 reports no steps: both are weighed by their use; an idle rank keeps its floor.
     assert shares(TARGET, [rank("r0", 0.5, 0.2), rank("r1", 0.5, 0.5, 3.0)]) == {

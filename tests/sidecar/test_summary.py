@@ -203,3 +203,29 @@ def test_a_cpu_target_is_met_within_what_the_kernels_quota_itself_keeps(
     CPU target is met within 5% of it or 0.05 cores, whichever is larger."""
     _, result = run(tmp_path, Policy(cpu_peak_cores=target), [peak] * 5)
     assert summarize(result).target_met is met
+
+
+def test_the_pace_and_cost_of_a_step_are_read_over_ten_seconds():
+    """A DDP rank doing 14 steps a second at 0.05 CPU-seconds each, its steps written in
+    batches of 7 twice a second at uneven times: each second's count reads 7, 14 or 21.
+    Over the window its cost reads true within 6%, where one second's swung by a third
+    or more; a new phase shows within the window's length."""
+    from throttledjob.sidecar.snapshot import PaceWindow
+
+    window, one_second = PaceWindow(), PaceWindow(seconds=1.0)
+    steps, cpu, costs, windowed = 0, 0.0, [], []
+    for second in range(1, 41):
+        cost = 0.05 if second <= 20 else 0.08     # a new phase at 20 s
+        steps += (7, 14, 21, 14)[second % 4]      # written in batches
+        cpu += 14 * cost
+        costs.append(one_second.add(second, steps, cpu).cpu_seconds_per_step)
+        windowed.append(window.add(second, steps, cpu))
+    assert max(costs[1:20]) / min(costs[1:20]) > 1.5   # (the first has no span yet)
+    assert all(abs(p.cpu_seconds_per_step / 0.05 - 1) < 0.06 for p in windowed[12:20])
+    assert all(abs(p.cpu_seconds_per_step / 0.08 - 1) < 0.06 for p in windowed[32:])
+    assert windowed[19].steps_per_second == pytest.approx(14.0, rel=0.06)
+    # No step in the window: no cost (not 0, which would weigh the rank as free).
+    idle = PaceWindow(seconds=2.0)
+    for second in range(10):
+        last = idle.add(second, 100, 1.0 + second)
+    assert last.cpu_seconds_per_step is None and last.steps_per_second == 0.0

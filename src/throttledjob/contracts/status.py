@@ -82,9 +82,11 @@ OBSERVED: tuple[ObservedField, ...] = (
     ObservedField("steps", "integer", "steps", Aggregate.SUM,
                   "units of work the workloads reported", nullable=False, minimum=0, default=0),
     ObservedField("stepsPerSecond", "number", "steps per second", Aggregate.POD,
-                  "the workload's recent pace (0 where it reports no steps): with cpuCores, "
-                  "its CPU cost of a step, by which a job-wide target is split",
+                  "the workload's pace over the last 10 s (0 where it reports no steps)",
                   nullable=False, minimum=0),
+    ObservedField("cpuSecondsPerStep", "number", "seconds", Aggregate.POD,
+                  "the workload's CPU cost of a step over the last 10 s (None where it "
+                  "did no step), by which a job-wide target is split", minimum=0),
 )
 OBSERVED_NAMES = tuple(f.name for f in OBSERVED)
 OBSERVED_NUMBERS = tuple(f.name for f in OBSERVED if f.type == "number")

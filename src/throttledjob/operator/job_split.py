@@ -63,6 +63,9 @@ class Rank:
     peak: float | None = None  # p99 of its 1-second CPU samples, cores
     held: bool = False  # its resize was refused: it keeps its limit
     job: int | None = None  # a JobSet's pod: its Job's global index (JobSet's label)
+    # CPU seconds a step over the sidecar's last 10 s (None: no step in them, or a
+    # sidecar from before the field)
+    cost: float | None = None
 
     @property
     def movable(self) -> bool:
@@ -126,14 +129,18 @@ def ranks(pods: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, 
                         _number(observed.get("cpuCores")) if uid in reports else None,
                         _number(observed.get("stepsPerSecond")),
                         _number(observed.get("cpuPeakCores")), uid in held,
-                        _label_int(pod, JOBSET_INDEX_LABEL)))
+                        _label_int(pod, JOBSET_INDEX_LABEL),
+                        _number(observed.get("cpuSecondsPerStep"))))
     return sorted(out, key=lambda r: (r.job or 0, r.index is None, r.index or 0, r.name))
 
 
 def weights(ranks: Sequence[Rank]) -> list[float]:
-    """Each movable rank's weight: its CPU cost of a step (use over steps per second)
-    where every one reports steps, else its use. In lockstep the two agree: each rank
-    does the same steps, so its use is its cost times the common pace."""
+    """Each movable rank's weight: its CPU cost of a step where every one reports steps,
+    else its use. In lockstep the two agree: each rank does the same steps, so its use is
+    its cost times the common pace. The cost is the sidecar's over its last 10 s; one
+    interval's use over its pace (a sidecar from before that figure) swung by a third."""
+    if all((r.cost or 0) > 0 for r in ranks):
+        return [r.cost for r in ranks]  # type: ignore[misc]
     if all((r.steps_per_second or 0) > 0 for r in ranks):
         return [max(0.0, r.use or 0.0) / r.steps_per_second for r in ranks]  # type: ignore[operator]
     return [max(0.0, r.use or 0.0) for r in ranks]

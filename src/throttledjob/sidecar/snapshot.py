@@ -7,6 +7,7 @@ loop. The run's figures come from sidecar/summary.py, as local mode's --report's
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -72,7 +73,45 @@ class Snapshot:
     budget_exhausted: bool  # within the window target_met is judged over
     steps_per_second: float
     health: Health
+    cpu_seconds_per_step: float | None = None
     kernel_throttling: ThrottleStats | None = None
+
+
+# The workload's pace and its CPU cost of a step are read over this many seconds: over
+# one interval, a count of steps written a few times a second swung a DDP rank's cost by
+# a third from read to read, and a job-wide split that follows it (operator/job_split.py)
+# moved the ranks' limits back and forth, starving the slower rank in turns.
+PACE_WINDOW_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Pace:
+    steps_per_second: float = 0.0
+    cpu_seconds_per_step: float | None = None  # None: no step in the window
+
+
+class PaceWindow:
+    """Steps per second and CPU seconds per step over the last PACE_WINDOW_SECONDS,
+    from the run's running counts."""
+
+    def __init__(self, seconds: float = PACE_WINDOW_SECONDS) -> None:
+        self.seconds = seconds
+        self._points: collections.deque[tuple[float, int, float]] = collections.deque()
+        self._pace = Pace()
+
+    def add(self, now: float, steps: int, cpu_seconds: float) -> Pace:
+        points = self._points
+        if points and now - points[-1][0] < 0.5:  # too close to the last to tell apart
+            return self._pace
+        points.append((now, steps, cpu_seconds))
+        while len(points) > 2 and now - points[1][0] >= self.seconds:
+            points.popleft()
+        (t0, steps0, cpu0) = points[0]
+        if now > t0:
+            done = max(0, steps - steps0)
+            self._pace = Pace(done / (now - t0),
+                              max(0.0, cpu_seconds - cpu0) / done if done else None)
+        return self._pace
 
 
 class SnapshotHolder:
@@ -81,27 +120,18 @@ class SnapshotHolder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
-        self._steps: tuple[float, int] | None = None
-        self._rate = 0.0
+        self._pace = PaceWindow()
 
     def get(self) -> Snapshot | None:
         with self._lock:
             return self._snapshot
 
     def publish(self, result: CycleResult, health: Health) -> Snapshot:
-        snap = snapshot_of(result, health, self._throughput(result))
+        pace = self._pace.add(result.time, result.last.steps, result.cpu_seconds)
+        snap = snapshot_of(result, health, pace)
         with self._lock:
             self._snapshot = snap
         return snap
-
-    def _throughput(self, result: CycleResult) -> float:
-        now, steps = result.time, result.last.steps
-        if self._steps is not None and now - self._steps[0] >= 0.5:
-            self._rate = max(0.0, steps - self._steps[1]) / (now - self._steps[0])
-            self._steps = (now, steps)
-        elif self._steps is None:
-            self._steps = (now, steps)
-        return self._rate
 
 
 def _paused_by_lever(run: RunSummary, result: CycleResult) -> dict[str, float]:
@@ -112,8 +142,7 @@ def _paused_by_lever(run: RunSummary, result: CycleResult) -> dict[str, float]:
     return paused
 
 
-def snapshot_of(result: CycleResult, health: Health,
-                steps_per_second: float = 0.0) -> Snapshot:
+def snapshot_of(result: CycleResult, health: Health, pace: Pace = Pace()) -> Snapshot:
     run = summarize(result)
     gpu = result.gpu
     return Snapshot(
@@ -128,7 +157,8 @@ def snapshot_of(result: CycleResult, health: Health,
         paused_seconds=_paused_by_lever(run, result),
         budget_exhausted_seconds=result.budget_exhausted_seconds, levers=run.levers,
         target_met=run.target_met, budget_exhausted=run.budget_exhausted,
-        steps_per_second=steps_per_second,
+        steps_per_second=pace.steps_per_second,
+        cpu_seconds_per_step=pace.cpu_seconds_per_step,
         kernel_throttling=result.kernel_throttling,
         health=Health(health.started, health.cycles, health.last_cycle_duration,
                       dict(health.errors_total), dict(health.policy_reloads),
@@ -156,6 +186,7 @@ def status_document(s: Snapshot) -> StatusDocument:
             "cpuCores": round(s.last.usage_cores, 3),
             "steps": s.last.steps,
             "stepsPerSecond": round(s.steps_per_second, 3),
+            "cpuSecondsPerStep": _round(s.cpu_seconds_per_step, 6),
         }),
         "targetMet": s.target_met,
         "budgetExhausted": s.budget_exhausted,
