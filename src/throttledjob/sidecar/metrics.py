@@ -90,8 +90,8 @@ def _workload(s: Snapshot) -> Iterator[Metric]:
                                 "Steps reported by the workload's runtime library.")
     steps.add_metric([], s.last.steps)
     yield steps
-    yield from _gauge("workload_steps_per_second", "Recent throughput, in steps per second.",
-                      s.steps_per_second)
+    yield from _gauge("workload_steps_per_second",
+                      "Throughput over the last 10 s, in steps per second.", s.steps_per_second)
     peak = GaugeMetricFamily(P + "workload_cpu_peak_cores", "Peak CPU of the workload over "
                              "the run from 1-second samples, in cores (stat: p99 or max).",
                              labels=["stat"])
