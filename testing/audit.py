@@ -18,8 +18,8 @@ CONFLICT = 409
 def writes(cluster: Any, user: str, namespace: str, since: int,
            conflicts: bool = False) -> dict[Call, int]:
     """How many times `user` made each write in `namespace`, after its first `since`
-    audited calls: those the server took, or with `conflicts` those it refused as a
-    conflict (a write raced by another writer: how many depends on the load)."""
+    audited calls: all but those refused as a conflict (409: a write raced by another
+    writer, how many depends on the load), or with `conflicts` those only."""
     counts: dict[Call, int] = {}
     for e in cluster.audit(user)[since:]:
         ref = e.get("objectRef") or {}

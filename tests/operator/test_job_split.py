@@ -49,9 +49,14 @@ def test_the_sidecars_cost_of_a_step_over_its_window_weighs_the_ranks() -> None:
     ranks_ = [Rank("r0", "r0", 0, 0.5, 0.05, 0.25, 1.0, cost=0.025),
               Rank("r1", "r1", 1, 0.5, 0.05, 0.5, 2.0, cost=0.05)]
     assert shares(TARGET, ranks_) == {"r0": 0.333, "r1": 0.666}
-    # A rank with no step in its window: by use and pace as before.
+    # A sidecar from before the figure: by use over pace.
     ranks_[0] = Rank("r0", "r0", 0, 0.5, 0.05, 0.25, 1.0, cost=None)
     assert shares(TARGET, ranks_) == {"r0": 0.5, "r1": 0.5}
+    # The figure as the sidecar's /status names it.
+    found = ranks([pod("a", "a", "500m", index=0)],
+                  {"a": {"observed": {"cpuCores": 0.3, "stepsPerSecond": 2.0,
+                                      "cpuSecondsPerStep": 0.04}}}, 0.05)
+    assert found[0].cost == 0.04
 
 
 def test_without_steps_the_split_follows_measured_use_with_a_floor() -> None:

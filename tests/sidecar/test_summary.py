@@ -229,3 +229,15 @@ def test_the_pace_and_cost_of_a_step_are_read_over_ten_seconds():
     for second in range(10):
         last = idle.add(second, 100, 1.0 + second)
     assert last.cpu_seconds_per_step is None and last.steps_per_second == 0.0
+
+
+def test_a_process_leaving_the_tree_does_not_understate_the_cost_of_a_step():
+    """The tree's CPU is its members' now: a DataLoader worker that exits takes 3 CPU
+    seconds out of the sum. The window counts only rises, so the cost stays 0.05."""
+    from throttledjob.sidecar.snapshot import PaceWindow
+
+    window, cpu = PaceWindow(), 0.0
+    for second in range(1, 13):
+        cpu += 14 * 0.05 - (3.0 if second == 6 else 0.0)
+        pace = window.add(second, 14 * second, cpu)
+    assert pace.cpu_seconds_per_step == pytest.approx(0.05, rel=0.1)

@@ -3,8 +3,8 @@
 A data-parallel job ends every step in an allreduce, so its slowest rank sets the pace of
 all. An even split of a job-wide target over uneven ranks makes the throttle itself the
 straggler: the lighter ranks leave their share idle at the barrier. Here each running pod
-gets a part of the target in proportion to its CPU cost of a step (its CPU use over its
-steps per second, from the sidecar), so every rank can keep the same pace; a pod that
+gets a part of the target in proportion to its CPU cost of a step (its CPU over its
+steps in the sidecar's last 10 s), so every rank can keep the same pace; a pod that
 reports no steps is weighed by its measured use. Each part is at least the pod's floor.
 
 The kernel holds each part as the pod's CPU limit (in-place resize). The moves never let

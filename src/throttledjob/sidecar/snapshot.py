@@ -98,19 +98,25 @@ class PaceWindow:
         self.seconds = seconds
         self._points: collections.deque[tuple[float, int, float]] = collections.deque()
         self._pace = Pace()
+        self._read: float | None = None   # the tree's CPU as last read
+        self._cpu = 0.0                   # its rises since the first read, summed
 
     def add(self, now: float, steps: int, cpu_seconds: float) -> Pace:
         points = self._points
         if points and now - points[-1][0] < 0.5:  # too close to the last to tell apart
             return self._pace
-        points.append((now, steps, cpu_seconds))
+        # The tree's CPU is its members' now: one that exits takes its seconds with it.
+        # Only the rises count, so a drop does not understate a cost for the whole window.
+        self._cpu += max(0.0, cpu_seconds - self._read) if self._read is not None else 0.0
+        self._read = cpu_seconds
+        points.append((now, steps, self._cpu))
         while len(points) > 2 and now - points[1][0] >= self.seconds:
             points.popleft()
         (t0, steps0, cpu0) = points[0]
         if now > t0:
             done = max(0, steps - steps0)
             self._pace = Pace(done / (now - t0),
-                              max(0.0, cpu_seconds - cpu0) / done if done else None)
+                              (self._cpu - cpu0) / done if done else None)
         return self._pace
 
 
