@@ -14,6 +14,7 @@ from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.cgroups.container_quota import WIDTH_MEMORY_SECONDS, ContainerQuota
 from throttledjob.sidecar.enforcement import pod_plan
+from throttledjob.sidecar.measure import Meter
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.summary import summarize
 
@@ -160,6 +161,8 @@ def test_each_named_container_says_what_it_wanted_its_use_or_its_width(
     view.refresh()
     assert view.demand_by_container() == {"train": pytest.approx(2.0),
                                           "logs": pytest.approx(0.1)}
+    # The workload's busy width, for the lever explorer: every container, named or not.
+    assert view.busy_width == pytest.approx(2.0 + 0.1 + 0.2)
     # Its cgroup gone (the container exited): it wants nothing any more.
     del pod.containers[20]
     for p in pod.cgroups["logs"].iterdir():
@@ -168,6 +171,33 @@ def test_each_named_container_says_what_it_wanted_its_use_or_its_width(
     now[0] = 3.0
     view.refresh()
     assert set(view.demand_by_container()) == {"train"}
+
+
+def test_the_meter_reads_a_pods_busy_width_where_its_limits_held_it_back(
+        tmp_path: Path) -> None:
+    """The lever explorer's demand in a pod: two threads held to half a core by the
+    container's limit used 0.5 cores, and wanted 2 (the width the kernel measured)."""
+    pod = Pod(tmp_path)
+    pod.container("train", 50_000)
+    pod.used("train", 0.0)
+    pod.process(10, "train")
+    now = [0.0]
+    view, tree = pod.view(clock=lambda: now[0])
+    meter = Meter(tree, str(tmp_path), now=0.0, container_quota=view)
+    meter.baseline()
+    now[0] = 2.0
+    tree.cpu += 1.0
+    pod.stat("train", periods=20, throttled=20, seconds=3.0)
+    pod.used("train", 1.0)
+    sample = meter.measure(2.0, None)
+    assert sample.kernel_pause == pytest.approx(0.75)
+    assert sample.usage_cores == pytest.approx(0.5)
+    assert sample.busy_width == pytest.approx(2.0)
+    # Not held back in the next interval: no width is claimed.
+    now[0] = 3.0
+    tree.cpu += 0.4
+    pod.used("train", 1.4)
+    assert meter.measure(3.0, None).busy_width is None
 
 
 def test_a_root_it_cannot_read_is_not_an_error(tmp_path: Path) -> None:

@@ -412,13 +412,13 @@ class Agent:
                 return
             self.explorer = Explorer(self.policy.cpu_peak_cores, candidates,
                                      max_slowdown=self.policy.max_slowdown)
-        self.explorer.update(LeverSample(sample.usage_cores, sample.pause_fraction, done,
+        self.explorer.update(LeverSample(sample.usage_cores, sample.held_back, done,
                                          sample.elapsed, cores=_usable_cores(),
                                          busy_width=sample.busy_width))
 
     def _busy_seconds(self, levers: LeverSetting, sample: Sample) -> float:
         known = self.explorer.estimates.get(levers) if self.explorer else None
-        return busy_seconds(sample.elapsed, sample.pause_fraction, sample.used_seconds,
+        return busy_seconds(sample.elapsed, sample.held_back, sample.used_seconds,
                             known.peak_cores if known else None)
 
     def explorer_report(self) -> dict | None:

@@ -38,9 +38,9 @@ class Sample:
     signal_pause: float         # the share the enforcer held the tree back
     enforcer_capped: bool       # the enforcer's budget refused a pause
     kernel_pause: float         # the share the containers' own CPU limit held it back
-    # Cores the tree wanted at its busy moments, where the enforcer's kernel quota held it
-    # back in the interval (None: not held, or not by the kernel). In a pod, whose
-    # containers' limits hold it, not read: the explorer there sees its actuators' pause.
+    # Cores the tree wanted at its busy moments, where a kernel quota (the enforcer's, or
+    # in a pod the containers' limits) held it back in the interval (None: not held, or
+    # not by the kernel).
     busy_width: float | None = None
 
     @property
@@ -155,14 +155,17 @@ class Meter:
         signal_paused = enforcer.paused_seconds if enforcer else 0.0
         signal_pause = (signal_paused - self._last_signal_paused) / elapsed
         self._last_signal_paused = signal_paused
+        kernel_pause = self._container_quota_pause(elapsed)
+        busy_width = enforcer.busy_width if enforcer and signal_pause > 0 else None
+        if busy_width is None and kernel_pause > 0 and self.container_quota:
+            busy_width = self.container_quota.busy_width
         return Sample(
             time=now, elapsed=elapsed, cpu_seconds=cpu, used_seconds=used, records=records,
             steps=steps, new_steps=new_steps, cooperative_pause=coop_pause,
             cooperative_capped=any(r.pause_capped for r in records),
             signal_pause=signal_pause,
             enforcer_capped=bool(enforcer and enforcer.pause_capped),
-            kernel_pause=self._container_quota_pause(elapsed),
-            busy_width=enforcer.busy_width if enforcer and signal_pause > 0 else None,
+            kernel_pause=kernel_pause, busy_width=busy_width,
         )
 
     def _cooperative_pause(self, records: tuple[Progress, ...], elapsed: float) -> float:

@@ -163,6 +163,13 @@ class ContainerQuota:
         # 2% of room: a limit the kernel holds exactly is not lifted for its own jitter.
         return round(wanted, 2) if wanted > target_cores * 1.02 else None
 
+    @property
+    def busy_width(self) -> float | None:
+        """Cores the workload's containers wanted in the last interval, summed: their
+        use, or their width where the kernel held them back (None: none read twice)."""
+        demands = [c.demand for c in self._containers.values() if c.demand is not None]
+        return sum(demands) if demands else None
+
     def demand_by_container(self) -> dict[str, float]:
         """Cores each named workload container wanted in the last interval: what it used,
         or where the kernel held it back, how wide it was. Containers gone or not yet read
