@@ -30,7 +30,7 @@ from .lever_time import LeverLedger, busy_seconds
 from .measure import Meter, ProgressClock, Sample, progress_clock, steps_in_interval
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume
-from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker
+from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker, round_or_none
 
 # The explorer's measurements run with the target held, off the slowdown budget's books
 # (a probe is the product's experiment, not the user's cost), each for at most this many
@@ -433,8 +433,8 @@ class Agent:
             "explorations": ex.explorations,
             # R0, the defaults' busy-time steps per second unheld, and the most it can be
             # (Explorer.unthrottled_rate_high); None until the defaults were measured.
-            "unthrottled_steps_per_second": _rounded(ex.unthrottled_rate()),
-            "unthrottled_steps_per_second_high": _rounded(ex.unthrottled_rate_high()),
+            "unthrottled_steps_per_second": round_or_none(ex.unthrottled_rate()),
+            "unthrottled_steps_per_second_high": round_or_none(ex.unthrottled_rate_high()),
             "estimates": {str(e.levers): {"steps_per_cpu_second": round(e.efficiency, 3),
                                           "peak_cores": round(e.peak_cores, 3),
                                           "samples": e.samples, "aborted": e.aborted}
@@ -445,10 +445,6 @@ class Agent:
             "trace": [[str(levers), round(s.usage_cores, 3), round(s.pause_fraction, 3),
                        round(s.steps / s.elapsed_seconds, 1)] for levers, s in ex.trace],
         }
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
 
 
 def _usable_cores() -> int:

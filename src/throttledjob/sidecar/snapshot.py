@@ -22,7 +22,7 @@ from .agent import CycleResult, LastCycle
 from .cgroups.throttling import ThrottleStats
 from .enforcement import Plan
 from .gpu.backend import GpuReading
-from .stats import PeakSummary
+from .stats import PeakSummary, round_or_none
 from .summary import RunSummary, summarize
 
 
@@ -178,21 +178,21 @@ def status_document(s: Snapshot) -> StatusDocument:
     return {
         "version": STATUS_VERSION,
         "observed": observed_document({
-            "cpuPeakCores": _round(s.cpu.p99),
-            "cpuMaxCores": _round(s.cpu.max),
+            "cpuPeakCores": round_or_none(s.cpu.p99),
+            "cpuMaxCores": round_or_none(s.cpu.max),
             "gpuPeakUtilizationPercent": None if s.gpu_util.p99 is None
             else round(s.gpu_util.p99 * 100.0, 1),
             "gpuMaxUtilizationPercent": None if s.gpu_util.max is None
             else round(s.gpu_util.max * 100.0, 1),
-            "gpuPeakPowerWatts": _round(s.gpu_power.p99, 1),
-            "gpuMaxPowerWatts": _round(s.gpu_power.max, 1),
+            "gpuPeakPowerWatts": round_or_none(s.gpu_power.p99, 1),
+            "gpuMaxPowerWatts": round_or_none(s.gpu_power.max, 1),
             "throttleLevel": round(s.throttle_level, 3),
             "slowdown": round(s.slowdown, 3),
             "slowdownHigh": round(s.slowdown_high, 3),
             "cpuCores": round(s.last.usage_cores, 3),
             "steps": s.last.steps,
             "stepsPerSecond": round(s.steps_per_second, 3),
-            "cpuSecondsPerStep": _round(s.cpu_seconds_per_step, 6),
+            "cpuSecondsPerStep": round_or_none(s.cpu_seconds_per_step, 6),
         }),
         "targetMet": s.target_met,
         "budgetExhausted": s.budget_exhausted,
@@ -230,7 +230,3 @@ def progress_problem(directory: str) -> str | None:
     if bad:
         return f"ignoring {len(bad)} unreadable progress file(s), e.g. {bad[0]}"
     return None
-
-
-def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)

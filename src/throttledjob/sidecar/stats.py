@@ -128,3 +128,8 @@ def nearest_rank(samples: Iterable[float], q: float) -> float | None:
     if not values:
         return None
     return values[max(0, math.ceil(q * len(values)) - 1)]
+
+
+def round_or_none(value: float | None, digits: int = 3) -> float | None:
+    """A figure as reported: rounded, or None where nothing was measured."""
+    return None if value is None else round(value, digits)
