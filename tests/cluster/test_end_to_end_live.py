@@ -21,6 +21,7 @@ import signal
 import ssl
 import statistics
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -720,13 +721,35 @@ def left_stopped(real_node: Any, pod: dict[str, Any], side: str, work: str,
     return resumed - died, resumed - lease.until
 
 
+# Joins the memory cgroup named by its argument, then, told "limit pid...", allocates a MiB
+# at a time (written, so charged) while any of the pids lives, up to the limit: the
+# cgroup's OOM killer then kills one of them, and the hog's allocation goes on.
+OOM_HOG = """
+import os, sys
+with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))
+print("ready", flush=True)
+limit, *pids = map(int, sys.stdin.readline().split())
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] not in (b"Z", b"X")
+held = []
+while any(alive(p) for p in pids) and len(held) << 20 < limit:
+    held.append(b"\\1" * (1 << 20))
+"""
+
+
 def test_a_sidecar_killed_inside_a_stop_never_leaves_the_workload_stopped(
         operator: str, real_node: Any, kubectl: Kubectl) -> None:
     """Signals at 0.5 core of two busy processes (stopped about 3/4 of the time). From
     the node, the sidecar is SIGKILLed inside a stop five times in a row, then OOM-killed
-    by the kernel (its memory cgroup's limit lowered to what it uses, then scrapes make
-    it allocate): each time the guard, in its own container, resumes the workload within
-    the bound, and the Job completes."""
+    by the kernel (its memory cgroup's limit lowered to what it uses, then a process
+    beside it in that cgroup allocates): each time the guard, in its own container,
+    resumes the workload within the bound, and the Job completes."""
     namespace, name = operator, "e2e-guard"
     tj = throttled_job(name, namespace, "Signals")
     tj["spec"]["throttle"]["targets"]["cpu"]["peak"] = "500m"
@@ -751,35 +774,48 @@ def test_a_sidecar_killed_inside_a_stop_never_leaves_the_workload_stopped(
         held = left_stopped(real_node, pod, side, work, kill)
         killed += [held] if held else []
         restarts += 1
-    # The kernel's OOM killer: the sidecar's memory limit lowered to what it holds, then
-    # scrapes make it allocate. Tried until it dies inside a stop.
+    # The kernel's OOM killer: the sidecar's memory limit lowered to what it holds, then a
+    # process beside it in its memory cgroup allocates until the kernel kills the sidecar.
+    # Tried until it dies inside a stop.
     oom, tries = None, []
     while oom is None and restarts < 16:
         pod, side, work = running_sidecar(kubectl, namespace, selector, restarts)
         memory = real_node.container_cgroup(side, "memory")
-        url = f"http://{pod['status']['podIP']}:9400/metrics"
+        hog = subprocess.Popen([sys.executable, "-c", OOM_HOG, str(memory)], text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
-        def squeeze(pids: list[int], memory: Path = memory, url: str = url) -> None:
-            # The limit goes to what the sidecar's anonymous memory holds: its charged
-            # page cache (the image's files it read) is reclaimed first, where a limit
-            # just above the usage let the kernel reclaim cache for every allocation
-            # and never OOM-kill (seen in CI). Should it still survive for 15 s, a
-            # SIGKILL ends it: the kubelet then says Error, and it is tried again.
+        def squeeze(pids: list[int], memory: Path = memory,
+                    hog: subprocess.Popen[str] = hog) -> None:
+            # The limit goes to what the sidecar's anonymous memory holds, else to its
+            # whole use (EBUSY: the kernel's own charges are not reclaimable). The
+            # sidecar's own allocations did not reliably reach it: scrapes reuse freed
+            # memory, and in CI it died outside the stop or lived 15 s (seen twice).
             stat = dict(line.split() for line in (memory / "memory.stat").read_text()
                         .splitlines())
             for limit in (int(stat["rss"]) + 65536,
                           int((memory / "memory.usage_in_bytes").read_text()) + 4096):
-                with contextlib.suppress(OSError):  # EBUSY: nothing left to reclaim
+                with contextlib.suppress(OSError):
                     (memory / "memory.limit_in_bytes").write_text(str(limit))
                     break
+            for pid in pids:  # the OOM killer's choice made certain: the sidecar, not the hog
+                with contextlib.suppress(OSError):
+                    Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
+            hog.stdin.write(" ".join(map(str, [limit, *pids])) + "\n")
+            hog.stdin.flush()
+            # Should it still live for 15 s, a SIGKILL ends it: the kubelet then says
+            # Error, and it is tried again.
             deadline = time.monotonic() + 15
             while any(alive(p) for p in pids) and time.monotonic() < deadline:
-                with contextlib.suppress(OSError):
-                    urllib.request.urlopen(url, timeout=0.2).read()
+                time.sleep(0.01)
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-        held = left_stopped(real_node, pod, side, work, squeeze)
+        try:
+            assert hog.stdout.readline() == "ready\n", "the OOM hog did not join the cgroup"
+            held = left_stopped(real_node, pod, side, work, squeeze)
+        finally:
+            hog.kill()
+            hog.wait()
         restarts += 1
         # The kubelet's word that it was the OOM killer (tried again if it says not).
         end = wait_for(lambda pod=pod, side=side: ended(kubectl, pod, side), timeout=30,
