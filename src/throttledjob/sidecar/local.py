@@ -26,6 +26,7 @@ from .enforcement import local_enforcer, local_plan, without_kernel_quota
 from .enforcer import Enforcer
 from .loop import run_loop
 from .processes import ProcessTree, resume
+from .stats import round_or_none
 from .summary import summarize
 
 if TYPE_CHECKING:
@@ -220,12 +221,10 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             # Wall time the explorer's probes held the target off the budget's books,
             # and the most CPU (cores) an interval of them used.
             "probe_seconds": round(result.probe_seconds, 3),
-            "probe_max_cores": None if result.probe_max_cores is None
-            else round(result.probe_max_cores, 3),
+            "probe_max_cores": round_or_none(result.probe_max_cores),
             "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
             # The controller's last rate (the key's "quota" predates the word "rate").
-            "final_quota_cores": None if result.controller_rate is None
-            else round(result.controller_rate, 3),
+            "final_quota_cores": round_or_none(result.controller_rate),
             # Which enforcer held the workload, and why that one (sidecar/enforcement.py).
             "enforcer": result.plan.reason,
             # The kernel quota's own counters (cpu.stat), where it held the workload.
