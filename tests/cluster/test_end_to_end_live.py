@@ -588,13 +588,22 @@ def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_
     limited["resources"] = {**limited["resources"], "limits": {"cpu": str(TARGET_CORES)}}
     plain, plain_pod_ = plain_pod("torch-limit", namespace, limited, real_node, kubectl)
 
+    # And with no limit: the time the slowdown is reckoned against.
+    free, free_pod = plain_pod("torch-free", namespace, torch_container(), real_node, kubectl)
     tj = torch_example(name, namespace)  # inject Auto, maxSlowdown 2
     workload, pod = run_to_completion(tj, real_node, kubectl)
     ours, theirs = trained(kubectl, pod), trained(kubectl, plain_pod_)
     ratio = workload.seconds / plain.seconds
+    status = tj_status(kubectl, namespace, name)
+    observed = status.get("observed") or {}
     print(f"torch, plain limits.cpu 1: {plain.seconds:.1f} s p99 {plain.p99():.2f} "
           f"{theirs}; ThrottledJob inject Auto: {workload.seconds:.1f} s p99 "
-          f"{workload.p99():.2f} {ours}; {ratio:.2f}x the plain limit's time")
+          f"{workload.p99():.2f} {ours}; {ratio:.2f}x the plain limit's time; no limit: "
+          f"{free.seconds:.1f} s {trained(kubectl, free_pod)} median "
+          f"{statistics.median(free.cores):.2f} cores p99 {free.p99():.2f}; real slowdown "
+          f"{workload.seconds / free.seconds:.3f} (training "
+          f"{float(ours['seconds']) / float(trained(kubectl, free_pod)['seconds']):.3f}), "
+          f"estimate {observed.get('slowdown')}, top {observed.get('slowdownHigh')}")
     # Both held at the target by the kernel (the operator's limit on ours).
     assert workload.quota_cores == plain.quota_cores == TARGET_CORES
     # Held like the plain limit measured in the same run: no higher than its peak or the
@@ -606,8 +615,6 @@ def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_
     # torch at one thread from inside, which no limit can do.
     assert ours["steps"] == theirs["steps"] == str(TORCH_STEPS)
     assert (ours["threads"], theirs["threads"]) == ("1", "2")
-    status = tj_status(kubectl, namespace, name)
-    observed = status.get("observed") or {}
     assert "threads" in observed.get("levers", []), observed
     assert observed.get("steps", 0) > TORCH_STEPS // 2, observed  # read while it ran
     # Faster than the plain limit: one thread under the same quota trains this model in
