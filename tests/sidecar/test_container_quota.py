@@ -4,6 +4,7 @@ tests/cluster/test_end_to_end_live.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,12 @@ import pytest
 from testing.fake_tree import FakeTree
 from throttledjob.contracts.names import ENV_CONTAINER
 from throttledjob.contracts.policy import Enforcement, Policy
+from throttledjob.contracts.progress import Progress
+from throttledjob.runtime.progress import write_progress
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.cgroups.container_quota import WIDTH_MEMORY_SECONDS, ContainerQuota
 from throttledjob.sidecar.enforcement import pod_plan
+from throttledjob.sidecar.explorer import LeverSample
 from throttledjob.sidecar.measure import Meter
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.summary import summarize
@@ -198,6 +202,38 @@ def test_the_meter_reads_a_pods_busy_width_where_its_limits_held_it_back(
     tree.cpu += 0.4
     pod.used("train", 1.4)
     assert meter.measure(3.0, None).busy_width is None
+
+
+def test_where_pacing_held_a_pod_more_than_its_limit_no_diluted_width_is_claimed(
+        tmp_path: Path) -> None:
+    """Pacing and the container's limit hold a 2-thread loop together: the library slept
+    45% of the interval, and the kernel throttled the tails of some periods. The kernel's
+    width assumes the tree ran all period, so the paced gaps dilute it to 1.1 cores; the
+    meter claims none, and the explorer reads usage over the pause (1.8 cores)."""
+    pod = Pod(tmp_path)
+    pod.container("train", 100_000)
+    pod.used("train", 0.0)
+    pod.process(10, "train")
+    now = [0.0]
+    view, tree = pod.view(clock=lambda: now[0])
+    meter = Meter(tree, str(tmp_path), now=0.0, container_quota=view)
+    write_progress(str(tmp_path), Progress(pid=os.getpid(), steps=10, paused_seconds=0.0))
+    meter.baseline()
+    meter.measure(0.0, None)
+    now[0] = 2.0
+    tree.cpu += 1.98
+    # 2 s of 100 ms periods, 4 throttled for 10 ms each over CPUs: width (0.01 + 0.1) / 0.1.
+    pod.stat("train", periods=20, throttled=4, seconds=0.04)
+    pod.used("train", 1.98)
+    write_progress(str(tmp_path), Progress(pid=os.getpid(), steps=60, paused_seconds=0.9))
+    sample = meter.measure(2.0, None)
+    assert sample.cooperative_pause == pytest.approx(0.45)
+    assert 0 < sample.kernel_pause < sample.cooperative_pause
+    assert view.busy_width == pytest.approx(1.1)  # what the kernel's counters say
+    assert sample.busy_width is None
+    explored = LeverSample(sample.usage_cores, sample.held_back, sample.new_steps,
+                           busy_width=sample.busy_width)
+    assert explored.demand_cores == pytest.approx(1.8)
 
 
 def test_a_root_it_cannot_read_is_not_an_error(tmp_path: Path) -> None:

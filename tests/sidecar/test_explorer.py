@@ -367,17 +367,6 @@ def test_a_bursts_demand_is_the_width_the_kernel_measured_not_the_intervals_aver
         .unthrottled_rate == pytest.approx(143 / 0.84 * 1.95)
 
 
-def test_a_paced_loops_demand_is_its_usage_over_the_pause_not_the_diluted_width():
-    """In a pod, pacing held a 2-thread loop at about its 1-core limit: the library slept
-    45% of the time and the kernel throttled only the tails of some periods. The kernel's
-    width assumes the tree ran all period, so the paced gaps diluted it to 1.1 cores;
-    usage over the pause says 1.8, and the defaults' unthrottled rate follows it."""
-    paced = dict(usage_cores=0.99, pause_fraction=0.45, steps=100, cores=2, busy_width=1.1)
-    assert LeverSample(**paced).demand_cores == pytest.approx(1.8)
-    assert Estimate.of(DEFAULT_SETTING, [LeverSample(**paced)]).unthrottled_rate \
-        == pytest.approx(100 / 0.99 * 1.8)
-
-
 def test_agent_publishes_the_explorers_threads(tmp_path):
     from throttledjob.contracts.policy import Policy
 

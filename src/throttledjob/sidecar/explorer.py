@@ -138,14 +138,11 @@ class LeverSample:
 
     @property
     def demand_cores(self) -> float:
-        """The usage the workload would have had unpaused at its busy moments: the larger
-        of two readings that each fall short in their own case. Usage over the time not
-        paused reads a burst and its wait as one average; the kernel's width assumes the
-        tree ran all of each throttled period, so pacing's pauses inside them dilute it
-        (in a pod, a 2-thread loop paced to about its 1-core limit read 1.1 cores where
-        usage over the pause read 1.8, and R0 a quarter low with it)."""
-        unpaused = self.usage_cores / (1.0 - min(self.pause_fraction, MAX_PAUSE_FOR_DEMAND))
-        return min(self.cores, max(unpaused, self.busy_width or 0.0))
+        """The usage the workload would have had unpaused at its busy moments."""
+        if self.busy_width is not None:
+            return min(self.cores, self.busy_width)
+        return min(self.cores,
+                   self.usage_cores / (1.0 - min(self.pause_fraction, MAX_PAUSE_FOR_DEMAND)))
 
     @property
     def efficiency(self) -> float:

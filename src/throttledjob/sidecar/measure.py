@@ -156,9 +156,15 @@ class Meter:
         signal_pause = (signal_paused - self._last_signal_paused) / elapsed
         self._last_signal_paused = signal_paused
         kernel_pause = self._container_quota_pause(elapsed)
-        busy_width = enforcer.busy_width if enforcer and signal_pause > 0 else None
-        if busy_width is None and kernel_pause > 0 and self.container_quota:
-            busy_width = self.container_quota.busy_width
+        busy_width = None
+        # The kernel's width assumes the tree ran all of each throttled period: where
+        # pacing paused it more than the kernel held it, pacing's pauses inside those
+        # periods dilute the width by their share (in a pod, a 2-thread loop paced to about
+        # its 1-core limit read 1.1 cores), and usage over the pause (1.8) is the demand.
+        if coop_pause <= max(signal_pause, kernel_pause):
+            busy_width = enforcer.busy_width if enforcer and signal_pause > 0 else None
+            if busy_width is None and kernel_pause > 0 and self.container_quota:
+                busy_width = self.container_quota.busy_width
         return Sample(
             time=now, elapsed=elapsed, cpu_seconds=cpu, used_seconds=used, records=records,
             steps=steps, new_steps=new_steps, cooperative_pause=coop_pause,
