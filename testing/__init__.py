@@ -4,7 +4,7 @@ Plain modules, one job each; `conftest.py` files keep only fixtures and hooks.
 
     paths             ROOT, VENV_BIN, HUNGRY (stdlib only: the benchmarks and the demo too)
     helpers           wait_for, require_tool
-    processes         stopped, stop
+    processes         state, stopped, stop
     http              free_port, get, get_json
     promserver        a real Prometheus, a real `throttledjob run --metrics-port`
     validation        the official Kubernetes schemas, the CRD's schema

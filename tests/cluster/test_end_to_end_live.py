@@ -592,17 +592,17 @@ def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_
     free, free_pod = plain_pod("torch-free", namespace, torch_container(), real_node, kubectl)
     tj = torch_example(name, namespace)  # inject Auto, maxSlowdown 2
     workload, pod = run_to_completion(tj, real_node, kubectl)
-    ours, theirs = trained(kubectl, pod), trained(kubectl, plain_pod_)
+    ours, theirs, unheld = (trained(kubectl, p) for p in (pod, plain_pod_, free_pod))
     ratio = workload.seconds / plain.seconds
     status = tj_status(kubectl, namespace, name)
     observed = status.get("observed") or {}
     print(f"torch, plain limits.cpu 1: {plain.seconds:.1f} s p99 {plain.p99():.2f} "
           f"{theirs}; ThrottledJob inject Auto: {workload.seconds:.1f} s p99 "
           f"{workload.p99():.2f} {ours}; {ratio:.2f}x the plain limit's time; no limit: "
-          f"{free.seconds:.1f} s {trained(kubectl, free_pod)} median "
+          f"{free.seconds:.1f} s {unheld} median "
           f"{statistics.median(free.cores or [0]):.2f} cores p99 {free.p99():.2f}; real slowdown "
           f"{workload.seconds / free.seconds:.3f} (training "
-          f"{float(ours['seconds']) / float(trained(kubectl, free_pod)['seconds']):.3f}), "
+          f"{float(ours['seconds']) / float(unheld['seconds']):.3f}), "
           f"estimate {observed.get('slowdown')}, top {observed.get('slowdownHigh')}")
     # Both held at the target by the kernel (the operator's limit on ours).
     assert workload.quota_cores == plain.quota_cores == TARGET_CORES
@@ -733,19 +733,13 @@ def left_stopped(real_node: Any, pod: dict[str, Any], side: str, work: str,
 # cgroup's OOM killer then kills one of them, and the hog's allocation goes on.
 OOM_HOG = """
 import os, sys
+from testing.processes import state
 with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
     f.write(str(os.getpid()))
 print("ready", flush=True)
 limit, *pids = map(int, sys.stdin.readline().split())
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] not in (b"Z", b"X")
 held = []
-while any(alive(p) for p in pids) and len(held) << 20 < limit:
+while any(state(p) not in (None, b"Z", b"X") for p in pids) and len(held) << 20 < limit:
     held.append(b"\\1" * (1 << 20))
 """
 
@@ -789,7 +783,7 @@ def test_a_sidecar_killed_inside_a_stop_never_leaves_the_workload_stopped(
         pod, side, work = running_sidecar(kubectl, namespace, selector, restarts)
         memory = real_node.container_cgroup(side, "memory")
         hog = subprocess.Popen([sys.executable, "-c", OOM_HOG, str(memory)], text=True,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
         fallback: list[int] = []  # pids the test itself had to SIGKILL
 

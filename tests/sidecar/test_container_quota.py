@@ -177,17 +177,24 @@ def test_each_named_container_says_what_it_wanted_its_use_or_its_width(
     assert set(view.demand_by_container()) == {"train"}
 
 
-def test_the_meter_reads_a_pods_busy_width_where_its_limits_held_it_back(
-        tmp_path: Path) -> None:
-    """The lever explorer's demand in a pod: two threads held to half a core by the
-    container's limit used 0.5 cores, and wanted 2 (the width the kernel measured)."""
+def metered_pod(tmp_path: Path, quota_us: int) -> tuple[Pod, ContainerQuota, FakeTree,
+                                                       Meter, list[float]]:
+    """A pod whose one container "train" (process 10, no CPU used yet) runs under a limit
+    of `quota_us` per 100 ms, read by a meter on a clock the test moves (now[0])."""
     pod = Pod(tmp_path)
-    pod.container("train", 50_000)
+    pod.container("train", quota_us)
     pod.used("train", 0.0)
     pod.process(10, "train")
     now = [0.0]
     view, tree = pod.view(clock=lambda: now[0])
-    meter = Meter(tree, str(tmp_path), now=0.0, container_quota=view)
+    return pod, view, tree, Meter(tree, str(tmp_path), now=0.0, container_quota=view), now
+
+
+def test_the_meter_reads_a_pods_busy_width_where_its_limits_held_it_back(
+        tmp_path: Path) -> None:
+    """The lever explorer's demand in a pod: two threads held to half a core by the
+    container's limit used 0.5 cores, and wanted 2 (the width the kernel measured)."""
+    pod, _, tree, meter, now = metered_pod(tmp_path, quota_us=50_000)
     meter.baseline()
     now[0] = 2.0
     tree.cpu += 1.0
@@ -210,13 +217,7 @@ def test_where_pacing_held_a_pod_more_than_its_limit_no_diluted_width_is_claimed
     45% of the interval, and the kernel throttled the tails of some periods. The kernel's
     width assumes the tree ran all period, so the paced gaps dilute it to 1.1 cores; the
     meter claims none, and the explorer reads usage over the pause (1.8 cores)."""
-    pod = Pod(tmp_path)
-    pod.container("train", 100_000)
-    pod.used("train", 0.0)
-    pod.process(10, "train")
-    now = [0.0]
-    view, tree = pod.view(clock=lambda: now[0])
-    meter = Meter(tree, str(tmp_path), now=0.0, container_quota=view)
+    pod, view, tree, meter, now = metered_pod(tmp_path, quota_us=100_000)
     write_progress(str(tmp_path), Progress(pid=os.getpid(), steps=10, paused_seconds=0.0))
     meter.baseline()
     meter.measure(0.0, None)
