@@ -133,9 +133,19 @@ class _FakeNvml(types.SimpleNamespace):
     """The few pynvml calls the adapter makes, with NVML's own units (mW, MHz, percent)."""
 
 
-def _patch_nvml(monkeypatch, fail_power: Exception | None = None):
+def _patch_nvml(monkeypatch, fail_power: Exception | None = None,
+                memory_v2: bool = True):
     handle = object()
     calls = []
+
+    def memory(h, version=None):
+        # v1 counts the driver's reserved memory in `used`; v2 (nvidia-smi's) does not.
+        if version is None:
+            return types.SimpleNamespace(used=2**30 + 2**28, total=2**34)
+        assert version == pynvml.nvmlMemory_v2
+        if not memory_v2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return types.SimpleNamespace(used=2**30, reserved=2**28, total=2**34)
 
     def power(h):
         if fail_power:
@@ -147,7 +157,7 @@ def _patch_nvml(monkeypatch, fail_power: Exception | None = None):
         "nvmlDeviceGetCount": lambda: 1,
         "nvmlDeviceGetHandleByIndex": lambda i: handle,
         "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=87, memory=40),
-        "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(used=2**30, total=2**34),
+        "nvmlDeviceGetMemoryInfo": memory,
         "nvmlDeviceGetUUID": lambda h: "GPU-1234", "nvmlDeviceGetName": lambda h: "A100",
         "nvmlDeviceGetPowerUsage": power,
         "nvmlDeviceGetEnforcedPowerLimit": lambda h: 300_000,
@@ -181,6 +191,12 @@ def test_nvml_adapter_converts_to_base_units(monkeypatch):
     backend.close()
     backend.close()
     assert calls == [("limit", 200_000), "shutdown"]
+
+
+def test_nvml_adapter_reads_memory_v1_where_the_driver_has_no_v2(monkeypatch):
+    _patch_nvml(monkeypatch, memory_v2=False)
+    backend = NvmlBackend()
+    assert [r.memory_used_bytes for r in backend.read() + backend.read()] == [2**30 + 2**28] * 2
 
 
 def test_nvml_adapter_drops_unsupported_counters(monkeypatch):

@@ -48,6 +48,7 @@ class NvmlBackend(GpuBackend):
         self._nvml = pynvml
         pynvml.nvmlInit()  # NVMLError_LibraryNotFound without a driver
         self._open = True
+        self._memory_v2 = True   # until the driver says it has no such struct
         self.device_count = pynvml.nvmlDeviceGetCount()
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.device_count)]
 
@@ -58,7 +59,7 @@ class NvmlBackend(GpuBackend):
     def _read_one(self, index: int, h: Any) -> GpuReading:
         n = self._nvml
         util = n.nvmlDeviceGetUtilizationRates(h)
-        mem = n.nvmlDeviceGetMemoryInfo(h)
+        mem = self._memory(h)
         return GpuReading(
             index=index, uuid=n.nvmlDeviceGetUUID(h), name=n.nvmlDeviceGetName(h),
             utilization_ratio=util.gpu / 100.0,
@@ -73,6 +74,19 @@ class NvmlBackend(GpuBackend):
             throttle_reasons=self._reasons(h),
             process_memory_bytes=self._processes(h),
         )
+
+    def _memory(self, h: Any) -> Any:
+        """Memory as nvidia-smi and dcgm-exporter read it: the v2 struct, whose `used`
+        leaves out what the driver reserves (v1 counted it: 1,587 MiB against
+        nvidia-smi's 973 MiB on an H200). v1 where the driver or pynvml lacks v2."""
+        n = self._nvml
+        if self._memory_v2:
+            try:
+                return n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+            except (TypeError, AttributeError, n.NVMLError_FunctionNotFound,
+                    n.NVMLError_NotSupported, n.NVMLError_ArgumentVersionMismatch):
+                self._memory_v2 = False
+        return n.nvmlDeviceGetMemoryInfo(h)
 
     def _optional(self, read: Callable[[], T]) -> T | None:
         # Consumer boards lack some counters (NVML_ERROR_NOT_SUPPORTED): drop the series.
