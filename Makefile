@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.run-installed
 
-.PHONY: demo test test-cluster lint fast k8s-build tools checkov bench install install-run clean \
+.PHONY: demo test test-cluster lint fast k8s-build prepare tools checkov bench install install-run clean \
 	cluster cluster-down
 
 $(PY):
@@ -95,20 +95,28 @@ demo: install-run
 lint: install
 	$(VENV)/bin/ruff check .
 
-# The cluster's binaries, CoreDNS among them, built from source once (about 20 minutes
-# cold), then cached; with Kueue and JobSet, which tests/cluster/test_batch_live.py starts
-# beside it (about 9 minutes more cold, docs/testing.md).
+# The cluster's binaries, CoreDNS among them, built from source once, then cached; with
+# Kueue and JobSet, which tests/cluster/test_batch_live.py starts beside it.
 k8s-build:
 	$(K8S) build --with-kueue --with-jobset >/dev/null
 
-test: lint tools checkov k8s-build
+# Everything the whole suite needs, cold in one pass: the Go builds keep the CPU busy while
+# the installs and the real node's images (debootstrap, pip inside podman builds) wait on
+# the network and the disk (docs/testing.md, "Cold and warm"). Cached parts are skipped;
+# a failure of either side fails the target, after both have ended.
+prepare:
+	@$(K8S) build --with-kueue --with-jobset >/dev/null & go=$$!; \
+	$(MAKE) --no-print-directory lint tools checkov && $(PYTHON) -m tools.k8s.images; \
+	ok=$$?; wait $$go && exit $$ok
+
+test: prepare
 	$(VENV)/bin/pytest
 
 # No Kubernetes (no Go build, no cluster): a few minutes, for a quick loop.
 fast: lint tools checkov
 	$(VENV)/bin/pytest -m "not cluster"
 
-test-cluster: install tools k8s-build
+test-cluster: prepare
 	$(VENV)/bin/pytest -m cluster
 
 bench: install tools

@@ -45,12 +45,16 @@ from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
 from tools.k8s import batch, images
 
-# bench/distributed.py sets the pairs (THROTTLEDJOB_DDP_PAIRS) and reads the figures
-# the job-wide test writes; the suite runs three and judges their median (one pair read
-# 0.94 twice under fresh-clone CI, while the split still followed one interval's noisy
-# cost of a step).
-PAIRS = int(os.environ.get("THROTTLEDJOB_DDP_PAIRS", "3"))
-pytestmark = pytest.mark.timeout(900 + 400 * PAIRS)
+# bench/distributed.py sets the pairs (THROTTLEDJOB_DDP_PAIRS, three or more) and reads
+# the figures the job-wide test writes, and judges them against its goal (0.85x); the
+# suite runs one pair, the behaviour once: the split by cost in the status (which a
+# broken split fails whatever the timing), within the bound, and faster than the even
+# split beyond one pair's noise (single pairs read 0.79-0.89x since the split follows a
+# 10-second cost; 0.94x before; no split at all is 1.0x).
+PAIRS = int(os.environ.get("THROTTLEDJOB_DDP_PAIRS", "1"))
+TRAINING_BOUND = 0.95 if PAIRS == 1 else 0.92
+JOB_BOUND = 1.10 if PAIRS == 1 else 1.05
+pytestmark = pytest.mark.timeout(300 + 400 * PAIRS)
 RANKS = 2
 JOB_CORES = 1.0  # the whole job's CPU: the baseline's two limits, the job-wide target
 EVEN_SPLIT = "500m"
@@ -286,8 +290,8 @@ def test_a_job_wide_target_splits_one_core_between_the_ranks_by_their_cost(
     # pod's start, where the sidecar and the guard start before the workload, and the
     # first intervals before the split has moved: 0.83-1.05x, judged only as never slower
     # than the even split beyond the noise of two pods' start.
-    assert statistics.median(p["training_ratio"] for p in pairs) <= 0.92, pairs
-    assert statistics.median(p["job_ratio"] for p in pairs) <= 1.05, pairs
+    assert statistics.median(p["training_ratio"] for p in pairs) <= TRAINING_BOUND, pairs
+    assert statistics.median(p["job_ratio"] for p in pairs) <= JOB_BOUND, pairs
     # What the ThrottledJob showed while it ran: the split it made, and why.
     name = f"ddp-wide-{PAIRS - 1}"
     assert runs["wide"].status, "no status with a whole split of both ranks"

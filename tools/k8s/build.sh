@@ -63,6 +63,7 @@ for arg in "$@"; do
 done
 
 mkdir -p "$bin"
+rm -rf "$bin"/.build-*   # what a stopped build left
 # /version must report the real release: kubectl and helm read it.
 ldflags="-s -w"
 for var in gitVersion=$K8S_VERSION gitMajor=${K8S_VERSION%%.*} gitTreeState=clean \
@@ -72,52 +73,82 @@ for var in gitVersion=$K8S_VERSION gitMajor=${K8S_VERSION%%.*} gitTreeState=clea
 done
 minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
 ldflags+=" -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-for c in "${k8s_cmds[@]}"; do
-    [[ -x "$bin/$c" ]] && continue
-    echo "building $c $K8S_VERSION" >&2
-    (cd "$here/kubernetes" && go build -mod=readonly -ldflags "$ldflags" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c")
-    mv "$bin/$c.tmp" "$bin/$c"
-done
-if [[ ! -x "$bin/etcd" ]]; then
-    echo "building etcd $ETCD_VERSION" >&2
-    (cd "$here/etcd" && go build -mod=readonly -ldflags "-s -w" -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3)
-    mv "$bin/etcd.tmp" "$bin/etcd"
-fi
-if [[ ! -x "$bin/kwok" ]]; then
-    echo "building kwok $KWOK_VERSION" >&2
-    GOBIN="$bin" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-fi
-if [[ ! -x "$bin/prometheus" ]]; then
-    echo "building prometheus $PROMETHEUS_VERSION (Kubernetes discovery only)" >&2
-    GOBIN="$bin" go install -tags remove_all_sd,enable_kubernetes_sd -ldflags "-s -w" \
-        "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION"
-fi
-if [[ ! -x "$bin/coredns" ]]; then
-    echo "building coredns $COREDNS_VERSION" >&2
-    GOBIN="$bin" go install -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
-fi
+# Two streams at once, sharing Go's build and module caches (both safe to share): on 2
+# cores one stream's links and module downloads leave a core idle that the other fills.
+# Each binary is written beside its final name and moved into place, so a build that
+# stops halfway leaves nothing that looks built.
+kubernetes() {
+    local missing=() c tmp
+    for c in "${k8s_cmds[@]}"; do [[ -x "$bin/$c" ]] || missing+=("$c"); done
+    ((${#missing[@]})) || return 0
+    echo "building ${missing[*]} $K8S_VERSION" >&2
+    tmp="$(mktemp -d "$bin/.build-k8s.XXXXXX")"
+    # One invocation: the packages the commands share are compiled once, the links overlap.
+    (cd "$here/kubernetes" && go build -mod=readonly -ldflags "$ldflags" -o "$tmp/" \
+        "${missing[@]/#/k8s.io/kubernetes/cmd/}")
+    for c in "${missing[@]}"; do mv "$tmp/$c" "$bin/$c"; done
+    rmdir "$tmp"
+}
+
+# `go install module@version` (no replace directives) into a private GOBIN, then moved.
+install_module() {   # name version package [go flags...]
+    local name="$1" version="$2" pkg="$3" tmp
+    shift 3
+    [[ -x "$bin/$name" ]] && return 0
+    echo "building $name $version" >&2
+    tmp="$(mktemp -d "$bin/.build-$name.XXXXXX")"
+    GOBIN="$tmp" go install "$@" "$pkg@$version"
+    mv "$tmp/$name" "$bin/$name"
+    rmdir "$tmp"
+}
+
+others() {
+    if [[ ! -x "$bin/etcd" ]]; then
+        echo "building etcd $ETCD_VERSION" >&2
+        (cd "$here/etcd" && go build -mod=readonly -ldflags "-s -w" -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3)
+        mv "$bin/etcd.tmp" "$bin/etcd"
+    fi
+    install_module kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok -ldflags "-s -w"
+    # Prometheus with Kubernetes discovery only.
+    install_module prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus \
+        -tags remove_all_sd,enable_kubernetes_sd -ldflags "-s -w"
+    install_module coredns "$COREDNS_VERSION" github.com/coredns/coredns -ldflags "-s -w"
+    batch_managers
+}
+
 # Kueue and JobSet, each into a binary named after its version. Kueue's go.mod has no
 # replace directives: `go install pkg@version` builds it from its own module. JobSet's
 # version list is refused by the proxy, which `go install` reads: it builds from the
 # wrapper module tools/k8s/jobset (its go.sum pins the same graph).
-batch="${THROTTLEDJOB_CACHE:-$HOME/.cache/throttledjob}/batch"
-for c in ${batch_components[@]+"${batch_components[@]}"}; do
-    case "$c" in
-        kueue) version="$KUEUE_VERSION" ;;
-        jobset) version="$JOBSET_VERSION" ;;
-    esac
-    [[ -x "$batch/$c-$version" ]] && continue
-    echo "building $c $version" >&2
-    mkdir -p "$batch"
-    ldflags="-s -w -X sigs.k8s.io/$c/pkg/version.GitVersion=$version"
-    if [[ $c == kueue ]]; then
-        rm -rf "$batch/.gobin-kueue"
-        GOBIN="$batch/.gobin-kueue" go install -ldflags "$ldflags" "sigs.k8s.io/kueue/cmd/kueue@$version"
-        mv "$batch/.gobin-kueue/kueue" "$batch/kueue-$version"
-        rmdir "$batch/.gobin-kueue"
-    else
-        (cd "$here/jobset" && go build -mod=readonly -ldflags "$ldflags" -o "$batch/jobset-$version.tmp" sigs.k8s.io/jobset)
-        mv "$batch/jobset-$version.tmp" "$batch/jobset-$version"
-    fi
-done
+batch_managers() {
+    local batch="${THROTTLEDJOB_CACHE:-$HOME/.cache/throttledjob}/batch" c version flags
+    for c in ${batch_components[@]+"${batch_components[@]}"}; do
+        case "$c" in
+            kueue) version="$KUEUE_VERSION" ;;
+            jobset) version="$JOBSET_VERSION" ;;
+        esac
+        [[ -x "$batch/$c-$version" ]] && continue
+        echo "building $c $version" >&2
+        mkdir -p "$batch"
+        flags="-s -w -X sigs.k8s.io/$c/pkg/version.GitVersion=$version"
+        if [[ $c == kueue ]]; then
+            rm -rf "$batch/.gobin-kueue"
+            GOBIN="$batch/.gobin-kueue" go install -ldflags "$flags" "sigs.k8s.io/kueue/cmd/kueue@$version"
+            mv "$batch/.gobin-kueue/kueue" "$batch/kueue-$version"
+            rmdir "$batch/.gobin-kueue"
+        else
+            (cd "$here/jobset" && go build -mod=readonly -ldflags "$flags" -o "$batch/jobset-$version.tmp" sigs.k8s.io/jobset)
+            mv "$batch/jobset-$version.tmp" "$batch/jobset-$version"
+        fi
+    done
+}
+
+# Each stream in a subshell of its own, where `set -e` holds (it would not in a function
+# called from a condition); both are waited for before the verdict.
+( kubernetes ) & k8s_pid=$!
+( others ) & others_pid=$!
+failed=0
+wait "$k8s_pid" || failed=1
+wait "$others_pid" || failed=1
+((failed == 0)) || { echo "build.sh: a build failed (above)" >&2; exit 1; }
 echo "$bin"

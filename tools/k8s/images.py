@@ -21,8 +21,10 @@ import io
 import json
 import os
 import subprocess
+import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +192,25 @@ def torch_archive() -> Path:
     return _build_archive(TORCH_IMAGE, examples / "pytorch" / "Dockerfile", examples,
                           [examples / "pytorch" / "requirements.txt",
                            examples / "torch_train.py", examples / "ddp_train.py"])
+
+
+ARCHIVES = {"pause": pause_archive, "product": product_archive, "torch": torch_archive}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 -m tools.k8s.images [NAME...]`: build what is not cached (all by default)
+    and print each archive. `make test` runs it beside the Go build: these steps wait on
+    the network and the disk, the compiler on the CPU."""
+    names = argv if argv is not None else sys.argv[1:]
+    for name in names or ARCHIVES:
+        if name not in ARCHIVES:
+            print(f"images: unknown image {name!r} (choose from {', '.join(ARCHIVES)})",
+                  file=sys.stderr)
+            return 2
+        started = time.monotonic()
+        print(f"{name}: {ARCHIVES[name]()} ({time.monotonic() - started:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
