@@ -229,12 +229,18 @@ def _gpu_agent(prog: str, args: argparse.Namespace, policy):
     """The GPU agent for --gpu-backend, or an exit code when the backend cannot open."""
     from throttledjob.sidecar.exporter import log_to_stderr
     from throttledjob.sidecar.gpu import GpuError, open_gpu_agent
+    from throttledjob.sidecar.gpu.agent import under_the_floor
 
     log_to_stderr()
     try:
         agent = open_gpu_agent(args.gpu_backend, policy, args.gpu_power_limit)
+        floor = policy.gpu_peak_power_watts and under_the_floor(
+            policy.gpu_peak_power_watts, agent.backend.read())
     except GpuError as e:
         return _fail(prog, f"--gpu-backend {args.gpu_backend}: {e}")
+    if floor:
+        agent.close()
+        return _fail(prog, f"--gpu-peak-power: {floor}")
     if args.gpu_backend != "auto" or agent.kind != "none" or args.gpu_peak_util \
             or args.gpu_peak_power:
         sys.stderr.write(f"throttledjob: {agent.note}\n")  # said once, at start

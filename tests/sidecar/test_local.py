@@ -272,6 +272,25 @@ def test_bad_input_is_refused_in_one_line_before_starting(throttledjob_cmd, tmp_
     assert not marker.exists()
 
 
+def test_a_power_target_under_an_idle_gpus_draw_is_refused_before_starting(
+        throttledjob_cmd, tmp_path):
+    """The simulated board idles at 72 W (5% busy): 50 W is out of any hold-back's reach,
+    and the refusal says what the board draws; 100 W runs."""
+    marker = tmp_path / "marker"
+    env = {**os.environ, "THROTTLEDJOB_FAKE_GPU_TRACE": "idle"}
+
+    def attempt(watts: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*throttledjob_cmd, "run", "--quiet", "--gpu-backend", "fake",
+                               "--gpu-peak-power", watts, "--", "touch", str(marker)],
+                              capture_output=True, text=True, timeout=30, env=env)
+
+    refused = attempt("50")
+    assert refused.returncode == 2 and not marker.exists()
+    (line,) = refused.stderr.strip().splitlines()
+    assert "--gpu-peak-power" in line and "idle draw (72 W)" in line, line
+    assert attempt("100").returncode == 0 and marker.exists()
+
+
 def test_unknown_command_exits_127(throttledjob_cmd, tmp_path):
     proc, _ = run(throttledjob_cmd, ["--", "no-such-command-xyz"], tmp_path)
     assert proc.returncode == 127

@@ -26,6 +26,21 @@ log = logging.getLogger("throttledjob.sidecar")
 TRACK_INTERVALS = 8
 # Consecutive failed reads before transient errors count as a lost GPU.
 MAX_FAILED_READS = 3
+# A GPU this little busy draws its floor: the least any hold-back can bring it to.
+IDLE_UTILIZATION = 0.05
+
+
+def under_the_floor(target_watts: float | None, readings: list[GpuReading]) -> str | None:
+    """Why a power target cannot be held, where an idle GPU already draws more than it:
+    holding the workload back brings a board down to its idle draw, never below."""
+    if target_watts is None:
+        return None
+    for r in readings:
+        if r.power_watts is not None and r.utilization_ratio <= IDLE_UTILIZATION \
+                and r.power_watts > target_watts:
+            return (f"GPU power target {target_watts:g} W is under GPU {r.index}'s idle draw "
+                    f"({r.power_watts:.0f} W): holding the work back cannot go below it")
+    return None
 
 
 @dataclass(frozen=True)
