@@ -202,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     and print each archive. `make test` runs it beside the Go build: these steps wait on
     the network and the disk, the compiler on the CPU."""
     names = argv if argv is not None else sys.argv[1:]
+    if os.geteuid() != 0:
+        # The real node needs root; its tests skip without it (fail under CI=true).
+        print("images: not root, so no real node: nothing built", file=sys.stderr)
+        return 0
     for name in names or ARCHIVES:
         if name not in ARCHIVES:
             print(f"images: unknown image {name!r} (choose from {', '.join(ARCHIVES)})",
