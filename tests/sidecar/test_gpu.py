@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import types
 
 import pynvml
@@ -16,9 +17,10 @@ from throttledjob.sidecar.gpu import (
     open_backend,
     select_gpus,
 )
-from throttledjob.sidecar.gpu.fake import MEMORY_BYTES, FakeGpuBackend
+from throttledjob.sidecar.gpu.controller import DEFAULT_MARGIN
+from throttledjob.sidecar.gpu.fake import IDLE_WATTS, MEMORY_BYTES, FakeGpuBackend
 from throttledjob.sidecar.gpu.nvml import NvmlBackend
-from throttledjob.sidecar.gpu.simulate import follow
+from throttledjob.sidecar.gpu.simulate import drive, follow
 
 
 def test_auto_without_nvml_library_runs_cpu_only_and_says_why():
@@ -83,6 +85,20 @@ def test_in_a_live_run_simulated_gpus_follow_the_gpu_agent():
     agent.set_policy(Policy())
     agent.cycle(1.0, 0.0, [])
     assert agent.readings[0].memory_used_bytes > free.memory_used_bytes
+
+
+def test_the_agent_reads_the_floor_while_the_gpu_idles_and_then_holds_power_at_target():
+    """A job whose first seconds leave the GPU idle (imports, loading): the agent reads the
+    board's idle draw, and once the work starts, each interval after the first is within
+    5% under the target and their mean within 5% under the setpoint."""
+    gpu = FakeGpuBackend(1, lambda t: 0.0 if t < 3 else 0.95)
+    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=200.0, max_slowdown=3.0))
+    rows = drive(agent, gpu, 40)
+    assert agent.floor_watts == IDLE_WATTS
+    held = [r.power_watts for r in rows[4:]]
+    assert all(200.0 * 0.95 <= p <= 200.0 for p in held), held
+    setpoint = 200.0 * (1 - DEFAULT_MARGIN)
+    assert 0.95 * setpoint <= statistics.fmean(held) <= setpoint
 
 
 def test_select_gpus_by_index_or_uuid():

@@ -79,6 +79,8 @@ class GpuAgent:
         self._limits_stale = True
         self.explorer: PowerLimitExplorer | None = None
         self._tracking = 0   # intervals left in which the duty tracks the law both ways
+        # The least power read while a watched GPU idled: the floor of the power law.
+        self.floor_watts: float | None = None
         self.controller = GpuController()
         self.policy = policy
         self.set_policy(policy)
@@ -149,11 +151,12 @@ class GpuAgent:
         power = max((r.power_watts for r in self.readings if r.power_watts is not None),
                     default=None)
         self._record(elapsed, util, power)
+        self._learn_floor()
         if not self.controller.active and not self.cap_holds:
             self.decision = None
             return None
         self.decision = self.controller.update(
-            GpuObservation(util, power, duty=pause_fraction))
+            GpuObservation(util, power, duty=pause_fraction, floor_watts=self.floor_watts or 0.0))
         if power is not None and steps > 0 and self.explorer is None and self.capping:
             self.explorer = PowerLimitExplorer(self.policy.gpu_peak_power_watts,
                                                self.cap_watts)
@@ -181,6 +184,14 @@ class GpuAgent:
                 else min(self.controller.max_duty, known + 0.05)
         duty = self.controller.duty   # a cap that holds the target takes the duty's place
         self.decision = GpuDecision(duty, duty > 0, False, "power" if duty > 0 else None)
+
+    def _learn_floor(self) -> None:
+        """The lowest idle draw of any watched GPU: lower than the busiest GPU's own floor
+        at worst, which makes the law under-correct (it converges from above)."""
+        idle = [r.power_watts for r in self.readings if r.power_watts is not None
+                and r.utilization_ratio <= IDLE_UTILIZATION]
+        if idle:
+            self.floor_watts = min(idle + ([self.floor_watts] if self.floor_watts else []))
 
     def _read_failed(self, e: GpuError) -> None:
         self.read_errors += 1
@@ -260,6 +271,7 @@ class GpuAgent:
             "power_watts": peak(state.power),
             "target_utilization_percent": self.policy.gpu_peak_utilization_percent,
             "target_power_watts": self.policy.gpu_peak_power_watts,
+            "floor_watts": self.floor_watts,
             "power_limit": self.explorer.report() if self.explorer else None,
             "error": self.error,
         }

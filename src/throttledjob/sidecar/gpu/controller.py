@@ -3,14 +3,17 @@
 A GPU is throttled by holding back the process that feeds it: while the workload is
 paused (paced by the runtime library or stopped by the signal enforcer) it launches no
 kernels. So the controller's output is a duty: the fraction of wall time the workload
-should be held back. Utilization and dynamic power both scale roughly with (1 - duty),
-which gives a multiplicative law:
+should be held back. Utilization and the power above the board's floor (what it draws
+idle, which no hold-back removes) both scale roughly with (1 - duty), which gives a
+multiplicative law:
 
-    demand ~= measured / (1 - duty_in_force)   =>   wanted = 1 - (1 - duty) * setpoint / measured
+    wanted = 1 - (1 - duty) * (setpoint - floor) / (measured - floor)
 
-one step for utilization (linear in duty), a few for power (its idle part does not
-scale, so the law under-corrects and repeats). Each target wants its own duty and the
-largest wins, so no integrator winds up behind a target that is not binding.
+one step for utilization (floor 0) and for power once the agent has read the board
+idle; until then the floor is taken as 0, the law under-corrects and repeats, converging
+from above (never under the target for a wrong guess of the floor). Each target wants
+its own duty and the largest wins, so no integrator winds up behind a target that is not
+binding.
 
 It attacks at once (a peak is clipped one interval after it starts), holds the duty for
 `hold` intervals after the last sample near the setpoint, then releases slowly, so a
@@ -41,6 +44,8 @@ class GpuObservation:
     utilization_ratio: float | None = None
     power_watts: float | None = None
     duty: float = 0.0
+    # The least the board draws, read while it idled (0: not known yet).
+    floor_watts: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,8 @@ class GpuController:
             if target is None or m is None or m <= 0:
                 continue
             setpoint = target * (1.0 - self.margin)
-            want = 1.0 - (1.0 - in_force) * setpoint / m
+            floor = obs.floor_watts if name == "power" and obs.floor_watts < m else 0.0
+            want = 1.0 - (1.0 - in_force) * max(0.0, setpoint - floor) / (m - floor)
             if want > wanted:
                 wanted, binding = want, name
             hold = hold or m >= setpoint * (1.0 - HOLD_BAND)
