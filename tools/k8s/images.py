@@ -97,10 +97,12 @@ def _podman(*args: str, check: bool = True, **kw: Any) -> subprocess.CompletedPr
     machine's own, and the base image survives between runs."""
     store = cache_dir() / "images" / "podman"
     # The run root (locks, mounts of a build) is only for the build's time; podman refuses
-    # one over 50 characters, which a cache under a long HOME gives: a short one in the
-    # temporary directory, one per store.
-    key = hashlib.sha256(str(store).encode()).hexdigest()[:8]
-    runroot = Path(tempfile.gettempdir()) / f"tj-podman-{key}"
+    # one over 50 characters, which a cache under a long HOME gives: there, a short one in
+    # the temporary directory, one per store. A store keeps the run root it was made with.
+    runroot = store / "run"
+    if len(str(runroot)) > 50:
+        key = hashlib.sha256(str(store).encode()).hexdigest()[:8]
+        runroot = Path(tempfile.gettempdir()) / f"tj-podman-{key}"
     return run("podman", "--root", str(store / "root"), "--runroot", str(runroot),
                 "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs",
                 "--events-backend", "none", *args, check=check, **kw)
