@@ -1,7 +1,9 @@
 """GPU targets on a real board: training time, and every second's utilization and power
 against the target, sampled through NVML by the benchmark itself.
 
-    .venv/bin/python -m bench.gpu_real [--steps 1500] [--pause-study]
+    .venv/bin/python -m bench.gpu_real [--steps 1500] [--train-seconds 20] [--pause-study]
+    PYTHONPATH=src python3 -m bench.gpu_real ...   # a GPU machine with torch and no venv
+    .venv/bin/python -m bench.gpu_real --simulated --tiny --steps 400   # no GPU: the table
 
 Runs bench/gpu_train.py (a small GPT, random tokens) unthrottled, then under
 `throttledjob run --inject` with a utilization target and a power target (each a
@@ -11,7 +13,10 @@ the first optimizer step (utilization is NVML's own window; power on recent boar
 1-second average). `--pause-study` adds open-loop hold-backs (a fixed duty in pauses of a
 fixed length, with and without a device synchronize) and the board's floor: what a pace
 point does to the board. Only reads: never sets a power limit, clock or any setting.
-Prints what the GPU was, then the table; `--json` keeps the traces.
+Prints what the GPU was, then the table; `--json` keeps the traces. `--simulated` runs
+the same cases on the simulated board (sidecar/gpu/fake.py), read from the run's own
+/metrics, with a CPU stand-in of the model (`--tiny`): the suite's smoke run, whose
+figures describe the simulator, not a GPU.
 """
 
 from __future__ import annotations
@@ -20,35 +25,41 @@ import argparse
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from bench.harness import markdown
+from testing.http import free_port
 from testing.paths import ROOT
-from throttledjob.sidecar.stats import nearest_rank
+from throttledjob.sidecar.stats import nearest_rank, round_or_none
 
 TRAIN = ROOT / "bench" / "gpu_train.py"
 # --tiny: a model small enough for a CPU (the suite's run on the simulated board).
-TINY = ["--width", "64", "--layers", "1", "--context", "32"]
+TINY = ["--width", "64", "--layers", "1", "--context", "32", "--vocab", "256"]
 MODEL: list[str] = []
 SAMPLE_SECONDS = 0.1
 WITHIN = 0.05         # the issue's bar: each second within 5% of the target
 
 
-class Sampler(threading.Thread):
-    """GPU 0 every SAMPLE_SECONDS: (wall time, utilization %, power W, instant power W)."""
+class NvmlReader:
+    """GPU 0 of a real board: utilization %, power W (NVML's 1-second average on recent
+    boards) and instant power W where the driver has it."""
 
     def __init__(self, nvml) -> None:
-        super().__init__(daemon=True)
         self.n = nvml
         self.h = nvml.nvmlDeviceGetHandleByIndex(0)
-        self.trace: list[tuple[float, float, float, float | None]] = []
-        self.done = threading.Event()
+
+    def read(self) -> tuple[float, float, float | None] | None:
+        n = self.n
+        return (float(n.nvmlDeviceGetUtilizationRates(self.h).gpu),
+                n.nvmlDeviceGetPowerUsage(self.h) / 1000.0, self.instant_power())
 
     def instant_power(self) -> float | None:
         n = self.n
@@ -58,12 +69,43 @@ class Sampler(threading.Thread):
         except Exception:
             return None
 
+
+class MetricsReader:
+    """The simulated board lives in the `throttledjob run` process that drives it: read
+    GPU 0 where that process publishes it, its own /metrics (`--metrics-port`)."""
+
+    SERIES = re.compile(r'^throttledjob_gpu_(utilization_ratio|power_watts)'
+                        r'\{[^}]*\bgpu="0"[^}]*\} (\S+)$', re.MULTILINE)
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+
+    def read(self) -> tuple[float, float, float | None] | None:
+        try:
+            with urllib.request.urlopen(self.url, timeout=1) as r:
+                text = r.read().decode()
+        except OSError:
+            return None   # not serving yet, or gone
+        found = {name: float(value) for name, value in self.SERIES.findall(text)}
+        if len(found) < 2:
+            return None
+        return found["utilization_ratio"] * 100.0, found["power_watts"], None
+
+
+class Sampler(threading.Thread):
+    """GPU 0 every SAMPLE_SECONDS: (wall time, utilization %, power W, instant power W)."""
+
+    def __init__(self, reader: NvmlReader | MetricsReader) -> None:
+        super().__init__(daemon=True)
+        self.reader = reader
+        self.trace: list[tuple[float, float, float, float | None]] = []
+        self.done = threading.Event()
+
     def run(self) -> None:
-        n = self.n
         while not self.done.is_set():
-            self.trace.append((time.time(), float(n.nvmlDeviceGetUtilizationRates(self.h).gpu),
-                               n.nvmlDeviceGetPowerUsage(self.h) / 1000.0,
-                               self.instant_power()))
+            reading = self.reader.read()
+            if reading is not None:
+                self.trace.append((time.time(), *reading))
             self.done.wait(SAMPLE_SECONDS)
 
 
@@ -101,31 +143,70 @@ def memory_now(nvml) -> dict:
     return out
 
 
-def run_case(nvml, cmd: list[str], steps: int, memory_probe: bool = False) -> dict:
+class Board:
+    """Where the figures come from, and how a case is run there: a real board read through
+    NVML (the unthrottled case is the plain command), or the simulated one (every case
+    under `throttledjob run --gpu-backend fake`, which drives it and publishes it)."""
+
+    def __init__(self, simulated: bool) -> None:
+        self.simulated = simulated
+        self.nvml = None
+        self.port = free_port()
+        if not simulated:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+
+    def reader(self) -> NvmlReader | MetricsReader:
+        return MetricsReader(self.port) if self.simulated else NvmlReader(self.nvml)
+
+    def describe(self) -> dict:
+        if self.simulated:
+            return {"name": "simulated (sidecar/gpu/fake.py, trace steady)"}
+        return board(self.nvml)
+
+    def command(self, *options: str) -> list[str]:
+        """The prefix that runs a case: no options, unthrottled."""
+        tool = [sys.executable, "-m", "throttledjob", "run", "--quiet"]
+        if self.simulated:
+            tool += ["--gpu-backend", "fake", "--metrics-port", str(self.port)]
+        elif not options:
+            return []
+        if options:
+            tool += ["--inject", "--max-slowdown", "3", *options]
+        return [*tool, "--"]
+
+    def close(self) -> None:
+        if self.nvml:
+            self.nvml.nvmlShutdown()
+
+
+def run_case(board: Board, prefix: list[str], steps: int, extra: list[str] = (),
+             memory_probe: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        sampler = Sampler(nvml)
+        out, report = os.path.join(tmp, "result.json"), os.path.join(tmp, "report.json")
+        if prefix:
+            prefix = [*prefix[:-1], "--report", report, "--"]
+        sampler = Sampler(board.reader())
         sampler.start()
         began = time.time()
-        proc = subprocess.Popen([*cmd, sys.executable, str(TRAIN), "--steps", str(steps),
-                                 "--out", out, *MODEL], cwd=ROOT, env={**os.environ,
-                                 "PYTHONPATH": str(ROOT / "src")})
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
+               "THROTTLEDJOB_FAKE_GPU_TRACE": "steady"}
+        proc = subprocess.Popen([*prefix, sys.executable, str(TRAIN), "--steps", str(steps),
+                                 "--out", out, *extra, *MODEL], cwd=ROOT, env=env)
         memory = None
-        if memory_probe:
-            while proc.poll() is None and not os.path.exists(out):
-                time.sleep(0.5)
-                if memory is None and time.time() - began > 12:
-                    memory = memory_now(nvml)
-        rc = proc.wait()
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if memory_probe and memory is None and time.time() - began > 12:
+                memory = memory_now(board.nvml)
         sampler.done.set()
         sampler.join()
-        if rc != 0:
-            raise RuntimeError(f"{cmd} exited {rc}")
+        if proc.returncode != 0:
+            raise RuntimeError(f"{prefix} {TRAIN.name} exited {proc.returncode}")
         result = json.loads(Path(out).read_text())
-        report_path = os.path.join(tmp, "report.json")
-        report = json.loads(Path(report_path).read_text()) if os.path.exists(report_path) \
-            else None
-    return {"result": result, "trace": sampler.trace, "memory": memory, "report": report}
+        loaded = json.loads(Path(report).read_text()) if os.path.exists(report) else None
+    return {"result": result, "trace": sampler.trace, "memory": memory, "report": loaded}
 
 
 def seconds(case: dict) -> list[tuple[float, float, float]]:
@@ -145,8 +226,9 @@ def figures(case: dict, base_seconds: float, target: float | None, column: int) 
     settled = [s[column] for s in samples if s[0] > 2]
     start = [s[column] for s in samples if s[0] <= 2]
     row = {"time ratio": round(case["result"]["seconds"] / base_seconds, 3),
-           "p99": round(nearest_rank(values, 0.99), 1), "max": round(max(values), 1),
-           "mean": round(statistics.fmean(values), 1)}
+           "p99": round_or_none(nearest_rank(values, 0.99), 1),
+           "max": round_or_none(max(values, default=None), 1),
+           "mean": round_or_none(statistics.fmean(values) if values else None, 1)}
     if target is not None:
         row["target"] = round(target, 1)
         row["start max"] = round(max(start), 1) if start else None
@@ -160,9 +242,8 @@ def figures(case: dict, base_seconds: float, target: float | None, column: int) 
     return row
 
 
-def throttled(*options: str) -> list[str]:
-    return [sys.executable, "-m", "throttledjob", "run", "--quiet", "--inject",
-            "--max-slowdown", "3", *options, "--"]
+PAUSES = ((0.4, 20, False), (0.4, 20, True), (0.4, 100, True), (0.4, 400, True),
+          (0.2, 100, True), (0.9, 2000, True))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,24 +254,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fraction", type=float, default=0.6,
                         help="targets as this fraction of the unthrottled p99")
     parser.add_argument("--pause-study", action="store_true")
+    parser.add_argument("--simulated", action="store_true",
+                        help="the simulated board (no GPU needed): its table only")
     parser.add_argument("--tiny", action="store_true", help="a model small enough for a CPU")
     parser.add_argument("--json", default=str(ROOT / "bench" / "out" / "gpu_real.json"))
     args = parser.parse_args(argv)
+    if args.simulated and args.pause_study:
+        parser.error("--pause-study needs a real board")
     MODEL[:] = TINY if args.tiny else []
-    import pynvml
+    board = Board(args.simulated)
+    try:
+        return measure(board, args)
+    finally:
+        board.close()
 
-    pynvml.nvmlInit()
-    everything = {"board": board(pynvml)}
+
+def measure(board: Board, args: argparse.Namespace) -> int:
+    everything: dict = {"board": board.describe()}
     print(json.dumps(everything["board"]), flush=True)
-    base = run_case(pynvml, [], args.steps, memory_probe=True)
+    probe = not board.simulated
+    base = run_case(board, board.command(), args.steps, memory_probe=probe)
     if args.train_seconds and base["result"]["seconds"] < 0.75 * args.train_seconds:
         args.steps = int(args.steps * args.train_seconds / base["result"]["seconds"])
-        base = run_case(pynvml, [], args.steps, memory_probe=True)
-    everything["memory"] = base["memory"]
-    print("memory used, one moment:", json.dumps(base["memory"]), flush=True)
+        base = run_case(board, board.command(), args.steps, memory_probe=probe)
+    if probe:
+        everything["memory"] = base["memory"]
+        print("memory used, one moment:", json.dumps(base["memory"]), flush=True)
     base_s = base["result"]["seconds"]
-    free_util = figures(base, base_s, None, 1)
-    free_power = figures(base, base_s, None, 2)
+    free_util, free_power = figures(base, base_s, None, 1), figures(base, base_s, None, 2)
     rows = [{"case": "unthrottled", "measure": "util %", **free_util},
             {"case": "unthrottled", "measure": "power W", **free_power}]
     cases = {"unthrottled": base}
@@ -201,52 +292,32 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(everything))
 
     save()
-    if args.pause_study:
-        for duty, pause_ms, sync in ((0.4, 20, False), (0.4, 20, True), (0.4, 100, True),
-                                     (0.4, 400, True), (0.2, 100, True), (0.9, 2000, True)):
-            name = f"open-loop duty {duty} pauses {pause_ms} ms{' sync' if sync else ''}"
-            extra = ["--duty", str(duty), "--pause-ms", str(pause_ms)] + (["--sync"] * sync)
-            steps = args.steps // 10 if duty > 0.5 else args.steps // 2
-            case = _open_loop(pynvml, steps, extra)
-            cases[name] = case
-            for col, measure in ((1, "util %"), (2, "power W")):
-                rows.append({"case": name, "measure": measure, **figures(
-                    case, base_s * steps / args.steps, None, col)})
-            print(markdown(rows[-2:]), flush=True)
-            save()
+    for duty, pause_ms, sync in PAUSES if args.pause_study else ():
+        name = f"open-loop duty {duty} pauses {pause_ms} ms{' sync' if sync else ''}"
+        extra = ["--duty", str(duty), "--pause-ms", str(pause_ms)] + (["--sync"] * sync)
+        steps = args.steps // 10 if duty > 0.5 else args.steps // 2
+        cases[name] = case = run_case(board, [], steps, extra)
+        for col, measure in ((1, "util %"), (2, "power W")):
+            rows.append({"case": name, "measure": measure,
+                         **figures(case, base_s * steps / args.steps, None, col)})
+        print(markdown(rows[-2:]), file=sys.stderr, flush=True)
+        save()
+    if free_util["p99"] is None or free_power["p99"] is None:
+        sys.exit(f"gpu_real: the unthrottled run trained {base_s:.1f} s, under one sample: "
+                 "give more --steps")
     targets = {"util": args.fraction * free_util["p99"],
                "power": args.fraction * free_power["p99"]}
     for name, column, flag in (("util", 1, "--gpu-peak-util"), ("power", 2, "--gpu-peak-power")):
-        with tempfile.TemporaryDirectory() as tmp:
-            report = os.path.join(tmp, "r.json")
-            cmd = throttled(flag, f"{targets[name]:.1f}", "--report", report)
-            case = run_case(pynvml, cmd, args.steps)
-            case["report"] = json.loads(Path(report).read_text()) if os.path.exists(report) \
-                else None
         label = f"{flag} {targets[name]:.1f}"
-        cases[label] = case
+        cases[label] = case = run_case(board, board.command(flag, f"{targets[name]:.1f}"),
+                                       args.steps)
         rows.append({"case": label, "measure": "util %" if column == 1 else "power W",
                      **figures(case, base_s, targets[name], column)})
-        print(markdown(rows[-1:]), flush=True)
+        print(markdown(rows[-1:]), file=sys.stderr, flush=True)
         save()
     print()
     print(markdown([{k: r.get(k, "") for k in _columns(rows)} for r in rows]))
-    pynvml.nvmlShutdown()
     return 0
-
-
-def _open_loop(nvml, steps: int, extra: list[str]) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        sampler = Sampler(nvml)
-        sampler.start()
-        subprocess.run([sys.executable, str(TRAIN), "--steps", str(steps), "--out", out, *extra,
-                        *MODEL],
-                       check=True, cwd=ROOT)
-        sampler.done.set()
-        sampler.join()
-        return {"result": json.loads(Path(out).read_text()), "trace": sampler.trace,
-                "memory": None, "report": None}
 
 
 def _columns(rows: list[dict]) -> list[str]:

@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--duty", type=float, default=0.0)
     parser.add_argument("--pause-ms", type=float, default=20.0)
     parser.add_argument("--sync", action="store_true")
@@ -84,7 +85,11 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    vocab = 8192
+    if args.device == "cpu":
+        # The CPU stand-in (the suite's simulated board) feeds nothing: one thread, as a
+        # GPU's feeder is; two OpenMP threads beside a busy core spun 20x slower.
+        torch.set_num_threads(1)
+    vocab = args.vocab
     model = Gpt(vocab, args.context, args.width, args.layers, heads=8).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     pacer = OpenLoopPause(args.duty, args.pause_ms / 1000, args.sync) if args.duty else None

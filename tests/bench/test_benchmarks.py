@@ -80,6 +80,14 @@ def test_gpu_frontier(tmp_path: Path) -> None:
     assert len(table_rows(out, "| workload | peak W |")) == 15
 
 
+def test_gpu_real_on_the_simulated_board(tmp_path: Path) -> None:
+    out = run_benchmark("gpu_real", "--simulated", "--tiny", "--steps", "400",
+                        "--json", str(tmp_path / "g.json"))
+    cases = [row[0] for row in table_rows(out, "| case | measure |")]
+    assert cases[:2] == ["unthrottled"] * 2
+    assert [c.split()[0] for c in cases[2:]] == ["--gpu-peak-util", "--gpu-peak-power"]
+
+
 def test_sidecar_footprint(tmp_path: Path) -> None:
     out = run_benchmark("sidecar_footprint", "--seconds", "1", "--scrapes", "5", "--gpus", "1",
                         "--json", str(tmp_path / "s.json"))
