@@ -103,6 +103,7 @@ install_module() {   # name version package [go flags...]
 }
 
 others() {
+    batch_manager kueue   # the longest after Kubernetes: first, so the streams end together
     if [[ ! -x "$bin/etcd" ]]; then
         echo "building etcd $ETCD_VERSION" >&2
         (cd "$here/etcd" && go build -mod=readonly -ldflags "-s -w" -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3)
@@ -113,39 +114,37 @@ others() {
     install_module prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus \
         -tags remove_all_sd,enable_kubernetes_sd -ldflags "-s -w"
     install_module coredns "$COREDNS_VERSION" github.com/coredns/coredns -ldflags "-s -w"
-    batch_managers
 }
 
 # Kueue and JobSet, each into a binary named after its version. Kueue's go.mod has no
 # replace directives: `go install pkg@version` builds it from its own module. JobSet's
 # version list is refused by the proxy, which `go install` reads: it builds from the
 # wrapper module tools/k8s/jobset (its go.sum pins the same graph).
-batch_managers() {
-    local batch="${THROTTLEDJOB_CACHE:-$HOME/.cache/throttledjob}/batch" c version flags
-    for c in ${batch_components[@]+"${batch_components[@]}"}; do
-        case "$c" in
-            kueue) version="$KUEUE_VERSION" ;;
-            jobset) version="$JOBSET_VERSION" ;;
-        esac
-        [[ -x "$batch/$c-$version" ]] && continue
-        echo "building $c $version" >&2
-        mkdir -p "$batch"
-        flags="-s -w -X sigs.k8s.io/$c/pkg/version.GitVersion=$version"
-        if [[ $c == kueue ]]; then
-            rm -rf "$batch/.gobin-kueue"
-            GOBIN="$batch/.gobin-kueue" go install -ldflags "$flags" "sigs.k8s.io/kueue/cmd/kueue@$version"
-            mv "$batch/.gobin-kueue/kueue" "$batch/kueue-$version"
-            rmdir "$batch/.gobin-kueue"
-        else
-            (cd "$here/jobset" && go build -mod=readonly -ldflags "$flags" -o "$batch/jobset-$version.tmp" sigs.k8s.io/jobset)
-            mv "$batch/jobset-$version.tmp" "$batch/jobset-$version"
-        fi
-    done
+batch_manager() {   # kueue or jobset, when asked for (--with-NAME)
+    local c="$1" batch="${THROTTLEDJOB_CACHE:-$HOME/.cache/throttledjob}/batch" version flags
+    [[ " ${batch_components[*]-} " == *" $c "* ]] || return 0
+    case "$c" in
+        kueue) version="$KUEUE_VERSION" ;;
+        jobset) version="$JOBSET_VERSION" ;;
+    esac
+    [[ -x "$batch/$c-$version" ]] && return 0
+    echo "building $c $version" >&2
+    mkdir -p "$batch"
+    flags="-s -w -X sigs.k8s.io/$c/pkg/version.GitVersion=$version"
+    if [[ $c == kueue ]]; then
+        rm -rf "$batch/.gobin-kueue"
+        GOBIN="$batch/.gobin-kueue" go install -ldflags "$flags" "sigs.k8s.io/kueue/cmd/kueue@$version"
+        mv "$batch/.gobin-kueue/kueue" "$batch/kueue-$version"
+        rmdir "$batch/.gobin-kueue"
+    else
+        (cd "$here/jobset" && go build -mod=readonly -ldflags "$flags" -o "$batch/jobset-$version.tmp" sigs.k8s.io/jobset)
+        mv "$batch/jobset-$version.tmp" "$batch/jobset-$version"
+    fi
 }
 
 # Each stream in a subshell of its own, where `set -e` holds (it would not in a function
 # called from a condition); both are waited for before the verdict.
-( kubernetes ) & k8s_pid=$!
+( kubernetes; batch_manager jobset ) & k8s_pid=$!
 ( others ) & others_pid=$!
 failed=0
 wait "$k8s_pid" || failed=1

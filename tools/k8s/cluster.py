@@ -79,9 +79,12 @@ def bin_dir() -> Path:
     return cache_dir() / "k8s" / versions()["K8S_VERSION"] / "bin"
 
 
-def build() -> Path:
-    """Build (or find in the cache) every binary; returns their directory."""
-    subprocess.run(["bash", str(HERE / "build.sh")], check=True, stdout=subprocess.DEVNULL)
+def build(components: list[str] | tuple[str, ...] = ()) -> Path:
+    """Build (or find in the cache) every binary, and the batch managers of `components`
+    in the same pass (build.sh's two streams); returns the cluster's bin directory."""
+    flags = [f"--with-{n}" for n in batch.ordered(components)]
+    subprocess.run(["bash", str(HERE / "build.sh"), *flags], check=True,
+                   stdout=subprocess.DEVNULL)
     return bin_dir()
 
 
@@ -485,15 +488,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     components = [n for n in batch.COMPONENTS if getattr(args, f"with_{n}")]
     if args.action == "build":
-        print(build())
-        batch.build(components)
+        print(build(components))
         return 0
     cluster = Cluster(Path(args.dir))
     if args.action == "down":
         cluster.down()
         return 0
-    build()
-    batch.build(components)
+    build(components)
     started = time.monotonic()
     was_running = cluster.running()
     try:
