@@ -100,17 +100,26 @@ lint: install
 k8s-build:
 	$(K8S) build --with-kueue --with-jobset >/dev/null
 
-# Everything the whole suite needs, cold in one pass: the Go builds keep the CPU busy while
-# the installs and the real node's images (debootstrap, pip inside podman builds) wait on
-# the network and the disk (docs/testing.md, "Cold and warm"). Cached parts are skipped;
-# a failure of either side fails the target, after both have ended.
+# Everything the cluster's tests need, cold in one pass: the Go builds keep the CPU busy
+# while the installs and the real node's images (debootstrap, pip inside podman builds)
+# wait on the network and the disk (docs/testing.md, "Cold and warm"). Cached parts are
+# skipped; a failure of either side fails the target, after both have ended.
 prepare:
 	@$(K8S) build --with-kueue --with-jobset >/dev/null & go=$$!; \
 	$(MAKE) --no-print-directory lint tools checkov && $(PYTHON) -m tools.k8s.images; \
 	ok=$$?; wait $$go && exit $$ok
 
-test: prepare
-	$(VENV)/bin/pytest
+# The whole suite. Cold, the Go builds take about half an hour of both cores: they run
+# beside everything that needs no cluster, at the lowest CPU priority (nice 19), so the
+# installs, the images and the tests without a cluster take the CPU they need first and
+# the builds take what is left; the cluster's tests start once the builds are done.
+# Warm, the builds return at once: the two tiers one after the other.
+test:
+	@nice -n 19 $(K8S) build --with-kueue --with-jobset >/dev/null & go=$$!; \
+	$(MAKE) --no-print-directory lint tools checkov && $(PYTHON) -m tools.k8s.images && \
+	$(VENV)/bin/pytest -m "not cluster"; ok=$$?; \
+	wait $$go; built=$$?; \
+	[ $$ok = 0 ] && [ $$built = 0 ] && $(VENV)/bin/pytest -m cluster
 
 # No Kubernetes (no Go build, no cluster): a few minutes, for a quick loop.
 fast: lint tools checkov

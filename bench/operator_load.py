@@ -259,7 +259,9 @@ def floor(cluster: Any, kubectl: list[str], n: int) -> float:
 
 
 def run(cluster: Any, n: int, rate: float, steady_seconds: float,
-        status_interval: float) -> dict[str, Any]:
+        status_interval: float, settle_seconds: float = 30.0) -> dict[str, Any]:
+    """The figures of one run; `settle_seconds`: how long after deleting them all the
+    operator's memory is read (the suite's smoke run needs its table, not the figure)."""
     tmp = Path(tempfile.mkdtemp(prefix="tj-load-"))
     kubectl = [str(k8s.bin_dir() / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
     subprocess.run([*kubectl, "apply", "--server-side", "-f",
@@ -354,7 +356,7 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
         # All deleted: what the operator keeps of them (its own state, kopf's).
         subprocess.run([*kubectl, "delete", "throttledjobs", "--all", "-n", namespace,
                         "--wait=false"], check=True, capture_output=True)
-        time.sleep(30)
+        time.sleep(settle_seconds)
         rss_deleted = proc_status_mib(op.pid, "VmRSS")
         proc_figures_end = proc_figures(op.pid)
     finally:
