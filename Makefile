@@ -1,6 +1,6 @@
 # One command each: `make demo`, `make test`, `make bench`. Each creates what it needs.
 # Test tiers (docs/testing.md): `make fast` needs no cluster (lint and every test not
-# marked `cluster`, a few minutes); `make test-cluster` only the tests marked `cluster`;
+# marked `cluster`, about 8 minutes); `make test-cluster` only the tests marked `cluster`;
 # `make test` is lint and the whole suite (what .ci/run runs).
 PYTHON ?= python3
 VENV := .venv
@@ -121,7 +121,7 @@ test:
 	wait $$go; built=$$?; \
 	[ $$ok = 0 ] && [ $$built = 0 ] && $(VENV)/bin/pytest -m cluster
 
-# No Kubernetes (no Go build, no cluster): a few minutes, for a quick loop.
+# No Kubernetes (no Go build, no cluster): about 8 minutes, for a quick loop.
 fast: lint tools checkov
 	$(VENV)/bin/pytest -m "not cluster"
 
