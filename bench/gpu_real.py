@@ -109,7 +109,7 @@ class Sampler(threading.Thread):
             self.done.wait(SAMPLE_SECONDS)
 
 
-def board(nvml) -> dict:
+def describe_board(nvml) -> dict:
     """What the GPU is, read only."""
     n, h = nvml, nvml.nvmlDeviceGetHandleByIndex(0)
     low, high = n.nvmlDeviceGetPowerManagementLimitConstraints(h)
@@ -164,7 +164,7 @@ class Board:
     def describe(self) -> dict:
         if self.simulated:
             return {"name": "simulated (sidecar/gpu/fake.py, trace steady)"}
-        return board(self.nvml)
+        return describe_board(self.nvml)
 
     def command(self, *options: str) -> list[str]:
         """The prefix that runs a case: no options, unthrottled."""

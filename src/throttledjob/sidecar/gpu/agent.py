@@ -30,16 +30,21 @@ MAX_FAILED_READS = 3
 IDLE_UTILIZATION = 0.05
 
 
+def idle_draw(r: GpuReading) -> float | None:
+    """What the GPU draws, where it idles (None: busy, or no power reading)."""
+    return r.power_watts if r.utilization_ratio <= IDLE_UTILIZATION else None
+
+
 def under_the_floor(target_watts: float | None, readings: list[GpuReading]) -> str | None:
     """Why a power target cannot be held, where an idle GPU already draws more than it:
     holding the workload back brings a board down to its idle draw, never below."""
     if target_watts is None:
         return None
     for r in readings:
-        if r.power_watts is not None and r.utilization_ratio <= IDLE_UTILIZATION \
-                and r.power_watts > target_watts:
+        draw = idle_draw(r)
+        if draw is not None and draw > target_watts:
             return (f"GPU power target {target_watts:g} W is under GPU {r.index}'s idle draw "
-                    f"({r.power_watts:.0f} W): holding the work back cannot go below it")
+                    f"({draw:.0f} W): holding the work back cannot go below it")
     return None
 
 
@@ -188,10 +193,10 @@ class GpuAgent:
     def _learn_floor(self) -> None:
         """The lowest idle draw of any watched GPU: lower than the busiest GPU's own floor
         at worst, which makes the law under-correct (it converges from above)."""
-        idle = [r.power_watts for r in self.readings if r.power_watts is not None
-                and r.utilization_ratio <= IDLE_UTILIZATION]
-        if idle:
-            self.floor_watts = min(idle + ([self.floor_watts] if self.floor_watts else []))
+        idle = [d for d in map(idle_draw, self.readings) if d is not None]
+        if self.floor_watts is not None:
+            idle.append(self.floor_watts)
+        self.floor_watts = min(idle, default=None)
 
     def _read_failed(self, e: GpuError) -> None:
         self.read_errors += 1
