@@ -63,7 +63,8 @@ for arg in "$@"; do
 done
 
 mkdir -p "$bin"
-rm -rf "$bin"/.build-*   # what a stopped build left
+batch="${THROTTLEDJOB_CACHE:-$HOME/.cache/throttledjob}/batch"
+rm -rf "$bin"/.build-* "$batch"/.build-* "$batch/.gobin-kueue"   # what a stopped build left
 # /version must report the real release: kubectl and helm read it.
 ldflags="-s -w"
 for var in gitVersion=$K8S_VERSION gitMajor=${K8S_VERSION%%.*} gitTreeState=clean \
@@ -90,15 +91,17 @@ kubernetes() {
     rmdir "$tmp"
 }
 
-# `go install module@version` (no replace directives) into a private GOBIN, then moved.
-install_module() {   # name version package [go flags...]
-    local name="$1" version="$2" pkg="$3" tmp
+# `go install module@version` (no replace directives) into a private GOBIN beside the
+# destination, then moved there.
+install_module() {   # destination version package [go flags...]
+    local dest="$1" version="$2" pkg="$3" tmp
     shift 3
-    [[ -x "$bin/$name" ]] && return 0
-    echo "building $name $version" >&2
-    tmp="$(mktemp -d "$bin/.build-$name.XXXXXX")"
+    [[ -x "$dest" ]] && return 0
+    echo "building ${pkg##*/} $version" >&2
+    mkdir -p "$(dirname "$dest")"
+    tmp="$(mktemp -d "$(dirname "$dest")/.build-${pkg##*/}.XXXXXX")"
     GOBIN="$tmp" go install "$@" "$pkg@$version"
-    mv "$tmp/$name" "$bin/$name"
+    mv "$tmp/${pkg##*/}" "$dest"
     rmdir "$tmp"
 }
 
@@ -109,11 +112,12 @@ others() {
         (cd "$here/etcd" && go build -mod=readonly -ldflags "-s -w" -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3)
         mv "$bin/etcd.tmp" "$bin/etcd"
     fi
-    install_module kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok -ldflags "-s -w"
+    install_module "$bin/kwok" "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok -ldflags "-s -w"
     # Prometheus with Kubernetes discovery only.
-    install_module prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus \
+    install_module "$bin/prometheus" "$PROMETHEUS_VERSION" \
+        github.com/prometheus/prometheus/cmd/prometheus \
         -tags remove_all_sd,enable_kubernetes_sd -ldflags "-s -w"
-    install_module coredns "$COREDNS_VERSION" github.com/coredns/coredns -ldflags "-s -w"
+    install_module "$bin/coredns" "$COREDNS_VERSION" github.com/coredns/coredns -ldflags "-s -w"
 }
 
 # Kueue and JobSet, each into a binary named after its version. Kueue's go.mod has no
@@ -121,22 +125,20 @@ others() {
 # version list is refused by the proxy, which `go install` reads: it builds from the
 # wrapper module tools/k8s/jobset (its go.sum pins the same graph).
 batch_manager() {   # kueue or jobset, when asked for (--with-NAME)
-    local c="$1" batch="${THROTTLEDJOB_CACHE:-$HOME/.cache/throttledjob}/batch" version flags
+    local c="$1" version flags
     [[ " ${batch_components[*]-} " == *" $c "* ]] || return 0
     case "$c" in
         kueue) version="$KUEUE_VERSION" ;;
         jobset) version="$JOBSET_VERSION" ;;
     esac
-    [[ -x "$batch/$c-$version" ]] && return 0
-    echo "building $c $version" >&2
-    mkdir -p "$batch"
     flags="-s -w -X sigs.k8s.io/$c/pkg/version.GitVersion=$version"
     if [[ $c == kueue ]]; then
-        rm -rf "$batch/.gobin-kueue"
-        GOBIN="$batch/.gobin-kueue" go install -ldflags "$flags" "sigs.k8s.io/kueue/cmd/kueue@$version"
-        mv "$batch/.gobin-kueue/kueue" "$batch/kueue-$version"
-        rmdir "$batch/.gobin-kueue"
+        install_module "$batch/kueue-$version" "$version" sigs.k8s.io/kueue/cmd/kueue \
+            -ldflags "$flags"
     else
+        [[ -x "$batch/$c-$version" ]] && return 0
+        echo "building $c $version" >&2
+        mkdir -p "$batch"
         (cd "$here/jobset" && go build -mod=readonly -ldflags "$flags" -o "$batch/jobset-$version.tmp" sigs.k8s.io/jobset)
         mv "$batch/jobset-$version.tmp" "$batch/jobset-$version"
     fi
