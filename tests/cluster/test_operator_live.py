@@ -4,6 +4,7 @@ real Job, garbage-collector and namespace controllers and a KWOK node running th
 from __future__ import annotations
 
 import copy
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,29 @@ def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorPr
         wait_json(kubectl, lambda o: not [i for i in o["items"]
                                           if i["metadata"]["name"] != "kube-root-ca.crt"],
                   kind, "-n", namespace, what=f"{kind} collected")
+
+
+def test_an_operator_whose_kubeconfig_runs_an_exec_plugin_logs_in_through_it(
+        kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
+    """How EKS, GKE and AKS are reached from a laptop: the kubeconfig's user is an exec
+    plugin (`aws eks get-token`). Here it is a script that prints the operator's token as
+    an ExecCredential, which the kubeconfig no longer holds: kopf's watch (the create
+    handler runs) and our own calls (the Job is created) both log in through it."""
+    config = yaml.safe_load(real_operator.kubeconfig.read_text())
+    user = config["users"][0]["user"]
+    token, runs = user.pop("token"), real_operator.workdir / "plugin-runs"
+    credential = {"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {"token": token}}
+    plugin = real_operator.workdir / "get-token"
+    plugin.write_text(f"#!/bin/sh\necho run >> {runs}\necho '{json.dumps(credential)}'\n")
+    plugin.chmod(0o755)
+    user["exec"] = {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin),
+                    "interactiveMode": "Never"}
+    real_operator.kubeconfig.write_text(yaml.safe_dump(config))
+    real_operator.start()
+    kubectl.apply(tj_manifest("cloud", namespace, run_for="5s"))
+    wait_for(lambda: jobs_of(kubectl, namespace, "cloud"), TIMEOUT, what="the Job")
+    assert runs.read_text().count("run") >= 1
 
 
 def test_operator_killed_mid_create_leaves_exactly_one_job(

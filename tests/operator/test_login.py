@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,8 +53,44 @@ def test_a_kubeconfig_gives_the_server_its_ca_and_the_users_credentials(
         data, "abc", {"Authorization": "Bearer abc"})
 
 
+EXEC_API = "client.authentication.k8s.io/v1"
+
+
+def exec_plugin(path: Path, token: str) -> dict:
+    """A kubeconfig user whose token comes from an exec plugin, as EKS's `aws eks
+    get-token` gives one: a script that prints an ExecCredential."""
+    credential = {"apiVersion": EXEC_API, "kind": "ExecCredential",
+                  "status": {"token": token}}
+    path.write_text(f"#!/bin/sh\necho '{json.dumps(credential)}'\n")
+    path.chmod(0o755)
+    return {"exec": {"apiVersion": EXEC_API, "command": str(path),
+                     "interactiveMode": "Never"}}
+
+
+def test_an_exec_plugins_token_is_the_login(tmp_path: Path) -> None:
+    data = base64.b64encode(PEM.encode()).decode()
+    info = login.connection_info(kubeconfig(
+        tmp_path / "config", {"server": "https://10.0.0.1:6443",
+                              "certificate-authority-data": data},
+        exec_plugin(tmp_path / "plugin", "from-the-plugin")))
+    assert (info.server, info.token, info.default_namespace, info.insecure) == (
+        "https://10.0.0.1:6443", "from-the-plugin", "team", False)
+    assert info.as_http_headers() == {"Authorization": "Bearer from-the-plugin"}
+    assert Path(info.ca_path or "").read_text() == PEM  # the client's copy of the data
+
+
+def test_without_the_kubernetes_client_an_exec_plugin_says_what_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # import kubernetes: ImportError
+    path = kubeconfig(tmp_path / "config", {"server": "https://h"},
+                      exec_plugin(tmp_path / "plugin", "t"))
+    with pytest.raises(login.LoginError, match=r"pip install 'throttledjob\[cloud\]'"):
+        login.connection_info(path)
+
+
 @pytest.mark.parametrize("cluster, user, current, error", [
-    ({"server": "https://h"}, {"exec": {"command": "aws"}}, "c", "exec plugin"),
+    ({"server": "https://h"}, {"exec": {"apiVersion": EXEC_API, "command": "/no/such-plugin"}},
+     "c", "/no/such-plugin"),
     ({"server": "https://h"}, {"token": "t"}, "other", "no context 'other'"),
     ({}, {"token": "t"}, "c", "KeyError: 'server'"),
 ])

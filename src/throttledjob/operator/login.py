@@ -2,12 +2,12 @@
 own calls (kube.py), from the pod's service account, else the kubeconfig that kubectl
 would use.
 
-The official `kubernetes` client did this before, and kopf logged in through it too, but
-importing it cost the operator about 20 MiB of its memory for two functions. What a pod
-and a developer's kubeconfig need is small: the server, its CA, and a bearer token or a
-client certificate, kept in kopf's own ConnectionInfo (which makes the TLS context and
-the Authorization header for both). A kubeconfig that names an exec plugin or an auth
-provider is refused with a clear error instead of half-read.
+What a pod and most kubeconfigs need is small: the server, its CA, and a bearer token or
+a client certificate, kept in kopf's own ConnectionInfo (which makes the TLS context and
+the Authorization header for both). Importing the official `kubernetes` client for that
+cost the operator about 20 MiB of its memory. A kubeconfig whose user is an exec plugin
+or an auth provider (how EKS, GKE and AKS are reached) is the exception: those are the
+client's job, so only then is it imported (`via_client`), as kopf's own login does.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def _current_context(path: Path) -> kopf.ConnectionInfo:
     cluster = _named(config, "clusters", context.get("cluster"))["cluster"]
     user = _named(config, "users", context.get("user"))["user"] or {}
     if "exec" in user or "auth-provider" in user:
-        raise LoginError(f"{path}: the user's exec plugin or auth provider is not "
-                         "supported; use a token or a client certificate")
+        return via_client(path, context.get("namespace"),
+                          (user.get("exec") or {}).get("command") or "its auth provider")
 
     def file(key: str) -> str | None:  # relative paths are relative to the kubeconfig
         value = user.get(key) if key in user else cluster.get(key)
@@ -97,3 +97,34 @@ def _named(config: Mapping[str, Any], kind: str, name: str | None) -> dict[str, 
         if item.get("name") == name:
             return dict(item)
     raise KeyError(f"no {kind[:-1]} {name!r}")
+
+
+def via_client(path: Path, namespace: str | None, plugin: str) -> kopf.ConnectionInfo:
+    """The current context through the `kubernetes` client's loader, which runs the user's
+    exec plugin (`aws eks get-token`, `gke-gcloud-auth-plugin`, `kubelogin`) or auth
+    provider as kubectl does; its result in kopf's ConnectionInfo, read the way kopf's
+    `login_via_client` reads it. Called again after a 401 (kube.py, kopf), so an expired
+    token is fetched anew."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise LoginError(f"{path}: the user's exec plugin or auth provider needs the "
+                         "kubernetes client: pip install 'throttledjob[cloud]'") from None
+    conf = client.Configuration()
+    try:
+        config.load_kube_config(config_file=str(path), client_configuration=conf,
+                                persist_config=False)
+    except Exception as e:  # the loader's and the plugin's own errors, whatever they are
+        raise LoginError(f"{path}: {type(e).__name__}: {e}".splitlines()[0]) from e
+    # The client keeps the token under BearerToken since version 36, before that under
+    # authorization (kopf reads both the same way).
+    header = (conf.get_api_key_with_prefix("BearerToken")
+              or conf.get_api_key_with_prefix("authorization") or "")
+    scheme, _, token = header.partition(" ") if " " in header else ("", "", header)
+    if not token and not conf.cert_file:  # the client logs a plugin's failure, no more
+        raise LoginError(f"{path}: the user's exec plugin or auth provider gave no "
+                         f"credentials (try it by hand: {plugin})")
+    return kopf.ConnectionInfo(
+        server=conf.host, ca_path=conf.ssl_ca_cert, insecure=not conf.verify_ssl,
+        scheme=scheme or None, token=token or None, certificate_path=conf.cert_file,
+        private_key_path=conf.key_file, default_namespace=namespace)
