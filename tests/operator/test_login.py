@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -78,20 +77,6 @@ def test_an_exec_plugins_token_is_the_login(tmp_path: Path) -> None:
         "https://10.0.0.1:6443", "from-the-plugin", "team", False)
     assert info.as_http_headers() == {"Authorization": "Bearer from-the-plugin"}
     assert Path(info.ca_path or "").read_text() == PEM  # the client's copy of the data
-
-
-def test_only_an_exec_plugin_imports_the_kubernetes_client(tmp_path: Path) -> None:
-    """The client costs the operator about 20 MiB: a token or a certificate never loads it."""
-    def imports_it(user: dict) -> bool:
-        path = kubeconfig(tmp_path / "config", {"server": "https://h"}, user)
-        code = ("import sys; from throttledjob.operator import login; "
-                f"login.connection_info({str(path)!r}); print('kubernetes' in sys.modules)")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True).stdout
-        return out.strip() == "True"
-
-    assert not imports_it({"token": "t"})
-    assert imports_it(exec_plugin(tmp_path / "plugin", "t"))
 
 
 def test_without_the_kubernetes_client_an_exec_plugin_says_what_to_install(

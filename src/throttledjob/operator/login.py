@@ -4,10 +4,11 @@ would use.
 
 What a pod and most kubeconfigs need is small: the server, its CA, and a bearer token or
 a client certificate, kept in kopf's own ConnectionInfo (which makes the TLS context and
-the Authorization header for both). Importing the official `kubernetes` client for that
-cost the operator about 20 MiB of its memory. A kubeconfig whose user is an exec plugin
-or an auth provider (how EKS, GKE and AKS are reached) is the exception: those are the
-client's job, so only then is it imported (`via_client`), as kopf's own login does.
+the Authorization header for both). The official `kubernetes` client cost the operator
+about 20 MiB of its memory for that, and kopf imports it whenever it is installed. A
+kubeconfig whose user is an exec plugin or an auth provider (how EKS, GKE and AKS are
+reached) is the exception: those are the client's job (`via_client`, as kopf's own
+login does), so it is an extra (`[cloud]`) that the image does not install.
 """
 
 from __future__ import annotations
