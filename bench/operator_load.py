@@ -274,7 +274,8 @@ def run(cluster: Any, n: int, rate: float, steady_seconds: float,
     audited = len(cluster.audit(user))
     env = {**os.environ, "KUBECONFIG": str(kubeconfig),
            "THROTTLEDJOB_RESYNC_INTERVAL": "3600", "KUBERNETES_SERVICE_HOST": "",
-           "THROTTLEDJOB_STATUS_INTERVAL": str(status_interval)}
+           "THROTTLEDJOB_STATUS_INTERVAL": str(status_interval),
+           "PYTHONPATH": str(ROOT / "bench/as_in_the_image")}  # its memory as in a pod
     sidecars = Sidecars(cluster.pod_ip, tmp)
     log = open(tmp / "operator.log", "wb")  # noqa: SIM115
     op = subprocess.Popen([str(VENV_BIN / "throttledjob"), "operator", "--standalone", "-A"],
