@@ -18,7 +18,7 @@ from throttledjob.operator import job_split
 from throttledjob.operator.children import build_child
 from throttledjob.operator.job_split import Rank, moves, ranks, shares
 from throttledjob.operator.kube import ApiError
-from throttledjob.operator.poller import OperatorState, follow_job_split, job_view
+from throttledjob.operator.poller import OperatorState, job_view
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.sidecar_status import HttpStatusReader
 from throttledjob.operator.status import status_with_split
@@ -216,7 +216,7 @@ def test_the_operator_moves_the_split_and_says_so(monkeypatch: pytest.MonkeyPatc
     def tick(reports: dict[str, dict[str, Any]]) -> tuple[float, list[Rank]]:
         pods = kubelet.listed()
         view = job_view(state, tj, pods, reports)
-        follow_job_split(state, tj, pods, *view)
+        state.limits.reconcile(tj, pods, reports)
         return view
 
     # Rank 1 costs twice as much a step; the kubelet defers: rank 0 shrinks, rank 1 waits.
@@ -261,8 +261,7 @@ def test_a_rank_the_api_server_will_not_resize_holds_its_limit_and_the_others_do
     tj["metadata"]["namespace"] = "ml"
     for _ in range(3):
         pods = kubelet.listed()
-        follow_job_split(state, tj, pods, *job_view(state, tj, pods, {
-            "u0": report(0.1, 2.0), "u1": report(0.5, 2.0)}))
+        state.limits.reconcile(tj, pods, {"u0": report(0.1, 2.0), "u1": report(0.5, 2.0)})
     assert [reason for reason, _ in events] == ["QuotaResizeRefused"]  # asked once
     assert kubelet.calls == []  # rank 1 is not grown past what rank 0 still holds
 
@@ -280,7 +279,7 @@ def test_a_silent_sidecar_a_deleted_pod_and_an_operator_restart_mid_split(
 
     def tick(state: OperatorState, reports: dict[str, dict[str, Any]]) -> None:
         pods = kubelet.listed()
-        follow_job_split(state, tj, pods, *job_view(state, tj, pods, reports))
+        state.limits.reconcile(tj, pods, reports)
         assert sum(job_split.applied_limit(p) or 0 for p in kubelet.listed()) <= 1.0 + 1e-9
 
     def fresh() -> OperatorState:

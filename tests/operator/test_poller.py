@@ -23,7 +23,6 @@ from throttledjob.operator.kube import ApiError
 from throttledjob.operator.poller import (
     OperatorState,
     due,
-    follow_wanted_limits,
     poll,
     read_sidecars,
     resync_from_job,
@@ -176,6 +175,13 @@ class ResizingKube(MemoryKube):
         return {}
 
 
+def lift(state: OperatorState, tj: dict[str, Any],
+         read: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """One read of the sidecars: each pod with its sidecar's report."""
+    state.limits.reconcile(tj, [pod for pod, _ in read],
+                           {pod["metadata"]["uid"]: report for pod, report in read})
+
+
 def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[tuple[str, str]] = []
@@ -203,32 +209,32 @@ def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
 
     # Two busy threads held to 1 core wait half the time; maxSlowdown 1.25 allows 20%: the
     # sidecar asks for 1.6 cores, and gets them.
-    follow_wanted_limits(state, tj, [(running("1000m"), wants(1.6))])
+    lift(state, tj, [(running("1000m"), wants(1.6))])
     assert kube.patches[-1] == {"spec": {"containers": [{"name": "work", "resources": {
         "limits": {"cpu": "1600m"}, "requests": {"cpu": "1600m"}}}]}}
     assert events[-1][0] == "QuotaLifted" and "1.6 cores" in events[-1][1]
     # Nothing more while it has them, or a lift within 10% of them (the width behind it
     # is measured anew each interval); back to the target when the budget allows it.
-    follow_wanted_limits(state, tj, [(running("1600m"), wants(1.6))])
-    follow_wanted_limits(state, tj, [(running("1600m"), wants(1.5))])
+    lift(state, tj, [(running("1600m"), wants(1.6))])
+    lift(state, tj, [(running("1600m"), wants(1.5))])
     assert len(kube.patches) == 1
-    follow_wanted_limits(state, tj, [(running("1600m"), wants(None))])
+    lift(state, tj, [(running("1600m"), wants(None))])
     assert kube.patches[-1]["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "1000m"}
     assert events[-1][0] == "QuotaResized"
     # More than the node has: refused once, with a Warning, and not asked for again.
     for _ in range(3):
-        follow_wanted_limits(state, tj, [(running("1000m"), wants(3.0))])
+        lift(state, tj, [(running("1000m"), wants(3.0))])
     assert [reason for reason, _ in events].count("QuotaResizeRefused") == 1
     assert len(kube.patches) == 2
-    assert state.refused_limits == {("ml", "train"): {"u1": 3.0}}
+    assert state.limits.refused == {("ml", "train"): {"u1": 3.0}}
     # That pod gone (a retry's pod read instead): nothing is kept for it.
-    follow_wanted_limits(state, tj, [({**running("1000m"), "metadata": {
+    lift(state, tj, [({**running("1000m"), "metadata": {
         "name": "train-1", "namespace": "ml", "uid": "u2"}}, wants(None))])
-    assert state.refused_limits == {}
+    assert state.limits.refused == {}
     # A spec that enforces with signals: limits are not the operator's to move.
     signals = {**tj, "spec": {**tj["spec"], "throttle": {**tj["spec"]["throttle"],
                                                          "enforcement": "Signals"}}}
-    follow_wanted_limits(state, signals, [(running("1000m"), wants(1.6))])
+    lift(state, signals, [(running("1000m"), wants(1.6))])
     assert len(kube.patches) == 2
 
 
@@ -251,7 +257,7 @@ def test_under_kueue_a_lift_stays_within_the_admitted_requests(
            "status": {"phase": "Running"},
            "spec": {"containers": [{"name": "work", "resources": {
                "requests": {"cpu": requests or "1"}, "limits": {"cpu": "1"}}}]}}
-    follow_wanted_limits(state, tj, [(pod, {**STATUS_DOC, "cpuLimitWantedCores": 1.6})])
+    lift(state, tj, [(pod, {**STATUS_DOC, "cpuLimitWantedCores": 1.6})])
     got = [p["spec"]["containers"][0]["resources"]["limits"]["cpu"] for p in kube.patches]
     assert got == ([lifted] if lifted else [])
 
@@ -274,7 +280,7 @@ def test_the_limit_is_split_by_what_each_container_wanted(
            "status": {"phase": "Running"},
            "spec": {"containers": [{**c, "resources": {**c["resources"], "limits": {
                "cpu": "500m"}}} for c in containers]}}
-    follow_wanted_limits(state, tj, [(pod, {**STATUS_DOC, "cpuDemandCores": {
+    lift(state, tj, [(pod, {**STATUS_DOC, "cpuDemandCores": {
         "train": 2.0, "logs": 0.05}})])
     (patch,) = kube.patches
     assert [(c["name"], c["resources"]["limits"]["cpu"]) for c in patch["spec"][
@@ -290,12 +296,12 @@ def test_the_limit_is_split_by_what_each_container_wanted(
     applied()
     # The sidecar restarted (no interval measured yet), or is an older one: the split
     # stays as it is, and a lift keeps it.
-    follow_wanted_limits(state, tj, [(pod, STATUS_DOC)])
+    lift(state, tj, [(pod, STATUS_DOC)])
     assert len(kube.patches) == 1
-    follow_wanted_limits(state, tj, [(pod, {**STATUS_DOC, "cpuLimitWantedCores": 1.5})])
+    lift(state, tj, [(pod, {**STATUS_DOC, "cpuLimitWantedCores": 1.5})])
     assert applied() == ["1350m", "150m"]
     # Back to the target, the log shipper gone (named no more): the trainer gets all but
     # the shipper's request.
-    follow_wanted_limits(state, tj, [(pod, {**STATUS_DOC, "cpuDemandCores": {
+    lift(state, tj, [(pod, {**STATUS_DOC, "cpuDemandCores": {
         "train": 2.0}})])
     assert applied() == ["900m", "100m"] and len(kube.patches) == 3

@@ -16,15 +16,13 @@ from typing import Any, NoReturn
 
 import kopf
 
-from . import child, cpu_limits
+from . import child
 from .children import LABEL_NAME, build_child, build_configmap, job_owner_name, owned_by
 from .crd import DEFAULT_INJECT, GROUP, PLURAL, VERSION
-from .job_split import job_scoped
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
 from .login import LoginError, connection_info
 from .poller import POLL_THREADS, OperatorState, poll, set_workload_active
-from .resize import resize_pod
 from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
 from .status import (
@@ -231,24 +229,15 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
         raise _retry_later(e, retry) from e
     kopf.info(body, reason=Reason.POLICY_UPDATED,
               message=f"Updated ConfigMap {cm['metadata']['name']}; running pods apply it live")
-    _resize_pods(state.kube, body, doc, retry)
-
-
-def _resize_pods(kube: Kube, body: kopf.Body, doc: dict[str, Any], retry: int) -> None:
-    """Enforcement Quota: move each running pod's CPU limits to the new target in place.
-    A refused resize leaves the old limits (resize.resize_pod): the sidecar then holds a
-    lower target with signals (its limit is over the target), a higher one stays held at
-    the old limit."""
-    target = cpu_limits.quota_target(doc)
-    namespace, name = body.meta.namespace or "", body.meta.name or ""
-    if target is None or job_scoped(body.get("spec") or {}):
-        return  # scope Job: the poller splits the new target at its next read
+    # Enforcement Quota: the running pods' limits to the new target now, not at the
+    # poller's next read (pod_limits.py). A refused resize leaves the old limits: the
+    # sidecar then holds a lower target with signals, a higher one stays at the old limit.
+    job_uid = state.job_uids.get((body.meta.namespace or "", body.meta.name or ""))
     try:
-        pods = kube.list_pods(namespace, f"{LABEL_NAME}={name}")
-        template = child.containers(body.get("spec") or {})
-        for pod in pods:  # the split among its containers as it is now (measured use)
-            resize_pod(kube, body, pod, target, target, template,
-                       cpu_limits.limits_by_name(pod.get("spec") or {}))
+        pods = [p for p in state.kube.list_pods(body.meta.namespace or "",
+                                                f"{LABEL_NAME}={body.meta.name}")
+                if job_uid and child.pod_belongs(p, job_uid)]
+        state.limits.reconcile(body, pods)
     except ApiError as e:
         raise _retry_later(e, retry) from e
 
@@ -358,7 +347,7 @@ def track(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
         state.context = contextvars.copy_context()
     if type == "DELETED":
         state.seen.pop(key, None)
-        state.refused_limits.pop(key, None)
+        state.limits.forget(key)
         state.jobsets.discard(key)
     else:
         if child.is_jobset(body.get("spec") or {}):

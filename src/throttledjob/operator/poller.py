@@ -22,14 +22,12 @@ from typing import Any
 
 import kopf
 
-from throttledjob.contracts.policy import PolicyError
-
-from . import child, cpu_limits
+from . import child
 from .children import LABEL_NAME, job_owner_name, sidecar_endpoint
-from .job_split import Rank, job_scoped, moves, rank_floor, ranks, shares, split_message
+from .job_split import Rank, job_scoped
 from .kube import Kube
-from .kueue import active_patch, queued_by_kueue, queued_tj, workloads_path
-from .resize import limit_for, resize_pod
+from .kueue import active_patch, queued_by_kueue, workloads_path
+from .pod_limits import PodLimits, job_ranks, target_of
 from .settings import OperatorSettings
 from .sidecar_status import StatusReader, StatusReadError
 from .status import (
@@ -45,10 +43,7 @@ from .status import (
     status_with_resizes,
     status_with_split,
 )
-from .validation import SpecError, policy_document
 
-# A lift of a pod's CPU limits smaller than this share of them is not applied.
-LIFT_STEP = 0.1
 # Threads reading sidecars and Jobs. A read holds one for at most the read deadline per
 # pod, so a slow sidecar takes one thread, not the tick.
 POLL_THREADS = 8
@@ -72,12 +67,14 @@ class OperatorState:
     # ThrottledJobs whose child is a JobSet, not a Job (child.py).
     jobsets: set[TjKey] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
-    # ThrottledJob -> pod uid -> the summed CPU limit the API server refused that pod
-    # (not asked for again); only its pods still read are kept.
-    refused_limits: dict[TjKey, dict[str, float]] = field(default_factory=dict)
+    # The one writer of the pods' CPU limits (pod_limits.py), with what it was refused.
+    limits: PodLimits = field(init=False)
     # kopf.info/warn find kopf's event queue in context variables, set for handlers (not
     # yet for startup activities): the pool's threads run in a copy of a handler's.
     context: contextvars.Context | None = None
+
+    def __post_init__(self) -> None:
+        self.limits = PodLimits(self.kube)
 
 
 Read = Callable[[OperatorState, str, str, str | None], None]
@@ -178,103 +175,17 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         if (is_.get("reason") == Reason.BUDGET_EXHAUSTED
                 and was.get("reason") != Reason.BUDGET_EXHAUSTED):
             kopf.warn(tj, reason=Reason.TARGET_UNREACHABLE, message=is_.get("message", ""))
-        if split:
-            follow_job_split(state, tj, pods, *split[0])
-        else:
-            follow_wanted_limits(state, tj, read)
-
-
-def _key(tj: Mapping[str, Any]) -> TjKey:
-    return tj["metadata"].get("namespace", ""), tj["metadata"].get("name", "")
-
-
-def _live_refusals(state: OperatorState, key: TjKey, live: set[str]) -> dict[str, float]:
-    """The limits the API server refused the ThrottledJob's pods, of the pods still
-    `live` only (the others are forgotten): state's own dict, so a refusal the caller
-    adds is kept even if a later resize raises; the caller drops it when empty."""
-    kept = {uid: v for uid, v in state.refused_limits.get(key, {}).items() if uid in live}
-    state.refused_limits[key] = kept
-    return kept
+        state.limits.reconcile(tj, pods, by_uid)
 
 
 def job_view(state: OperatorState, tj: Mapping[str, Any], pods: list[dict[str, Any]],
              reports: Mapping[str, Mapping[str, Any]]) -> tuple[float, list[Rank]]:
-    """scope Job: the job-wide target (0 where the spec has none) and the Job's pods as
-    ranks; a pod whose resize was refused keeps its limit."""
-    spec = tj.get("spec") or {}
-    try:
-        target = cpu_limits.quota_target(policy_document(spec)) or 0.0
-    except (SpecError, PolicyError):
-        target = 0.0
-    floor = rank_floor(child.containers(spec))
-    return target, ranks(pods, reports, floor, list(state.refused_limits.get(_key(tj), {})))
-
-
-def follow_job_split(state: OperatorState, tj: Mapping[str, Any],
-                     pods: list[dict[str, Any]], target: float,
-                     ranks_: list[Rank]) -> None:
-    """scope Job: each pod's CPU limits to its part of the job-wide target (job_split.py),
-    shrinks before grows; a refused resize holds that pod at its limit from then on."""
-    key = _key(tj)
-    refused = _live_refusals(state, key, {r.uid for r in ranks_})
-    moved = moves(target, ranks_, shares(target, ranks_)) if target > 0 else []
-    template = child.containers(tj.get("spec") or {})
-    by_uid = {p["metadata"].get("uid", ""): p for p in pods}
-    done = []
-    for rank, total in moved:
-        pod = by_uid[rank.uid]
-        demand = cpu_limits.limits_by_name(pod.get("spec") or {})
-        outcome = resize_pod(state.kube, tj, pod, total, total, template, demand)
-        if outcome is False:
-            refused[rank.uid] = total
-        elif outcome:
-            done.append((rank, total))
-    if not refused:
-        state.refused_limits.pop(key, None)
-    if done:
-        kopf.info(tj, reason=Reason.SPLIT_CHANGED, message=split_message(done, ranks_))
-
-
-def follow_wanted_limits(state: OperatorState, tj: Mapping[str, Any],
-                         read: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-    """Enforcement Quota: each pod's CPU limits to what its sidecar says the slowdown
-    budget needs (over the target), or back to the target, split among the workload
-    containers by what each wanted in the last interval (cpuDemandCores). A refused size
-    is not asked for again while the sidecar wants the same."""
-    spec = tj.get("spec") or {}
-    try:
-        target = cpu_limits.quota_target(policy_document(spec))
-    except (SpecError, PolicyError):
-        return
-    if target is None:
-        return
-    template = child.containers(spec)
-    key = _key(tj)
-    refused = _live_refusals(state, key, {pod["metadata"].get("uid", "") for pod, _ in read})
-    # Kueue admitted the pods by the template's requests (a request left out defaults to
-    # the limit, the target's share): no lift past them (kueue.py).
-    ceiling = (cpu_limits.total_request({"containers": template}) or target) \
-        if queued_tj(tj) else None
-    for pod, report in read:
-        total = limit_for(target, report.get("cpuLimitWantedCores"), ceiling)
-        uid = pod["metadata"].get("uid", "")
-        if refused.get(uid) == total:
-            continue
-        # The width behind a lift is measured anew each interval: a lift within 10% of
-        # the limits in force is not worth a resize (back to the target always is).
-        now = cpu_limits.total_limit(pod.get("spec") or {})
-        if total > target and now is not None and abs(total - now) <= LIFT_STEP * now:
-            continue
-        # Split by what each container wanted, or where the sidecar cannot say yet (its
-        # first interval, an older sidecar), as the limits are split now; a change within
-        # 10% of a container's limit is not worth a resize (use moves every interval).
-        demand = report.get("cpuDemandCores") or cpu_limits.limits_by_name(
-            pod.get("spec") or {})
-        if resize_pod(state.kube, tj, pod, total, target, template, demand,
-                      LIFT_STEP) is False:
-            refused[uid] = total
-    if not refused:
-        state.refused_limits.pop(key, None)
+    """scope Job, for the status: the job-wide target (0 where the spec has none) and the
+    Job's pods as ranks; a pod whose resize was refused keeps its limit."""
+    meta, spec = tj["metadata"], tj.get("spec") or {}
+    held = list(state.limits.refused.get((meta.get("namespace", ""), meta.get("name", "")),
+                                         {}))
+    return target_of(spec) or 0.0, job_ranks(spec, pods, reports, held)
 
 
 def due(seen: Mapping[TjKey, tuple[str | None, str | None]],

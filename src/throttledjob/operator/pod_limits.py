@@ -1,0 +1,201 @@
+"""The one writer of a running Job's pod CPU limits (enforcement Quota), level-triggered
+as jobset's reconciler is: `plan` works out, from the spec and what the sidecars last
+said, the limits every pod should have; `PodLimits.reconcile` makes it so (`pods/resize`)
+and remembers what the API server refused. Creation writes the same limits into the pod
+template (children.build_child, through cpu_limits.apply); after that, a live edit of the
+target (handlers.policy_changed) and each read of the sidecars (poller.read_sidecars) call
+`reconcile`, and nothing else resizes a pod.
+
+What a pod should have:
+- scope Pod: the target, or more where its sidecar says the slowdown budget needs more
+  (`cpuLimitWantedCores`, up to what Kueue admitted where it queues the Job), split among
+  the workload containers by what each wanted (`cpuDemandCores`). A pod whose sidecar
+  said nothing this time (not read, not up yet, or a live edit, which reads none) is
+  moved to the target: a lift is given only on the sidecar's word.
+- scope Job: its part of the job-wide target (job_split.py); a pod not read keeps its
+  limit.
+
+The sidecar has no API token: it says what it wants in /status and the operator applies
+it. What it may get is bounded where every resize is: the API server refuses a pod more
+CPU than its node has, and a namespace's ResourceQuota on `limits.cpu` applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from throttledjob.contracts.policy import PolicyError
+
+from . import child, cpu_limits
+from .job_split import Rank, job_scoped, moves, rank_floor, ranks, shares, split_message
+from .kube import ApiError, Kube
+from .kueue import queued_tj
+from .status import Reason
+from .validation import SpecError, policy_document
+
+# A lift of a pod's CPU limits smaller than this share of them is not applied; nor is a
+# change of the split among its containers.
+LIFT_STEP = 0.1
+
+TjKey = tuple[str, str]  # (namespace, name)
+Reports = Mapping[str, Mapping[str, Any]]  # pod uid -> its sidecar's /status
+
+
+@dataclass(frozen=True)
+class Resize:
+    """One pod's workload limits to move."""
+
+    pod: Mapping[str, Any]
+    total: float  # the summed limit, cores
+    target: float  # the pod's own target: a total over it is a lift
+    demand: Mapping[str, float]  # its split among the containers (cpu_limits.shares)
+    tolerance: float = 0.0  # a container within this share of its new limit is left
+    rank: Rank | None = None  # scope Job: the rank it moves
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    return (pod.get("metadata") or {}).get("uid", "")
+
+
+def target_of(spec: Mapping[str, Any]) -> float | None:
+    """The CPU target the pods' limits hold (job-wide under scope Job); None where the
+    kernel's quota does not enforce it, or the spec is not valid."""
+    try:
+        return cpu_limits.quota_target(policy_document(spec))
+    except (SpecError, PolicyError):
+        return None
+
+
+def job_ranks(spec: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Reports,
+              held: Sequence[str]) -> list[Rank]:
+    """scope Job: the Job's pods as the split sees them; `held` keep their limits."""
+    return ranks(pods, reports, rank_floor(child.containers(spec)), held)
+
+
+def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Reports,
+         refused: Mapping[str, float]) -> tuple[list[Resize], list[Rank]]:
+    """The resizes that bring every pod to the limits it should have, in order (shrinks
+    first under scope Job), and the ranks under scope Job. `refused`: pod uid -> a total
+    the API server refused it, not asked for again."""
+    spec = tj.get("spec") or {}
+    target = target_of(spec)
+    if target is None:
+        return [], []
+    if job_scoped(spec):
+        ranks_ = job_ranks(spec, pods, reports, list(refused))
+        by_uid = {_uid(p): p for p in pods}
+        return [Resize(by_uid[r.uid], total, total,
+                       cpu_limits.limits_by_name(by_uid[r.uid].get("spec") or {}), rank=r)
+                for r, total in moves(target, ranks_, shares(target, ranks_))], ranks_
+    # Kueue admitted the pods by the template's requests (a request left out defaults to
+    # the limit, the target's share): no lift past them (kueue.py).
+    ceiling = (cpu_limits.total_request({"containers": child.containers(spec)}) or target) \
+        if queued_tj(tj) else None
+    out = []
+    for pod in pods:
+        report = reports.get(_uid(pod)) or {}
+        total = limit_for(target, report.get("cpuLimitWantedCores"), ceiling)
+        if refused.get(_uid(pod)) == total:
+            continue
+        # The width behind a lift is measured anew each interval: a lift within 10% of
+        # the limits in force is not worth a resize (back to the target always is).
+        now = cpu_limits.total_limit(pod.get("spec") or {})
+        if total > target and now is not None and abs(total - now) <= LIFT_STEP * now:
+            continue
+        # Split by what each container wanted, or where the sidecar cannot say (its first
+        # interval, an older sidecar, no read), as the limits are split now; where only
+        # the split would move, a change within 10% of a container's limit is left.
+        demand = report.get("cpuDemandCores") or cpu_limits.limits_by_name(
+            pod.get("spec") or {})
+        same_total = now is not None and abs(now - total) < 0.0005
+        out.append(Resize(pod, total, target, demand, LIFT_STEP if same_total else 0.0))
+    return out, []
+
+
+def limit_for(target_cores: float, wanted_cores: float | None,
+              ceiling_cores: float | None = None) -> float:
+    """The pod's summed limit: the sidecar's where the budget needs more than the target,
+    up to `ceiling_cores` (what Kueue admitted, where it queues the Job)."""
+    if wanted_cores is None or wanted_cores <= target_cores:
+        return target_cores
+    return max(target_cores, min(wanted_cores, ceiling_cores or wanted_cores))
+
+
+@dataclass
+class PodLimits:
+    """The writer: the API client, and per ThrottledJob the totals the API server refused
+    its pods (only pods still listed are kept)."""
+
+    kube: Kube
+    refused: dict[TjKey, dict[str, float]] = field(default_factory=dict)
+
+    def reconcile(self, tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
+                  reports: Reports | None = None) -> None:
+        """Every pod of `pods` (the Job's own) to the limits it should have; raises
+        ApiError where a failure may pass (the caller retries)."""
+        meta = tj.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        live = {_uid(p) for p in pods}
+        # Kept in self while resizing, so a refusal is remembered even if a later one raises.
+        refused = self.refused[key] = {
+            uid: v for uid, v in self.refused.get(key, {}).items() if uid in live}
+        resizes, ranks_ = plan(tj, pods, reports or {}, refused)
+        template = child.containers(tj.get("spec") or {})
+        moved = []
+        for r in resizes:
+            outcome = resize_pod(self.kube, tj, r.pod, r.total, r.target, template, r.demand,
+                                 r.tolerance)
+            if outcome is False:
+                refused[_uid(r.pod)] = r.total
+            elif outcome and r.rank is not None:
+                moved.append((r.rank, r.total))
+        if not refused:
+            self.refused.pop(key, None)
+        if moved:
+            kopf.info(tj, reason=Reason.SPLIT_CHANGED, message=split_message(moved, ranks_))
+
+    def forget(self, key: TjKey) -> None:
+        """The ThrottledJob is gone."""
+        self.refused.pop(key, None)
+
+
+def resize_pod(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], total: float,
+               target: float, template: Sequence[Mapping[str, Any]],
+               demand: Mapping[str, float] | None = None,
+               tolerance: float = 0.0) -> bool | None:
+    """Move one Pending or Running pod's workload limits to shares of `total` cores (by
+    each container's measured `demand` where known: cpu_limits.shares), unless each is
+    within `tolerance` of its share already. Returns None when there was nothing to do,
+    True when resized, False when the API server refused (the old limits hold; a Warning
+    says so). Raises ApiError when the failure may pass (retry)."""
+    if (pod.get("status") or {}).get("phase") not in ("Pending", "Running"):
+        return None
+    patch = cpu_limits.resize(pod.get("spec") or {}, total, template, demand, tolerance)
+    if patch is None:
+        return None
+    name = pod["metadata"]["name"]
+    try:
+        kube.resize_pod(pod["metadata"]["namespace"], name, patch)
+    except ApiError as e:
+        if e.transient:
+            raise
+        kopf.warn(body, reason=Reason.QUOTA_RESIZE_REFUSED,
+                  message=f"pod {name}: CPU limits not resized to {total:g} cores ({e}); it "
+                          "keeps the old ones")
+        return False
+    containers = patch["spec"]["containers"]
+    split = "" if len(containers) < 2 else " (" + ", ".join(
+        f"{c['name']} {c['resources']['limits']['cpu']}" for c in containers) + ")"
+    if total > target:
+        kopf.info(body, reason=Reason.QUOTA_LIFTED,
+                  message=f"pod {name}: CPU limits lifted to {total:g} cores{split}: the "
+                          f"{target:g}-core target would slow it more than maxSlowdown")
+    else:
+        kopf.info(body, reason=Reason.QUOTA_RESIZED,
+                  message=f"pod {name}: CPU limits resized to the {target:g}-core "
+                          f"target{split}")
+    return True

@@ -1,0 +1,62 @@
+"""The one writer of the pods' CPU limits: what each pod should have (`plan`, pure), from
+the spec and what the sidecars last said."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from throttledjob.operator.pod_limits import plan
+
+
+def tj(peak: str, scope: str = "Pod") -> dict[str, Any]:
+    return {"metadata": {"name": "train", "namespace": "ml"}, "spec": {
+        "jobTemplate": {"spec": {"parallelism": 2, "template": {"spec": {"containers": [
+            {"name": "work", "image": "train:1"}]}}}},
+        "throttle": {"targets": {"cpu": {"peak": peak}}, "enforcement": "Quota",
+                     "scope": scope, "maxSlowdown": 1.25}}}
+
+
+def pod(uid: str, limit: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"train-{uid}", "namespace": "ml", "uid": uid},
+            "status": {"phase": "Running"},
+            "spec": {"containers": [{"name": "work", "resources": {
+                "requests": {"cpu": limit}, "limits": {"cpu": limit}}}]}}
+
+
+def totals(resizes: list[Any]) -> dict[str, float]:
+    return {r.pod["metadata"]["uid"]: r.total for r in resizes}
+
+
+def test_a_lift_is_given_only_on_the_sidecars_word() -> None:
+    """Pod a is lifted (its sidecar asks for 1.6); pod b was lifted, but its sidecar said
+    nothing this time (not read, or a live edit, which reads none): back to the target."""
+    pods = [pod("a", "1000m"), pod("b", "1600m")]
+    resizes, _ = plan(tj("1"), pods, {"a": {"cpuLimitWantedCores": 1.6}}, {})
+    assert totals(resizes) == {"a": 1.6, "b": 1.0}
+    assert [r.total > r.target for r in resizes] == [True, False]
+
+
+def test_a_new_target_a_little_over_the_limits_is_applied() -> None:
+    """A live edit from 1 to 1.05 cores: under the 10% that a change of the split among
+    containers must pass, but the pod's total moves, so it is resized."""
+    resizes, _ = plan(tj("1.05"), [pod("a", "1000m")], {}, {})
+    assert [(r.total, r.tolerance) for r in resizes] == [(1.05, 0.0)]
+
+
+def test_a_refused_total_is_not_planned_again_and_signals_plan_nothing() -> None:
+    pods = [pod("a", "1000m")]
+    assert plan(tj("1"), pods, {"a": {"cpuLimitWantedCores": 3.0}}, {"a": 3.0})[0] == []
+    signals = tj("1")
+    signals["spec"]["throttle"]["enforcement"] = "Signals"
+    assert plan(signals, pods, {"a": {"cpuLimitWantedCores": 1.6}}, {}) == ([], [])
+
+
+def test_under_scope_job_a_pod_not_read_keeps_its_limit() -> None:
+    """Job-wide 1 core over two pods: b's sidecar is silent, so it keeps its 0.5 and a,
+    however much it wants, gets only what is left."""
+    pods = [pod("a", "500m"), pod("b", "500m")]
+    report = {"observed": {"cpuCores": 0.9, "stepsPerSecond": 1.0}}
+    resizes, ranks = plan(tj("1", "Job"), pods, {"a": report}, {})
+    assert totals(resizes) == {} and [r.uid for r in ranks] == ["a", "b"]
+    resizes, _ = plan(tj("1", "Job"), [pod("a", "300m"), pod("b", "500m")], {"a": report}, {})
+    assert totals(resizes) == {"a": 0.5}
