@@ -232,12 +232,13 @@ class Agent:
             self._last_step_time = now
         gpu_duty = self.gpu.cycle(sample.elapsed, sample.pause_fraction, sample.devices,
                                   sample.new_steps) if self.gpu else None
-        gpu_exhausted = bool(self.gpu and self.gpu.decision
-                             and self.gpu.decision.budget_exhausted)
+        wanted = self._wanted_limit()
         decision = decide(sample, self.controller,
                           pacing_by_peers=self._acted.paced and len(sample.records) >= 2,
                           was_gpu_bound=self._gpu_bound, gpu_duty=gpu_duty,
-                          gpu_exhausted=gpu_exhausted)
+                          gpu_exhausted=bool(self.gpu and self.gpu.budget_exhausted),
+                          max_pause_fraction=self.policy.max_pause_fraction,
+                          limit_wanted=wanted)
         self._gpu_bound = decision.gpu_bound
         # The interval ran under the levers chosen before it.
         levers = self.levers
@@ -262,14 +263,7 @@ class Agent:
             # The trim corrected the last actuator's bias, not the next one's.
             rate = self.controller.restart()
         self._act(rate, now)
-        # The containers' limit holds the workload back past the budget, or the budget
-        # needs a limit over the target (it may have been lifted already): either way the
-        # target is out of reach within maxSlowdown.
-        wanted = self._wanted_limit()
-        kernel_over_budget = (sample.kernel_pause > self.policy.max_pause_fraction + 0.01
-                              or wanted is not None)
-        exhausted = decision.budget_exhausted or kernel_over_budget
-        if exhausted:
+        if decision.budget_exhausted:
             self._budget_exhausted_seconds += sample.elapsed
             self._budget_exhausted_at = now
         self.last = LastCycle(
@@ -277,7 +271,7 @@ class Agent:
             rate_cores=rate,
             pause_fraction=sample.held_back,
             throttling=decision.throttling or sample.kernel_pause > BINDING_PAUSE_FRACTION,
-            budget_exhausted=exhausted,
+            budget_exhausted=decision.budget_exhausted,
             cooperating_pids=sample.cooperating,
             steps=sample.steps,
             enforcer_armed=self._acted.enforcer_armed,

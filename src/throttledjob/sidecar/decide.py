@@ -1,5 +1,7 @@
 """Decide: from one interval's `Sample`, the pacing rate the actuators hold the workload
-to next, and whether the slowdown budget stands in a target's way.
+to next, and whether the slowdown budget stands in a target's way (`budget_exhausted`,
+the one definition: the metrics, /status, the report and the status line all read it,
+over one window, through the agent's CycleResult).
 
 No I/O: the controllers keep their own state (sidecar/controller.py, gpu/), everything
 else comes in as arguments, so each rule is tested with hand-made samples
@@ -24,8 +26,24 @@ class Decision:
     # The GPU target's rate is the lower one: the GPU, not the CPU target, holds it back.
     gpu_bound: bool
     throttling: bool
-    # A controller's actuators were held back by the budget while over its target.
+    # The slowdown budget stands in a target's way this interval (budget_exhausted).
     budget_exhausted: bool
+
+
+# The kernel's pause (a containers' CPU limit that is not ours) counts as past the budget
+# only beyond it by this much: its reading from the throttled-period counters is coarse.
+KERNEL_PAUSE_SLACK = 0.01
+
+
+def budget_exhausted(cpu_capped: bool, gpu_capped: bool, kernel_pause: float,
+                     max_pause_fraction: float, limit_wanted: float | None) -> bool:
+    """Whether the slowdown budget stands in a target's way: a controller's actuators were
+    held back by the budget while over its target (`cpu_capped`, `gpu_capped`: the CPU
+    and GPU controllers' own verdicts), the containers' CPU limit holds the workload back
+    past the budget, or the budget needs a limit over the target (`limit_wanted`; it may
+    have been lifted already): the target is out of reach within maxSlowdown."""
+    return (cpu_capped or gpu_capped or limit_wanted is not None
+            or kernel_pause > max_pause_fraction + KERNEL_PAUSE_SLACK)
 
 
 def cpu_controller(policy: Policy, plan: Plan | None = None) -> CpuController | None:
@@ -56,9 +74,12 @@ def observation(sample: Sample, pacing_by_peers: bool, gpu_bound: bool) -> CpuOb
 
 
 def decide(sample: Sample, controller: CpuController | None, pacing_by_peers: bool,
-           was_gpu_bound: bool, gpu_duty: float | None, gpu_exhausted: bool) -> Decision:
+           was_gpu_bound: bool, gpu_duty: float | None, gpu_exhausted: bool,
+           max_pause_fraction: float = 1.0, limit_wanted: float | None = None) -> Decision:
     """The rate for the next interval: the CPU controller's, or the GPU duty's as a CPU
-    rate where that is lower (gpu_rate)."""
+    rate where that is lower (gpu_rate); and the budget's verdict (budget_exhausted:
+    `max_pause_fraction` is the budget's pause, `limit_wanted` the containers' limit the
+    budget needs, in a pod)."""
     obs = observation(sample, pacing_by_peers, was_gpu_bound)
     cpu = controller.update(obs) if controller else None
     rate = cpu.rate_cores if cpu else None
@@ -68,7 +89,9 @@ def decide(sample: Sample, controller: CpuController | None, pacing_by_peers: bo
         rate_cores=gpu if gpu_bound else rate,
         gpu_bound=gpu_bound,
         throttling=bool(cpu and cpu.throttling) or bool(gpu_duty),
-        budget_exhausted=bool(cpu and cpu.budget_exhausted) or gpu_exhausted,
+        budget_exhausted=budget_exhausted(bool(cpu and cpu.budget_exhausted), gpu_exhausted,
+                                          sample.kernel_pause, max_pause_fraction,
+                                          limit_wanted),
     )
 
 

@@ -173,7 +173,7 @@ def _exit_waiter(proc: subprocess.Popen):
 def status_line(result: CycleResult) -> str:
     last, policy = result.last, result.policy
     target = f"{policy.cpu_peak_cores:.2f}" if policy.cpu_peak_cores else "-"
-    state = "over budget" if last.budget_exhausted else (
+    state = "over budget" if result.budget_exhausted_recently else (
         "throttling" if last.throttling else "under target")
     return (f"throttledjob: cpu {last.usage_cores:.2f} cores (target {target}, "
             f"p99 {result.cpu.p99 or 0.0:.2f}) | paused {last.pause_fraction:.0%} | {state}")

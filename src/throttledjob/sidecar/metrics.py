@@ -135,7 +135,8 @@ def _control(s: Snapshot) -> Iterator[Metric]:
     yield from _gauge("target_met", "1 while the recent p99 of every target is at or under "
                       "it.", float(s.target_met))
     yield from _gauge("budget_exhausted", "1 while the slowdown budget stops a target from "
-                      "being met.", float(s.last.budget_exhausted))
+                      "being met (within the recent window target_met is judged over).",
+                      float(s.budget_exhausted))
     c = CounterMetricFamily(P + "budget_exhausted_seconds", "Time spent with the slowdown "
                             "budget exhausted, in seconds.")
     c.add_metric([], s.budget_exhausted_seconds)

@@ -135,6 +135,12 @@ class GpuAgent:
                 t is not None for t in targets) else 0.0
             self.controller.track = track
 
+    @property
+    def budget_exhausted(self) -> bool:
+        """The GPU controller's own verdict in the last cycle: its duty held back by the
+        budget while over its target (decide.budget_exhausted reads it)."""
+        return bool(self.decision and self.decision.budget_exhausted)
+
     def cycle(self, elapsed: float, pause_fraction: float, visible: list[str],
               steps: float = 0.0) -> float | None:
         """Read, record and decide; returns the duty wanted (None: no GPU target).
