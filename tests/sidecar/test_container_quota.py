@@ -17,7 +17,7 @@ from throttledjob.runtime.progress import write_progress
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.cgroups.container_quota import WIDTH_MEMORY_SECONDS, ContainerQuota
 from throttledjob.sidecar.enforcement import pod_plan
-from throttledjob.sidecar.explorer import LeverSample
+from throttledjob.sidecar.levers import LeverSample
 from throttledjob.sidecar.measure import Meter
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.summary import summarize

@@ -20,7 +20,7 @@ from throttledjob.sidecar.act import COOPERATION_TIMEOUT_INTERVALS, Actuator
 from throttledjob.sidecar.controller import CpuController
 from throttledjob.sidecar.decide import KERNEL_PAUSE_SLACK, budget_exhausted, decide, gpu_rate
 from throttledjob.sidecar.enforcement import plan_as_written, pod_plan
-from throttledjob.sidecar.explorer import LeverSetting, Pacing
+from throttledjob.sidecar.levers import LeverSetting, Pacing
 from throttledjob.sidecar.measure import (
     Meter,
     ProgressClock,

@@ -15,21 +15,20 @@ import random
 import pytest
 
 from testing.fake_tree import FakeTree
-from throttledjob.sidecar.explorer import (
-    DEFAULT_SETTING,
-    Estimate,
-    Explorer,
-    LeverSample,
-    LeverSetting,
-    Measuring,
-    Pacing,
-    Settled,
-    Waiting,
+from throttledjob.sidecar.exploration_cost import (
     exploration_cost,
     lever_gain_bound,
+    worth_exploring,
+)
+from throttledjob.sidecar.explorer import Explorer, Measuring, Settled, Waiting
+from throttledjob.sidecar.levers import (
+    DEFAULT_SETTING,
+    Estimate,
+    LeverSample,
+    LeverSetting,
+    Pacing,
     probe_order,
     thread_candidates,
-    worth_exploring,
 )
 
 ONE = LeverSetting(threads=1)

@@ -100,8 +100,8 @@ def test_the_estimates_top_charges_time_of_unknown_cost_at_the_most_it_can_cost(
     """Time under one thread of two, whose cost was never measured, is left out of the
     estimate (a lower bound); the interval's top charges it at 2x, the most one thread
     of two can cost, and both outputs show the pair."""
-    from throttledjob.sidecar.explorer import LeverSetting
     from throttledjob.sidecar.lever_time import max_lever_cost
+    from throttledjob.sidecar.levers import LeverSetting
 
     assert max_lever_cost(LeverSetting(threads=1), 2) == 2.0
     assert max_lever_cost(LeverSetting(threads=2, batch_scale=0.5), 8) == 8.0
@@ -126,8 +126,8 @@ def test_the_estimates_top_charges_each_setting_at_the_most_it_can_cost():
     read it low (it can be 2x), and the defaults held by that quota (up to 1.25x): the
     estimate charges what was measured, the top the most; a setting not measured at all
     is in the top only, at the most any can cost."""
-    from throttledjob.sidecar.explorer import DEFAULT_SETTING, LeverSetting
     from throttledjob.sidecar.lever_time import LeverLedger
+    from throttledjob.sidecar.levers import DEFAULT_SETTING, LeverSetting
 
     one, half = LeverSetting(threads=1), LeverSetting(batch_scale=0.5)
     ledger = LeverLedger(cores=2)

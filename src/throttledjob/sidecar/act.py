@@ -18,7 +18,7 @@ from throttledjob.runtime.files import write_json_atomic
 
 from .enforcement import Plan
 from .enforcer import Enforcer
-from .explorer import LeverSetting, Pacing
+from .levers import LeverSetting, Pacing
 
 # With enforcement Both, the workload counts as cooperating while it has called step()
 # within this many control intervals; otherwise the signal enforcer takes over.

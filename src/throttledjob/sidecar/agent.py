@@ -25,8 +25,9 @@ from .controller import BINDING_PAUSE_FRACTION
 from .decide import cpu_controller, decide
 from .enforcement import Plan, plan_as_written
 from .enforcer import Enforcer
-from .explorer import DEFAULT_SETTING, Explorer, LeverSample, LeverSetting, probe_order
+from .explorer import Explorer
 from .lever_time import LeverLedger, busy_seconds
+from .levers import DEFAULT_SETTING, LeverSample, LeverSetting, probe_order
 from .measure import Meter, ProgressClock, Sample, progress_clock, steps_in_interval
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume

@@ -9,21 +9,7 @@ micro-batch. They cost *more* on others (a matmul-bound loop loses speed in prop
 threads, no better than duty cycling). Which is which can only be measured, so this unit
 measures it online, as Zeus's power-limit optimizer does for GPU power limits.
 
-The model. Under lever setting `s` the workload does `efficiency(s)` steps per CPU-second
-and, unpaused, wants `peak(s)` cores at its busy times. The rate (kept in force by the
-controller whatever the levers) clips what is left above the target T, so under `s` the
-busy-time throughput is
-
-    throughput(s) = efficiency(s) * min(peak(s), T)          (steps per second)
-
-and the best setting is the one that maximises it. Idle time (waits, I/O) is the same
-under every setting, so ranking by busy-time throughput ranks by run time too. Both
-figures are measured *while the rate is on*: duty cycling scales CPU and steps alike,
-so steps per CPU-second does not depend on it (save the CPU a kernel quota makes
-synchronised threads waste, docs/benchmarks.md), and the unpaused demand is the width
-the kernel measured where its quota held the tree back, else the measured usage divided
-by the fraction of the interval not paused. Probing therefore never lifts the rate: the
-peak target holds during exploration too.
+The model of what a setting does (its throughput under the target) is in levers.py.
 
 The slowdown budget. With `max_slowdown` B, the rate is lifted wherever holding the
 target would slow the workload by more than B, so a setting is ranked by its throughput
@@ -62,173 +48,18 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from enum import Enum
 
-# A lever setting counts as better than the defaults only if it wins by this much: noise
-# must not move a workload off its own defaults.
-MIN_GAIN = 0.03
-# Below this usage (cores) an interval tells nothing about the levers (idle wait).
-IDLE_CORES = 0.05
-# Demand, where no kernel measured the width, is usage / (1 - pause); past this pause
-# fraction that estimate is too noisy.
-MAX_PAUSE_FOR_DEMAND = 0.9
-# Paused for at least this fraction of an interval, the workload wanted more than the
-# rate at its busy moments, whatever its interval-averaged demand says.
-PACED = 0.05
-
-
-class Pacing(str, Enum):
-    """How the rate's duty cycle is delivered (see LeverSetting)."""
-
-    SLEEP = "sleep"
-    STOP = "stop"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class LeverSetting:
-    """One setting of the cooperative levers (None / 1.0 / sleep: the defaults). A lever
-    is one knob (threads, batch scale, pacing); this is a value for each.
-
-    `pacing` is how the rate's duty cycle is delivered: "sleep", by the runtime at step
-    boundaries, or "stop", by the sidecar's SIGSTOP of the whole tree. Sleeping one
-    thread leaves a multi-threaded workload's other threads running (idle OpenMP
-    workers spin on for milliseconds, burning their share), which stopping does not.
-    """
-
-    threads: int | None = None
-    batch_scale: float = 1.0
-    pacing: Pacing = Pacing.SLEEP
-
-    def __str__(self) -> str:
-        parts = [f"threads={self.threads or 'default'}"]
-        if self.batch_scale != 1.0:
-            parts.append(f"batch_scale={self.batch_scale:g}")
-        if self.pacing != Pacing.SLEEP:
-            parts.append(f"pacing={self.pacing}")
-        return ",".join(parts)
-
-
-DEFAULT_SETTING = LeverSetting()
-
-
-@dataclass(frozen=True)
-class LeverSample:
-    """What one control interval saw of the workload."""
-
-    usage_cores: float          # CPU of the whole tree over the interval, in cores
-    pause_fraction: float       # fraction of the interval paused by duty cycling
-    steps: float                # steps the workload completed in the interval
-    elapsed_seconds: float = 1.0
-    # The CPUs the workload may use: no demand is more. Read through a deep pause, the
-    # demand of a 2-thread loop on 2 cores read 2.42, and R0 with it (every lever's cost).
-    cores: float = float("inf")
-    # Cores the workload wanted at its busy moments, as the kernel's quota measured them
-    # (None: not measured). A partly idle interval (a burst, then a wait) averages its
-    # usage down: a 2-thread burst held to 1 core read a demand of 1.4, and the defaults'
-    # unthrottled rate (every lever's cost) with it.
-    busy_width: float | None = None
-
-    @property
-    def informative(self) -> bool:
-        """Busy and making progress: the interval says something about the levers."""
-        return self.steps > 0 and self.usage_cores > IDLE_CORES and self.elapsed_seconds > 0
-
-    @property
-    def demand_cores(self) -> float:
-        """The usage the workload would have had unpaused at its busy moments."""
-        if self.busy_width is not None:
-            return min(self.cores, self.busy_width)
-        return min(self.cores,
-                   self.usage_cores / (1.0 - min(self.pause_fraction, MAX_PAUSE_FOR_DEMAND)))
-
-    @property
-    def efficiency(self) -> float:
-        """Steps per CPU-second (independent of duty cycling)."""
-        return self.steps / max(1e-9, self.usage_cores * self.elapsed_seconds)
-
-    @property
-    def paced(self) -> bool:
-        return self.pause_fraction >= PACED
-
-    def wants(self, target_cores: float) -> bool:
-        return _wants(self.demand_cores, self.paced, target_cores)
-
-
-def _wants(demand_cores: float, paced: bool, target_cores: float) -> bool:
-    """The workload wants the target or more at its busy times: its demand reaches it
-    (within MIN_GAIN: under fewer threads it is all that shows), or the rate held it
-    back. An interval partly idle (a bursty workload) averages its demand down, so the
-    pause is the better witness there."""
-    return paced or demand_cores * (1 + MIN_GAIN) >= target_cores
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """What was measured under one lever setting."""
-
-    levers: LeverSetting
-    efficiency: float            # steps per CPU-second
-    peak_cores: float            # unpaused demand at busy times (max over the samples)
-    samples: int
-    aborted: bool = False        # probe cut short: clearly worse than the best so far
-    paced: bool = False          # the rate held it back in some sample
-
-    def throughput(self, target_cores: float) -> float:
-        """Busy-time steps per second under this setting with the rate at the target."""
-        return self.efficiency * min(self.peak_cores, target_cores)
-
-    @property
-    def unthrottled_rate(self) -> float:
-        """Busy-time steps per second under this setting unheld."""
-        return self.efficiency * self.peak_cores
-
-    def wants(self, target_cores: float) -> bool:
-        return _wants(self.peak_cores, self.paced, target_cores)
-
-    @staticmethod
-    def of(levers: LeverSetting, samples: list[LeverSample], aborted: bool = False) -> Estimate:
-        cpu = sum(s.usage_cores * s.elapsed_seconds for s in samples)
-        steps = sum(s.steps for s in samples)
-        return Estimate(levers, steps / max(1e-9, cpu),
-                        max(s.demand_cores for s in samples), len(samples), aborted,
-                        any(s.paced for s in samples))
-
-
-@dataclass
-class PhaseGate:
-    """When drift from a settled estimate is a new phase, worth exploring again.
-
-    `intervals` drifting intervals in a row prove a new phase. Each new exploration in a
-    row needs twice the evidence (a workload, or a machine shared with noisy neighbours,
-    whose speed swings by more than the tolerance all the time must not be re-probed over
-    and over) until `calm` intervals in a row pass without drift. Intervals that say
-    nothing (idle, no steps) are not observed: they neither count nor reset.
-    """
-
-    intervals: int = 3
-    calm: int = 30
-    drift: int = 0
-    steady: int = 0
-    recent: int = 0      # explorations since the last long calm
-
-    def settled(self) -> None:
-        self.drift = self.steady = 0
-
-    def observe(self, drifted: bool) -> bool:
-        """One informative interval; True when it proves a new phase."""
-        self.drift = self.drift + 1 if drifted else 0
-        self.steady = 0 if drifted else self.steady + 1
-        if self.steady >= self.calm:  # a long calm: phases are real again
-            self.recent = 0
-        if self.drift < self.intervals * 2 ** min(5, self.recent):
-            return False
-        self.recent += 1
-        self.drift = 0
-        return True
-
+from .exploration_cost import exploration_cost, lever_gain_bound, worth_exploring
+from .levers import (
+    DEFAULT_SETTING,
+    MIN_GAIN,
+    Estimate,
+    LeverSample,
+    LeverSetting,
+    fewer_threads,
+    more_threads,
+)
+from .phase_gate import PhaseGate
 
 # ---- states -------------------------------------------------------------------------
 
@@ -494,7 +325,7 @@ class Explorer:
                                               if c != self.reference]
         elif self._throughput(estimate) < best_before:
             # Fewer threads than a losing count will not win either: skip them.
-            self._queue = [c for c in self._queue if not _fewer_threads(c, estimate.levers)]
+            self._queue = [c for c in self._queue if not fewer_threads(c, estimate.levers)]
         self._queue = [c for c in self._queue if not self._dominated(c)]
         if self._queue:
             self._measure(self._queue.pop(0), self.probe_intervals, self.settle_intervals)
@@ -504,11 +335,11 @@ class Explorer:
     def _dominated(self, candidate: LeverSetting) -> bool:
         """More threads than a setting measured at the target: they would be duty-cycled
         to the same cores at fewer steps per CPU-second (the prior in the module doc).
-        Wanting the target (`_wants`) counts as at it: no more than that is left to win.
+        Wanting the target (`wants_target`) counts as at it: no more than that is left to win.
         Under a slowdown budget the defaults are never dominated: R0 is theirs."""
         if self.max_slowdown is not None and candidate == DEFAULT_SETTING:
             return False
-        return any(_more_threads(candidate, e.levers) and e.wants(self.target)
+        return any(more_threads(candidate, e.levers) and e.wants(self.target)
                    for e in self.estimates.values())
 
     def _settle(self) -> None:
@@ -561,115 +392,3 @@ class Explorer:
 
     def _best_throughput(self) -> float:
         return max((self._throughput(e) for e in self.estimates.values()), default=0.0)
-
-
-def _more_threads(candidate: LeverSetting, measured: LeverSetting) -> bool:
-    """`candidate` differs from `measured` only by more threads (default: the most). A
-    change of pacing counts too when `measured` has one thread: pacing one thread by
-    sleeping wastes nothing that stopping would save."""
-    def count(levers: LeverSetting) -> float:
-        return float("inf") if levers.threads is None else levers.threads
-    return (candidate.batch_scale == measured.batch_scale
-            and (candidate.pacing == measured.pacing or measured.threads == 1)
-            and count(candidate) > count(measured))
-
-
-def _fewer_threads(candidate: LeverSetting, loser: LeverSetting) -> bool:
-    return (loser.threads is not None and candidate.threads is not None
-            and (candidate.batch_scale, candidate.pacing) == (loser.batch_scale, loser.pacing)
-            and candidate.threads < loser.threads)
-
-
-# k threads use at most k cores: capped under a target T they can win only if each core
-# does T/k times the work it does at the defaults. The most measured here is 1.33x (one
-# thread of examples/torch_train.py against two, per CPU-second); a probe needing more
-# than this costs an interval at a fraction of the speed and is never kept (at 90% of a
-# 2-core peak, one thread's probes cost 3-10% of the run: docs/benchmarks.md).
-MAX_PER_CORE_GAIN = 1.5
-
-
-def lever_gain_bound(candidates: list[LeverSetting], demand_cores: float,
-                     target_cores: float, max_slowdown: float | None) -> float | None:
-    """The most of the run's time any candidate can save against the defaults at the
-    rate the budget gives them (at or under 0: none can win); None where no bound is
-    known (a setting other than a thread count: stop pacing, a smaller batch).
-
-    With a budget B the defaults, wanting D cores, run at max(min(D, T), D/B) cores. k
-    threads do at most MAX_PER_CORE_GAIN times the defaults' steps per CPU-second on at
-    most min(k, T) cores (lifted by the budget they match the defaults' D/B, no more).
-    """
-    rate = max(min(demand_cores, target_cores),
-               demand_cores / max_slowdown if max_slowdown else 0.0)
-    best = 0.0
-    for c in candidates:
-        if c.threads is None or c.batch_scale != 1.0 or c.pacing != Pacing.SLEEP:
-            return None
-        best = max(best, MAX_PER_CORE_GAIN * min(c.threads, target_cores))
-    return 1.0 - rate / best if best else 0.0
-
-
-def exploration_cost(exploration_seconds: float, demand_cores: float, target_cores: float,
-                     max_slowdown: float | None) -> float:
-    """The most an exploration of `exploration_seconds` can cost: its probes hold the
-    target (the agent's probe hold), where the defaults run D/T times slower than unheld,
-    instead of the budget's B: each second costs at most 1 - B*T/D of a second. Without
-    a lift (no budget, or a target within it) holding the target is what the run does
-    anyway: nothing."""
-    if max_slowdown is None:
-        return 0.0
-    return exploration_seconds * max(
-        0.0, 1.0 - max_slowdown * target_cores / max(1e-9, demand_cores))
-
-
-# The least gain an exploration is assumed to bring where the bound says a lever brings
-# less or none (MAX_PER_CORE_GAIN may be wrong for a workload: two threads on this
-# machine busy with other work did 4.7x less per CPU-second than one): the probes then
-# run once they cost at most 2% of the run's expected length, the "never more than 2%
-# slower than a plain quota" goal (docs/benchmarks.md).
-INSURANCE_SHARE = 0.02
-
-
-def worth_exploring(seconds: float, cost_seconds: float, gain: float | None) -> bool:
-    """Whether an exploration costing `cost_seconds` pays for itself in a run that has
-    stepped for `seconds`, where a lever can save at most `gain` of the time left.
-
-    Nothing is known of the run's length but how long it has lasted, t: a run that has
-    lasted t is as likely to end before 2t as after (Gott's rule), so t is what is
-    expected to be left, and the exploration pays when t * gain >= its cost. A gain under
-    2 * INSURANCE_SHARE counts as that much: the cost is then at most INSURANCE_SHARE of
-    the run's expected length, 2t.
-    """
-    if gain is None or cost_seconds <= 0:
-        return True
-    return seconds * max(gain, 2 * INSURANCE_SHARE) >= cost_seconds
-
-
-def thread_candidates(cores: int, target_cores: float) -> list[LeverSetting]:
-    """Thread counts worth probing on `cores` CPUs for a target: halvings of the core
-    count and the counts next to the target, most threads first (1 on a 2-core box),
-    leaving out those too few to win at the target (MAX_PER_CORE_GAIN)."""
-    counts = set()
-    n = cores // 2
-    while n >= 1:
-        counts.add(n)
-        n //= 2
-    for near in (int(target_cores), int(target_cores) + 1):
-        counts.add(near)
-    return [LeverSetting(threads=t) for t in sorted(counts, reverse=True)
-            if 1 <= t < cores and t * MAX_PER_CORE_GAIN >= target_cores]
-
-
-def probe_order(cores: int, target_cores: float, stop_pacing: bool) -> list[LeverSetting]:
-    """The candidates, most promising first, for a workload nothing is known about.
-
-    If threads scaled perfectly, `threads=k` would run as fast as the defaults under a
-    target of k cores or less (it needs no duty cycling), and any parallel overhead makes
-    it faster: those come first. Pacing by stop (when the sidecar may stop the tree) can
-    only win back what sleeping wastes, and thread counts under the target lose k/T of
-    the speed unless the workload scales badly: those follow. Probing the likely winner
-    first lets the later, clearly worse probes be cut short after one sample.
-    """
-    threads = thread_candidates(cores, target_cores)
-    first = [c for c in threads if c.threads >= target_cores]
-    rest = [c for c in threads if c.threads < target_cores]
-    return first + ([LeverSetting(pacing=Pacing.STOP)] if stop_pacing else []) + rest
