@@ -339,8 +339,8 @@ def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20,
         now[0] += 1.0
         agent.cycle()
         if seen is not None:
-            seen.append((settings, type(agent.explorer.state).__name__
-                         if agent.explorer else None))
+            seen.append((settings, type(agent.choice.explorer.state).__name__
+                         if agent.choice.explorer else None))
     return agent, published
 
 
@@ -373,9 +373,9 @@ def test_agent_publishes_the_explorers_threads(tmp_path):
     # one thread could not win (lever_gain_bound): nothing would be probed.
     agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both",
                                                   max_slowdown=2.0), memory_bound())
-    assert agent.explorer is not None and agent.explorer.levers == ONE
+    assert agent.choice.explorer is not None and agent.choice.explorer.levers == ONE
     assert published[0] is None and published[-1] == 1
-    report = agent.explorer_report()
+    report = agent.choice.report()
     assert report["levers"] == "threads=1" and report["state"] == "Settled"
     # No duty cycling here: the defaults were read unheld, R0 as it is, one figure.
     assert report["unthrottled_steps_per_second"] == pytest.approx(100.0, rel=0.02)
@@ -384,9 +384,9 @@ def test_agent_publishes_the_explorers_threads(tmp_path):
     assert result.lever_cost_bound_seconds == pytest.approx(result.lever_cost_seconds)
     # Read held back, R0's top is one thread's 90 steps per CPU-second on the defaults'
     # 2 cores, and the agent charges one thread's time at 180/90 = 2x in the top.
-    base = agent.explorer.estimates[DEFAULT_SETTING]
-    agent.explorer.estimates[DEFAULT_SETTING] = dataclasses.replace(base, paced=True)
-    assert agent.explorer_report()["unthrottled_steps_per_second_high"] == \
+    base = agent.choice.explorer.estimates[DEFAULT_SETTING]
+    agent.choice.explorer.estimates[DEFAULT_SETTING] = dataclasses.replace(base, paced=True)
+    assert agent.choice.report()["unthrottled_steps_per_second_high"] == \
         pytest.approx(180.0, rel=0.02)
     result = agent.cycle()
     one_busy = agent.ledger.busy[ONE]
@@ -403,7 +403,7 @@ def test_agent_without_an_applicable_explorer_keeps_the_policy_levers(tmp_path, 
 
     policy = Policy(**{"cpu_peak_cores": 1.0, "enforcement": "both", **changes})
     agent, published = run_agent(tmp_path, policy, memory_bound())
-    assert agent.explorer is None
+    assert agent.choice.explorer is None
     assert set(published) == {policy.threads}
 
 
@@ -412,7 +412,7 @@ def test_agent_without_steps_never_explores(tmp_path):
 
     agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
                                  None)
-    assert agent.explorer is None
+    assert agent.choice.explorer is None
     assert set(published) == {None}
 
 
@@ -470,7 +470,7 @@ class RecordingEnforcer:
 
 def agent_with_scripted_levers(tmp_path, levers: LeverSetting):
     """An Agent (Both, 1-core target) whose explorer is replaced by levers the test sets
-    (`agent.explorer.levers`); returns (agent, tree, enforcer, clock cell)."""
+    (`agent.choice.explorer.levers`); returns (agent, tree, enforcer, clock cell)."""
     import types
 
     from throttledjob.contracts.policy import Policy
@@ -480,10 +480,10 @@ def agent_with_scripted_levers(tmp_path, levers: LeverSetting):
     agent = Agent(Policy(cpu_peak_cores=1.0, enforcement="both"), tree, str(tmp_path),
                   enforcer=enforcer, clock=lambda: now[0])
     agent.start()
-    agent.explorer = types.SimpleNamespace(levers=levers, update=lambda sample: None,
-                                           lever_slowdown=lambda levers=None: None,
-                                           measuring=False, estimates={})
-    agent._explorer_steps = 0
+    agent.choice.explorer = types.SimpleNamespace(
+        levers=levers, update=lambda sample: None, measuring=False, estimates={},
+        lever_slowdown=lambda levers=None, most=False: None)
+    agent.choice._steps = 0
     return agent, tree, enforcer, now
 
 
@@ -499,7 +499,7 @@ def test_agent_hands_pacing_between_stopping_and_the_runtime_without_a_gap(tmp_p
     agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, STOP)
     published = []
     for i, levers in enumerate([STOP, STOP, DEFAULT_SETTING, DEFAULT_SETTING, DEFAULT_SETTING]):
-        agent.explorer.levers = levers
+        agent.choice.explorer.levers = levers
         tree.cpu += 1.0
         write_progress(str(tmp_path), Progress(pid=os.getpid(), steps=100 * (i + 1)))
         now[0] += 1.0
@@ -521,7 +521,7 @@ def test_a_quota_trimmed_for_cooperative_pacing_is_not_carried_over_to_stop_paci
     agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, DEFAULT_SETTING)
     for i in range(1, 12):
         if i == 11:
-            agent.explorer.levers = STOP
+            agent.choice.explorer.levers = STOP
         tree.cpu += 0.8  # under the setpoint while paced: the trim winds up
         for pid in (os.getpid(), os.getppid()):
             write_progress(str(tmp_path), Progress(pid=pid, steps=10 * i,
@@ -781,7 +781,7 @@ def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_
 
     policy = Policy(cpu_peak_cores=1.0, enforcement="both", max_slowdown=2.0)
     agent, published = run_agent(tmp_path, policy, memory_bound(), intervals=40)
-    assert published[-1] == 1 and agent.explorer.lever_slowdown() == pytest.approx(
+    assert published[-1] == 1 and agent.choice.explorer.lever_slowdown() == pytest.approx(
         100 / 90, rel=0.02)
     summary = summarize(agent.result)
     assert summary.paused_seconds == 0  # nothing paused: the model ran free
@@ -789,7 +789,7 @@ def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_
     # interval run under it, those before the defaults were measured (the reference is
     # one thread, measured first) included.
     one_busy = sum((1 - s.pause_fraction) * s.elapsed_seconds
-                   for levers, s in agent.explorer.trace if levers == ONE)
+                   for levers, s in agent.choice.explorer.trace if levers == ONE)
     assert summary.lever_cost_seconds == pytest.approx(one_busy * (1 - 0.9), rel=0.03)
     assert 1.05 < summary.slowdown < 100 / 90 + 0.01, summary
     # 2 / 1.111 leaves a 1.8x budget for pausing: at most 44% of the time.
@@ -807,15 +807,16 @@ def test_the_agent_explores_with_the_policys_budget(tmp_path):
 
     agent, published = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both"),
                                  compute_bound(), intervals=40)
-    assert agent.explorer.max_slowdown == 1.25
-    assert agent.explorer.estimates == {} and isinstance(agent.explorer.state, Waiting)
+    assert agent.choice.explorer.max_slowdown == 1.25
+    explorer = agent.choice.explorer
+    assert explorer.estimates == {} and isinstance(explorer.state, Waiting)
     assert set(published) == {None} and agent.result.probe_seconds == 0
     (tmp_path / "wider").mkdir()
     agent, published = run_agent(tmp_path / "wider", Policy(
         cpu_peak_cores=1.0, enforcement="both", max_slowdown=1.6), compute_bound(),
         intervals=40)
-    assert set(agent.explorer.estimates) == {DEFAULT_SETTING, ONE}
-    assert published[-1] is None and agent.explorer.levers == DEFAULT_SETTING
+    assert set(agent.choice.explorer.estimates) == {DEFAULT_SETTING, ONE}
+    assert published[-1] is None and agent.choice.explorer.levers == DEFAULT_SETTING
 
 
 def test_time_under_a_setting_whose_cost_is_not_known_yet_is_reported(tmp_path):
@@ -828,9 +829,9 @@ def test_time_under_a_setting_whose_cost_is_not_known_yet_is_reported(tmp_path):
     for run in ("short", "long"):
         (tmp_path / run).mkdir()
     short, published = run_agent(tmp_path / "short", policy, memory_bound(), intervals=4)
-    assert DEFAULT_SETTING not in short.explorer.estimates
+    assert DEFAULT_SETTING not in short.choice.explorer.estimates
     one_busy = sum((1 - s.pause_fraction) * s.elapsed_seconds
-                   for levers, s in short.explorer.trace if levers == ONE)
+                   for levers, s in short.choice.explorer.trace if levers == ONE)
     assert one_busy > 0 and published.count(1) >= 2
     assert short.result.lever_cost_unknown_seconds == pytest.approx(one_busy)
     assert short.result.lever_cost_seconds == 0.0
@@ -846,7 +847,7 @@ def test_the_explorers_measurements_hold_the_target_off_the_budgets_books(tmp_pa
     it; it is measured with the target held (`probing`, at most PROBE_HOLD_INTERVALS per
     setting) and budgeted again once the explorer settles."""
     from throttledjob.contracts.policy import Policy
-    from throttledjob.sidecar.agent import PROBE_HOLD_INTERVALS
+    from throttledjob.sidecar.lever_choice import PROBE_HOLD_INTERVALS
 
     seen = []
     # 1.6, not the default 1.25: under 1.25 no thread count could win, nothing would be
@@ -854,12 +855,12 @@ def test_the_explorers_measurements_hold_the_target_off_the_budgets_books(tmp_pa
     agent, _ = run_agent(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="both",
                                           max_slowdown=1.6),
                          compute_bound(), intervals=30, seen=seen)
-    assert DEFAULT_SETTING in agent.explorer.estimates  # the defaults were probed
+    assert DEFAULT_SETTING in agent.choice.explorer.estimates  # the defaults were probed
     # the settings an interval ran under were published after the previous state
     states = [None] + [state for _, state in seen[:-1]]
     probing = [settings.probing for settings, _ in seen]
     assert probing == [state == "Measuring" for state in states], (probing, states)
-    assert 0 < sum(probing) <= PROBE_HOLD_INTERVALS * (1 + len(agent.explorer.estimates))
+    assert 0 < sum(probing) <= PROBE_HOLD_INTERVALS * (1 + len(agent.choice.explorer.estimates))
     assert all(settings.max_pause_fraction == pytest.approx(1 - 1 / 1.6)
                for settings, _ in seen)
     assert agent.result.probe_seconds == sum(probing)
@@ -869,7 +870,7 @@ def test_a_measurement_stalled_by_idle_intervals_is_budgeted_again(tmp_path):
     """Idle intervals tell the explorer nothing, so a measurement can last: the hold
     ends after PROBE_HOLD_INTERVALS of it, and the budget applies again."""
     from throttledjob.contracts.policy import Policy
-    from throttledjob.sidecar.agent import PROBE_HOLD_INTERVALS
+    from throttledjob.sidecar.lever_choice import PROBE_HOLD_INTERVALS
 
     class StallsAfterStart(Model):
         def busy(self, levers, quota):
@@ -927,6 +928,6 @@ def test_the_explorer_reads_steps_at_the_rate_the_runtime_counted_them(tmp_path)
         tree.cpu += 2.0
         now[0] += 1.0
         agent.cycle()
-    read = [s.steps for _, s in agent.explorer.trace if s.steps]
+    read = [s.steps for _, s in agent.choice.explorer.trace if s.steps]
     assert len(read) >= 8
     assert all(s == pytest.approx(100, rel=0.02) for s in read), read

@@ -9,7 +9,6 @@ publishes both (the settings file, the enforcer). Each cycle returns a frozen
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,18 +24,13 @@ from .controller import BINDING_PAUSE_FRACTION
 from .decide import cpu_controller, decide
 from .enforcement import Plan, plan_as_written
 from .enforcer import Enforcer
-from .explorer import Explorer
-from .lever_time import LeverLedger, busy_seconds
-from .levers import DEFAULT_SETTING, LeverSample, LeverSetting, probe_order
-from .measure import Meter, ProgressClock, Sample, progress_clock, steps_in_interval
+from .lever_choice import LeverChoice, usable_cores
+from .lever_time import LeverLedger
+from .levers import LeverSetting
+from .measure import Meter
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume
-from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker, round_or_none
-
-# The explorer's measurements run with the target held, off the slowdown budget's books
-# (a probe is the product's experiment, not the user's cost), each for at most this many
-# control intervals: a measurement stalled by idle intervals is budgeted again.
-PROBE_HOLD_INTERVALS = 8
+from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker
 
 if TYPE_CHECKING:
     from .gpu import GpuAgent, GpuState
@@ -139,13 +133,8 @@ class Agent:
         self._running = False
         self.clock = clock
         self.controller = cpu_controller(policy, self.plan)
-        # Cheaper cooperative levers than pacing alone, found online (explorer.py); made
-        # at the first reported step, when the levers the workload uses are known.
-        self.explorer: Explorer | None = None
-        self._explorer_steps: int | None = None
-        # The runtime's clocks when it wrote the steps last seen: Unix time, CPU seconds
-        # and which processes wrote (progress_clock).
-        self._explorer_clock: ProgressClock | None = None
+        # Cheaper cooperative levers than pacing alone, found online (lever_choice.py).
+        self.choice = LeverChoice()
         self.os_levers = OsLevers(policy.nice, policy.cpu_affinity)
         self.started = clock()
         self.meter = Meter(tree, settings_dir, self.started, container_quota)
@@ -157,11 +146,7 @@ class Agent:
         self._budget_exhausted_seconds = 0.0
         self._budget_exhausted_at: float | None = None  # the last such interval's end
         # Busy time under each lever setting, for what the settings cost (lever_time.py).
-        self.ledger = LeverLedger(_usable_cores())
-        self._probed: LeverSetting | None = None   # the setting being measured
-        self._probe_intervals = 0     # intervals in a row it was held for
-        self._probe_seconds = 0.0
-        self._probe_max_cores: float | None = None
+        self.ledger = LeverLedger(usable_cores())
         self.last = LastCycle()
         self.result = self._result(self.started, 0.0)
         # Held by a control cycle and by stand_down, which comes from the HTTP thread.
@@ -243,21 +228,9 @@ class Agent:
         self._gpu_bound = decision.gpu_bound
         # The interval ran under the levers chosen before it.
         levers = self.levers
-        self.ledger.add(levers, self._busy_seconds(levers, sample))
-        if self._probing():
-            self._probe_seconds += sample.elapsed
-            self._probe_max_cores = max(self._probe_max_cores or 0.0, sample.usage_cores)
-        self._explore(sample)
-        measured = self.levers if self.explorer and self.explorer.measuring else None
-        if measured is None and self._probed is not None and self.levers != levers:
-            # The probes ended on a change of setting: its first interval is held at the
-            # target too. The kernel's last width was the probed setting's (2 threads),
-            # and the budget's floor read from it lifted one thread's quota to 1.24
-            # cores: a second at 1.09 for a 1-core target.
-            measured = self.levers
-        self._probe_intervals = (0 if measured is None else self._probe_intervals + 1
-                                 if measured == self._probed else 1)
-        self._probed = measured
+        self.ledger.add(levers, self.choice.busy_seconds(levers, sample))
+        self.choice.observe(sample, self.policy, self.plan, can_stop=self._enforcer is not None
+                            and self.plan.enforcement is Enforcement.BOTH)
         rate = decision.rate_cores
         if (stop_pacing(self.plan, self.levers) != self.actuator.stopping
                 and self.controller and not decision.gpu_bound):
@@ -290,18 +263,13 @@ class Agent:
     def _act(self, rate: float | None, now: float) -> None:
         self._acted = self.actuator.act(
             rate, self.policy, self.plan, self.levers,
-            None if self._probing() else self._max_pause_fraction(),
+            None if self.choice.probing else self._max_pause_fraction(),
             self._enforcer, now - self._last_step_time, now)
 
-    def _probing(self) -> bool:
-        """The next interval measures a lever setting: held at the target, unbudgeted."""
-        return 0 < self._probe_intervals <= PROBE_HOLD_INTERVALS
-
     def _result(self, now: float, cycle_seconds: float) -> CycleResult:
-        ex = self.explorer
         lost = self.ledger.time(
-            lambda levers: ex.lever_slowdown(levers) if ex else None,
-            lambda levers: ex.lever_slowdown(levers, most=True) if ex else None)
+            lambda levers: self.choice.lever_slowdown(levers),
+            lambda levers: self.choice.lever_slowdown(levers, most=True))
         return CycleResult(
             time=now, wall_seconds=now - self.started, policy=self.policy, plan=self.plan,
             last=self.last,
@@ -315,7 +283,8 @@ class Agent:
             gpu=self.gpu.state() if self.gpu else None,
             lever_cost_seconds=lost.known, lever_cost_unknown_seconds=lost.unknown,
             lever_cost_bound_seconds=lost.bound,
-            probe_seconds=self._probe_seconds, probe_max_cores=self._probe_max_cores,
+            probe_seconds=self.choice.probe_seconds,
+            probe_max_cores=self.choice.probe_max_cores,
             kernel_paused_seconds=self.meter.kernel_paused_seconds,
             budget_exhausted_recently=(self._budget_exhausted_at is not None
                                        and now - self._budget_exhausted_at < RECENT_SAMPLES),
@@ -342,12 +311,7 @@ class Agent:
             return
         old, old_plan = self.policy, self.plan
         self.policy, self.plan = policy, plan or plan_as_written(policy)
-        if self._explorable(old, old_plan) != self._explorable(policy, self.plan):
-            self.explorer, self._explorer_steps = None, None
-        elif self.explorer and policy.cpu_peak_cores != old.cpu_peak_cores:
-            self.explorer.set_target(policy.cpu_peak_cores)
-        if self.explorer:
-            self.explorer.max_slowdown = policy.max_slowdown
+        self.choice.set_policy(old, old_plan, policy, self.plan)
         if (policy.cpu_peak_cores, policy.mode, self.plan.kernel_quota) != (
                 old.cpu_peak_cores, old.mode, old_plan.kernel_quota):
             self.controller = cpu_controller(policy, self.plan)
@@ -365,7 +329,7 @@ class Agent:
 
     def _lever_slowdown(self) -> float:
         """What the levers in force cost by themselves (1: nothing, or not known)."""
-        return (self.explorer.lever_slowdown() if self.explorer else None) or 1.0
+        return self.choice.lever_slowdown() or 1.0
 
     def _max_pause_fraction(self) -> float:
         """The pause the slowdown budget leaves once the levers in force are charged: a
@@ -376,74 +340,4 @@ class Agent:
     @property
     def levers(self) -> LeverSetting:
         """The cooperative levers in force: the explorer's choice, else the policy's."""
-        if self.explorer is not None:
-            return self.explorer.levers
-        return LeverSetting(self.policy.threads, self.policy.batch_scale)
-
-    @staticmethod
-    def _explorable(p: Policy, plan: Plan) -> bool:
-        """Levers are explored only where the runtime applies them and the user left
-        them free: adaptive mode, a CPU target, not signals alone, no static levers."""
-        return bool(p.cpu_peak_cores and p.adaptive and plan.enforcement is not Enforcement.SIGNALS
-                    and p.threads is None and p.batch_scale == 1.0)
-
-    def _explore(self, sample: Sample) -> None:
-        if not self._explorable(self.policy, self.plan):
-            return
-        steps = sample.steps
-        done = 0 if self._explorer_steps is None else max(0, steps - self._explorer_steps)
-        clock = progress_clock(sample.records)
-        if done and self._explorer_clock is not None:
-            done = steps_in_interval(done, self._explorer_clock, clock, sample.elapsed)
-        self._explorer_steps, self._explorer_clock = steps, clock
-        if self.explorer is None:
-            if not done:
-                return  # no step reported (yet): the policy's levers, as without explorer
-            stop = self._enforcer is not None and self.plan.enforcement is Enforcement.BOTH
-            candidates = probe_order(_usable_cores(), self.policy.cpu_peak_cores, stop)
-            if any(r.batch_size is not None for r in sample.records):  # tj.batch_size()
-                candidates += [LeverSetting(batch_scale=0.5)]
-            if not candidates:
-                return
-            self.explorer = Explorer(self.policy.cpu_peak_cores, candidates,
-                                     max_slowdown=self.policy.max_slowdown)
-        self.explorer.update(LeverSample(sample.usage_cores, sample.held_back, done,
-                                         sample.elapsed, cores=_usable_cores(),
-                                         busy_width=sample.busy_width))
-
-    def _busy_seconds(self, levers: LeverSetting, sample: Sample) -> float:
-        known = self.explorer.estimates.get(levers) if self.explorer else None
-        return busy_seconds(sample.elapsed, sample.held_back, sample.used_seconds,
-                            known.peak_cores if known else None)
-
-    def explorer_report(self) -> dict | None:
-        """What the explorer measured and chose (None when it never ran)."""
-        ex = self.explorer
-        if ex is None:
-            return None
-        decision = ex.decision()
-        return {
-            "state": decision.state, "levers": str(decision.levers),
-            "predicted_slowdown": decision.predicted_slowdown,
-            "explorations": ex.explorations,
-            # R0, the defaults' busy-time steps per second unheld, and the most it can be
-            # (Explorer.unthrottled_rate_high); None until the defaults were measured.
-            "unthrottled_steps_per_second": round_or_none(ex.unthrottled_rate()),
-            "unthrottled_steps_per_second_high": round_or_none(ex.unthrottled_rate_high()),
-            "estimates": {str(e.levers): {"steps_per_cpu_second": round(e.efficiency, 3),
-                                          "peak_cores": round(e.peak_cores, 3),
-                                          "samples": e.samples, "aborted": e.aborted}
-                          for e in ex.estimates.values()},
-            "chose_non_default": decision.levers != DEFAULT_SETTING,
-            "history": [f"{state}({levers})" for state, levers in ex.history],
-            # levers, cores used, paused fraction, steps per second: the last intervals
-            "trace": [[str(levers), round(s.usage_cores, 3), round(s.pause_fraction, 3),
-                       round(s.steps / s.elapsed_seconds, 1)] for levers, s in ex.trace],
-        }
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return self.choice.levers(self.policy)

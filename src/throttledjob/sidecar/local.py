@@ -100,7 +100,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
             signal.signal(sig, handler)
         shutil.rmtree(settings_dir, ignore_errors=True)
     wall = time.monotonic() - started
-    report = build_report(agent.result, wall, exit_code, agent.explorer_report(),
+    report = build_report(agent.result, wall, exit_code, agent.choice.report(),
                           gpu.report() if gpu else None)
     # The control loop's own cost in steady state, apart from start-up (imports, spawn).
     report["controller"]["loop_cpu_percent"] = round(100 * loop_cpu / max(1e-9, loop_wall), 3)
