@@ -23,14 +23,14 @@ from typing import Any
 
 from testing.manifests import NAMESPACE
 from testing.validation import cr_errors
-from throttledjob.operator import crd
+from throttledjob.operator import names
 from throttledjob.operator.children import LABEL_NAME
 from throttledjob.operator.kube import USER_AGENT
 from throttledjob.operator.status import condition
 
 RESOURCES = {
-    f"{crd.GROUP}/{crd.VERSION}/{crd.PLURAL}": dict(
-        kind=crd.KIND, namespaced=True, singular=crd.SINGULAR, shortnames=crd.SHORT_NAMES,
+    f"{names.GROUP}/{names.VERSION}/{names.PLURAL}": dict(
+        kind=names.KIND, namespaced=True, singular=names.SINGULAR, shortnames=names.SHORT_NAMES,
         subresources=["status"]),
     "batch/v1/jobs": dict(kind="Job", namespaced=True, singular="job",
                           subresources=["status"]),
@@ -282,7 +282,7 @@ class Emulator:
                 if m == method and fragment in path]
 
 
-TJ_PATH = f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{NAMESPACE}/{crd.PLURAL}"
+TJ_PATH = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{NAMESPACE}/{names.PLURAL}"
 JOBS_PATH = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
 CM_PATH = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 

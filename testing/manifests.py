@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from throttledjob.operator import crd
+from throttledjob.operator import names
 from tools.k8s.cluster import ON_KWOK
 
 NAMESPACE = "ml"
@@ -42,7 +42,7 @@ def make_tj(name: str = "train", *, throttle: dict[str, Any] | None = None,
     }
     if parameters is not None:
         spec["parameters"] = parameters
-    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND,
             "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
 
 

@@ -3,13 +3,13 @@ each comes from); the chart must grant exactly these."""
 
 from __future__ import annotations
 
-from throttledjob.operator import crd
+from throttledjob.operator import names
 
 Rules = dict[tuple[str, str], frozenset[str]]
 
 NAMESPACED: Rules = {
-    (crd.GROUP, crd.PLURAL): frozenset({"get", "list", "watch", "patch"}),
-    (crd.GROUP, f"{crd.PLURAL}/status"): frozenset({"patch"}),
+    (names.GROUP, names.PLURAL): frozenset({"get", "list", "watch", "patch"}),
+    (names.GROUP, f"{names.PLURAL}/status"): frozenset({"patch"}),
     ("batch", "jobs"): frozenset({"get", "list", "watch", "create", "patch"}),
     ("", "configmaps"): frozenset({"get", "create", "patch"}),
     ("", "pods"): frozenset({"list"}),

@@ -22,7 +22,7 @@ import pytest
 
 from testing.chart import NAMESPACE, by_kind, render
 from testing.rbac import CRDS, JOBSET, KUEUE, NAMESPACED, NAMESPACES, Rules
-from throttledjob.operator import crd
+from throttledjob.operator import names
 
 
 def rules_of(role: dict[str, Any]) -> Rules:
@@ -105,10 +105,10 @@ def test_throttledjobs_are_aggregated_into_edit_and_view(tmp_path) -> None:
     by_label = {k.removeprefix(AGGREGATE): rules_of(o) for o in aggregated
                 for k in o["metadata"]["labels"] if k.startswith(AGGREGATE)}
     assert set(by_label) == {"edit", "admin", "view"}
-    assert by_label["edit"] == by_label["admin"] == {(crd.GROUP, crd.PLURAL): frozenset(
+    assert by_label["edit"] == by_label["admin"] == {(names.GROUP, names.PLURAL): frozenset(
         {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"})}
-    assert by_label["view"] == {(crd.GROUP, r): frozenset({"get", "list", "watch"})
-                                for r in (crd.PLURAL, f"{crd.PLURAL}/status")}
+    assert by_label["view"] == {(names.GROUP, r): frozenset({"get", "list", "watch"})
+                                for r in (names.PLURAL, f"{names.PLURAL}/status")}
     assert not [o for o in by_kind(render({"rbac": {"create": False}}, tmp_path), "ClusterRole")]
 
 

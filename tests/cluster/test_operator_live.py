@@ -28,7 +28,7 @@ from testing.manifests import tj_manifest
 from testing.operator_process import OperatorProcess
 from testing.rbac import CRDS, NAMESPACED, NAMESPACES
 from throttledjob.contracts.policy import parse_policy
-from throttledjob.operator import crd
+from throttledjob.operator import names
 from throttledjob.operator.children import LABEL_NAME, owned_by
 
 
@@ -81,8 +81,8 @@ def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorPr
                      what="a Running pod")
     assert failed_creates(kubectl, namespace) == []
     init = [c["name"] for c in pods["items"][0]["spec"]["initContainers"]]
-    assert crd.SIDECAR_CONTAINER in init
-    assert (crd.INJECT_CONTAINER in init) == (inject == "Auto")
+    assert names.SIDECAR_CONTAINER in init
+    assert (names.INJECT_CONTAINER in init) == (inject == "Auto")
 
     # A pod of someone else's that carries our label (and a "sidecar" on its IP) is
     # never read: only pods the Job owns are.
@@ -163,16 +163,16 @@ def test_an_operator_whose_kubeconfig_runs_an_exec_plugin_logs_in_through_it(
 def test_operator_killed_mid_create_leaves_exactly_one_job(
         kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
     real_operator.start()
-    names = [f"burst-{i}" for i in range(5)]
-    kubectl.apply(*(tj_manifest(n, namespace, run_for="1h") for n in names))
+    burst = [f"burst-{i}" for i in range(5)]
+    kubectl.apply(*(tj_manifest(n, namespace, run_for="1h") for n in burst))
     time.sleep(0.3)  # let it be mid-way through the burst: that is the case under test
     real_operator.kill()
     real_operator.start()
-    for n in names:
+    for n in burst:
         wait_for(lambda n=n: jobs_of(kubectl, namespace, n), TIMEOUT, what=f"Job of {n}")
     # Further resyncs must not add any.
     time.sleep(3)
-    assert {n: len(jobs_of(kubectl, namespace, n)) for n in names} == {n: 1 for n in names}
+    assert {n: len(jobs_of(kubectl, namespace, n)) for n in burst} == {n: 1 for n in burst}
 
 
 def test_operator_rides_out_an_api_server_restart(

@@ -21,7 +21,7 @@ from throttledjob.contracts.names import (
     GUARD_PROCESS_NAME,
 )
 from throttledjob.contracts.policy import parse_policy
-from throttledjob.operator import crd
+from throttledjob.operator import names
 from throttledjob.operator.children import (
     DEFAULT_SIDECAR_UID,
     LABEL_NAME,
@@ -58,7 +58,7 @@ def test_job_and_configmap_are_valid_kubernetes_objects() -> None:
     assert job["metadata"]["namespace"] == cm["metadata"]["namespace"] == NAMESPACE
     for obj in (job, cm):
         (ref,) = obj["metadata"]["ownerReferences"]
-        assert ref["kind"] == crd.KIND and ref["controller"] is True
+        assert ref["kind"] == names.KIND and ref["controller"] is True
         assert ref["uid"] == owned(make_tj())["metadata"]["uid"]
 
 
@@ -74,16 +74,16 @@ def test_job_keeps_the_users_template_and_adds_the_sidecar() -> None:
     assert job["metadata"]["labels"]["team"] == "vision"  # the user's Job labels
     assert job["spec"]["backoffLimit"] == 0
     assert pod["nodeSelector"] == {"gpu": "a100"}
-    assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER,
-                                                          crd.GUARD_CONTAINER, "fetch"]
+    assert [c["name"] for c in pod["initContainers"]] == [names.SIDECAR_CONTAINER,
+                                                          names.GUARD_CONTAINER, "fetch"]
     (trainer,) = pod["containers"]
     assert trainer["env"] == [{"name": "EPOCHS", "value": "3"},
                               {"name": ENV_DIR, "value": SHARED_DIR},
                               {"name": ENV_CONTAINER, "value": trainer["name"]}]
     assert trainer["volumeMounts"] == [{"name": "data", "mountPath": "/data"},
-                                       {"name": crd.SHARED_VOLUME, "mountPath": SHARED_DIR}]
-    assert [v["name"] for v in pod["volumes"]] == ["data", crd.SHARED_VOLUME,
-                                                    crd.POLICY_VOLUME]
+                                       {"name": names.SHARED_VOLUME, "mountPath": SHARED_DIR}]
+    assert [v["name"] for v in pod["volumes"]] == ["data", names.SHARED_VOLUME,
+                                                    names.POLICY_VOLUME]
     policy_volume = pod["volumes"][-1]["configMap"]
     assert policy_volume["name"] == "train-throttle"
     labels = job["spec"]["template"]["metadata"]["labels"]
@@ -118,13 +118,13 @@ def test_the_guard_runs_apart_as_the_workload_and_can_only_read_the_lease() -> N
                                      "enforcement": "Signals"}))
     pod = pod_of(job)
     sidecar, guard = pod["initContainers"][:2]
-    assert guard["name"] == crd.GUARD_CONTAINER and guard["restartPolicy"] == "Always"
+    assert guard["name"] == names.GUARD_CONTAINER and guard["restartPolicy"] == "Always"
     assert guard["command"] == [GUARD_PROCESS_NAME]  # its process name from the start
     assert guard["args"] == ["--shared-dir", SHARED_DIR]
     # Same UID as the sidecar (the workload's: kill(2) needs it), nothing more.
     assert guard["securityContext"] == sidecar["securityContext"]
     assert guard["securityContext"]["runAsUser"] == 1000
-    assert guard["volumeMounts"] == [{"name": crd.SHARED_VOLUME, "mountPath": SHARED_DIR,
+    assert guard["volumeMounts"] == [{"name": names.SHARED_VOLUME, "mountPath": SHARED_DIR,
                                       "readOnly": True}]
     # A container of its own memory: the sidecar's OOM kill does not take it along.
     assert guard["resources"]["limits"]["memory"] == "32Mi"

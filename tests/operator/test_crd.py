@@ -24,7 +24,7 @@ from throttledjob.contracts.policy import (
     parse_policy,
 )
 from throttledjob.contracts.status import OBSERVED, OBSERVED_NAMES, Aggregate
-from throttledjob.operator import crd
+from throttledjob.operator import crd, names
 from throttledjob.operator.status import (
     aggregate_observed,
     status_job_created,
@@ -36,7 +36,7 @@ NOW = "2026-01-01T00:00:00Z"
 
 
 def test_chart_crd_file_is_generated_from_the_source() -> None:
-    path = ROOT / crd.CRD_FILE
+    path = ROOT / names.CRD_FILE
     assert path.read_text() == crd.render_yaml(), (
         "run: python -m throttledjob.operator.crd --write")
     assert yaml.safe_load(path.read_text()) == crd.build_crd()
@@ -47,7 +47,7 @@ def test_generator_check_mode_detects_drift(tmp_path: Path) -> None:
     assert subprocess.run([*cmd, "--check"], capture_output=True).returncode == 1
     assert subprocess.run([*cmd, "--write"]).returncode == 0
     assert subprocess.run([*cmd, "--check"]).returncode == 0
-    target = tmp_path / crd.CRD_FILE
+    target = tmp_path / names.CRD_FILE
     target.write_text(target.read_text().replace("maximum: 100", "maximum: 1000"))
     result = subprocess.run([*cmd, "--check"], capture_output=True, text=True)
     assert result.returncode == 1 and "out of date" in result.stderr

@@ -21,7 +21,7 @@ from testing.paths import VENV_BIN
 from testing.validation import k8s_validate
 from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
 from throttledjob.contracts.policy import parse_policy
-from throttledjob.operator import crd
+from throttledjob.operator import crd, names
 from throttledjob.operator.children import INJECT_DIR, SHARED_DIR
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.validation import SpecError, validate
@@ -45,9 +45,9 @@ def test_default_is_none_and_leaves_the_pod_alone() -> None:
                      {"targets": {"cpu": {"peak": 1}}, "inject": "None"}):
         job, _ = built(make_tj(throttle=throttle))
         pod = pod_of(job)
-        assert [c["name"] for c in pod["initContainers"]] == [crd.SIDECAR_CONTAINER,
-                                                              crd.GUARD_CONTAINER]
-        assert crd.INJECT_VOLUME not in [v["name"] for v in pod["volumes"]]
+        assert [c["name"] for c in pod["initContainers"]] == [names.SIDECAR_CONTAINER,
+                                                              names.GUARD_CONTAINER]
+        assert names.INJECT_VOLUME not in [v["name"] for v in pod["volumes"]]
         assert "PYTHONPATH" not in env_of(pod["containers"][0])
 
 
@@ -55,25 +55,25 @@ def test_auto_adds_init_container_volume_and_pythonpath() -> None:
     job, cm = built(injected())
     k8s_validate(job)  # --strict, Kubernetes 1.30 and the newest bundled
     pod = pod_of(job)
-    names = [c["name"] for c in pod["initContainers"]]
+    init_names = [c["name"] for c in pod["initContainers"]]
     # The sidecar and its guard first
-    assert names == [crd.SIDECAR_CONTAINER, crd.GUARD_CONTAINER, crd.INJECT_CONTAINER]
+    assert init_names == [names.SIDECAR_CONTAINER, names.GUARD_CONTAINER, names.INJECT_CONTAINER]
     init = pod["initContainers"][2]
     assert init["image"] == OperatorSettings().sidecar_image  # the product image
     assert init["args"] == ["inject-lib", INJECT_DIR]
     assert "restartPolicy" not in init  # runs to completion before the workload
-    assert init["volumeMounts"] == [{"name": crd.INJECT_VOLUME, "mountPath": INJECT_DIR}]
+    assert init["volumeMounts"] == [{"name": names.INJECT_VOLUME, "mountPath": INJECT_DIR}]
     sc = init["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert restricted_violations(pod) == []
-    volume = next(v for v in pod["volumes"] if v["name"] == crd.INJECT_VOLUME)
-    assert volume == {"name": crd.INJECT_VOLUME, "emptyDir": {"sizeLimit": "32Mi"}}
+    volume = next(v for v in pod["volumes"] if v["name"] == names.INJECT_VOLUME)
+    assert volume == {"name": names.INJECT_VOLUME, "emptyDir": {"sizeLimit": "32Mi"}}
     (trainer,) = pod["containers"]
     assert env_of(trainer)["PYTHONPATH"] == INJECT_DIR
     assert env_of(trainer)[ENV_DIR] == SHARED_DIR  # the hook needs the shared dir too
-    assert {"name": crd.INJECT_VOLUME, "mountPath": INJECT_DIR, "readOnly": True} \
+    assert {"name": names.INJECT_VOLUME, "mountPath": INJECT_DIR, "readOnly": True} \
         in trainer["volumeMounts"]
     # The policy the sidecar reads has no `inject`: it is the operator's alone.
     doc = yaml.safe_load(cm["data"]["policy.yaml"])
@@ -88,7 +88,7 @@ def test_every_workload_container_gets_it_and_the_users_init_containers_do_not()
     job, _ = built(tj)
     out = pod_of(job)
     assert [c["name"] for c in out["initContainers"]] == [
-        crd.SIDECAR_CONTAINER, crd.GUARD_CONTAINER, crd.INJECT_CONTAINER, "fetch"]
+        names.SIDECAR_CONTAINER, names.GUARD_CONTAINER, names.INJECT_CONTAINER, "fetch"]
     assert all(env_of(c)["PYTHONPATH"] == INJECT_DIR for c in out["containers"])
     assert "env" not in out["initContainers"][3]
     k8s_validate(job)
@@ -130,7 +130,7 @@ def test_the_off_switch_set_by_the_user_is_kept() -> None:
 
 
 @pytest.mark.parametrize(("tj", "reason"), [
-    (injected(name=crd.INJECT_CONTAINER), "NameClash"),
+    (injected(name=names.INJECT_CONTAINER), "NameClash"),
     (injected(volumeMounts=[{"name": "x", "mountPath": "/opt/throttledjob/python"}]),
      "MountPathClash"),
     (injected(env=[{"name": ENV_USER_PYTHONPATH, "value": "x"}]), "EnvClash"),
@@ -144,7 +144,7 @@ def test_names_the_injection_needs_are_refused(tj: dict[str, Any], reason: str) 
 def test_a_volume_named_like_ours_is_refused() -> None:
     tj = injected()
     tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["volumes"] = [
-        {"name": crd.INJECT_VOLUME, "emptyDir": {}}]
+        {"name": names.INJECT_VOLUME, "emptyDir": {}}]
     with pytest.raises(SpecError, match="reserved"):
         validate(owned(tj))
 
@@ -193,7 +193,7 @@ def test_the_built_pod_loads_the_hook_and_keeps_the_users_path(
     pod = pod_of(job)
     # The init container, as the image runs it: `throttledjob inject-lib DIR`.
     lib = tmp_path / "python"
-    (init,) = [c for c in pod["initContainers"] if c["name"] == crd.INJECT_CONTAINER]
+    (init,) = [c for c in pod["initContainers"] if c["name"] == names.INJECT_CONTAINER]
     done = subprocess.run([str(VENV_BIN / "throttledjob"), *init["args"][:1], str(lib)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

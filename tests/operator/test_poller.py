@@ -18,8 +18,8 @@ import pytest
 
 from testing.fake_sidecar import FakeSidecar
 from testing.helpers import wait_for
-from throttledjob.operator.crd import SIDECAR_CONTAINER
 from throttledjob.operator.kube import ApiError
+from throttledjob.operator.names import SIDECAR_CONTAINER
 from throttledjob.operator.poller import (
     OperatorState,
     due,

@@ -19,7 +19,8 @@ from throttledjob.contracts.names import (
 )
 
 from . import child, cpu_limits, job_split
-from .crd import (
+from .kueue import QUEUE_LABEL, carried_labels
+from .names import (
     API_VERSION,
     DEFAULT_INJECT,
     GUARD_CONTAINER,
@@ -30,7 +31,6 @@ from .crd import (
     SHARED_VOLUME,
     SIDECAR_CONTAINER,
 )
-from .kueue import QUEUE_LABEL, carried_labels
 from .settings import OperatorSettings
 
 SHARED_DIR = "/var/run/throttledjob"

@@ -18,10 +18,10 @@ import kopf
 
 from . import child
 from .children import LABEL_NAME, build_child, build_configmap, job_owner_name, owned_by
-from .crd import DEFAULT_INJECT, GROUP, PLURAL, VERSION
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
 from .login import LoginError, connection_info
+from .names import DEFAULT_INJECT, GROUP, PLURAL, VERSION
 from .poller import POLL_THREADS, OperatorState, poll, set_workload_active
 from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader

@@ -25,7 +25,7 @@ from typing import Any
 
 from . import child, cpu_limits
 from .child import JOBSET_INDEX_LABEL
-from .crd import DEFAULT_SCOPE
+from .names import DEFAULT_SCOPE
 
 # No pod's part goes under this (cores), nor under its CPU requests: a limit under a
 # request is refused, and a rank at a few millicores would only stall the others.

@@ -22,8 +22,8 @@ import urllib3
 
 from throttledjob import __version__
 
-from .crd import GROUP, PLURAL, VERSION
 from .kueue import workload_query, workloads_path
+from .names import GROUP, PLURAL, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"

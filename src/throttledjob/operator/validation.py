@@ -24,7 +24,8 @@ from .children import (
     SHARED_DIR,
     workload_uid,
 )
-from .crd import (
+from .kueue import label_clash
+from .names import (
     INJECT_VOLUME,
     MAX_NAME_LENGTH,
     MAX_RANKS,
@@ -32,7 +33,6 @@ from .crd import (
     RESERVED_CONTAINERS,
     SHARED_VOLUME,
 )
-from .kueue import label_clash
 
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 

@@ -1,0 +1,105 @@
+"""The schema of the ThrottledJob's `status`: phase and conditions, the job-wide split
+(scope Job), and `observed`, generated from contracts.status.OBSERVED (crd.py assembles
+the CRD)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from throttledjob.contracts.status import LEVERS, OBSERVED, Aggregate, ObservedField
+
+from .names import MAX_RANKS, PHASES
+
+
+def condition_schema() -> dict[str, Any]:
+    """metav1.Condition, so `kubectl wait --for=condition=Complete` works."""
+    return {
+        "type": "object",
+        "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+        "properties": {
+            "type": {"type": "string", "maxLength": 316},
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+            "reason": {"type": "string", "maxLength": 1024},
+            "message": {"type": "string", "maxLength": 32768},
+        },
+    }
+
+
+def observed_schema(f: ObservedField) -> dict[str, Any]:
+    """The schema of one field of `status.observed`, from contracts.status.OBSERVED."""
+    bounds = {k: v for k, v in (("minimum", f.minimum), ("maximum", f.maximum))
+              if v is not None}
+    return {"type": f.type, **({"format": "int64"} if f.type == "integer" else {}),
+            **({"nullable": True} if f.nullable else {}), **bounds,
+            "description": f"{f.description} ({f.unit})."}
+
+
+def _number(description: str) -> dict[str, Any]:
+    return {"type": "number", "nullable": True, "minimum": 0, "description": description}
+
+
+def status_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "phase": {"type": "string", "enum": PHASES},
+            "jobName": {"type": "string"},
+            "observedGeneration": {"type": "integer", "format": "int64"},
+            "startTime": {"type": "string", "format": "date-time"},
+            "completionTime": {"type": "string", "format": "date-time"},
+            "conditions": {
+                "type": "array", "items": condition_schema(),
+                "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+            },
+            "jobWide": {
+                "type": "object",
+                "description": "scope Job: the whole Job against its CPU target.",
+                "properties": {
+                    "targetCores": _number("the job-wide CPU target (cores)"),
+                    "limitCores": _number("the sum of the running pods' CPU limits in "
+                                          "force, which the kernel holds (cores)"),
+                    "cpuCores": _number("the sum of the pods' CPU use in their last "
+                                        "control interval (cores)"),
+                    "cpuPeakCores": _number("the sum of each pod's p99 CPU: the job's peak "
+                                            "when its ranks peak together (cores)"),
+                },
+            },
+            "ranks": {
+                "type": "array", "maxItems": MAX_RANKS,
+                "description": "scope Job: each running pod's share of the target and "
+                               "what it did with it, by completion index.",
+                "items": {"type": "object", "required": ["pod"], "properties": {
+                    "pod": {"type": "string"},
+                    "index": {"type": "integer", "nullable": True,
+                              "description": "the Indexed Job's completion index"},
+                    "job": {"type": "integer",
+                            "description": "a JobSet's pod: its Job's global index"},
+                    "limitCores": _number("its CPU limit in force: its share (cores)"),
+                    "cpuCores": _number("its CPU use in the last control interval (cores)"),
+                    "stepsPerSecond": _number("its pace, as its workload reports steps"),
+                    "idleFraction": _number("the part of its share it left unused (waiting "
+                                            "at a barrier, or for input)"),
+                }},
+            },
+            "observed": {
+                "type": "object",
+                "description": "Read from the sidecars' /status: the worst pod's figures, "
+                               "the steps summed over the pods.",
+                "properties": {
+                    **{f.name: observed_schema(f) for f in OBSERVED
+                       if f.aggregate is not Aggregate.POD},
+                    "levers": {"type": "array", "maxItems": len(LEVERS),
+                               "items": {"type": "string", "enum": list(LEVERS)},
+                               "description": "What held the peak in any pod"},
+                    "pods": {"type": "integer", "minimum": 0},
+                    "lastReadTime": {"type": "string", "format": "date-time",
+                                     "description": "When a read last changed the "
+                                                    "figures, or at least each minute "
+                                                    "while the sidecars answer"},
+                    "errors": {"type": "array", "maxItems": 16, "items": {"type": "string"}},
+                },
+            },
+        },
+    }
