@@ -170,7 +170,10 @@ def moves(target: float, ranks: Sequence[Rank], wanted: Mapping[str, float],
     for r in ranks:
         if r.uid not in wanted or wanted[r.uid] <= r.limit * (1 + step):
             continue
-        room = round(target - sum(v for uid, v in held.items() if uid != r.uid), 6)
+        # Millicores, rounded down (the epsilon only absorbs float noise, 1e-9 cores): a
+        # room rounded to the nearest 1e-6 first read 0.2499996 as 0.25, and the limits
+        # passed a target of 1.3499996 (found by test_the_sum_of_the_limits_in_force_...).
+        room = target - sum(v for uid, v in held.items() if uid != r.uid)
         grow = int(min(wanted[r.uid], room) * 1000 + 1e-6) / 1000
         if grow > r.limit * (1 + step):
             out.append((r, grow))
