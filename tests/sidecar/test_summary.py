@@ -210,7 +210,7 @@ def test_the_pace_and_cost_of_a_step_are_read_over_ten_seconds():
     batches of 7 twice a second at uneven times: each second's count reads 7, 14 or 21.
     Over the window its cost reads true within 6%, where one second's swung by a third
     or more; a new phase shows within the window's length."""
-    from throttledjob.sidecar.snapshot import PaceWindow
+    from throttledjob.sidecar.measure import PaceWindow
 
     window, one_second = PaceWindow(), PaceWindow(seconds=1.0)
     steps, cpu, costs, windowed = 0, 0.0, [], []
@@ -234,7 +234,7 @@ def test_the_pace_and_cost_of_a_step_are_read_over_ten_seconds():
 def test_a_process_leaving_the_tree_does_not_understate_the_cost_of_a_step():
     """The tree's CPU is its members' now: a DataLoader worker that exits takes 3 CPU
     seconds out of the sum. The window counts only rises, so the cost stays 0.05."""
-    from throttledjob.sidecar.snapshot import PaceWindow
+    from throttledjob.sidecar.measure import PaceWindow
 
     window, cpu = PaceWindow(), 0.0
     for second in range(1, 13):

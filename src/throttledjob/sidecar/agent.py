@@ -27,7 +27,7 @@ from .enforcer import Enforcer
 from .lever_choice import LeverChoice, usable_cores
 from .lever_time import LeverLedger
 from .levers import LeverSetting
-from .measure import Meter
+from .measure import Meter, Pace
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume
 from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker
@@ -59,6 +59,8 @@ class LastCycle:
     # In a pod: cores each workload container wanted in the last interval, by name; the
     # operator splits the pod's limit by it.
     cpu_demand_cores: dict[str, float] = field(default_factory=dict)
+    # The workload's pace and CPU cost of a step, over measure.PACE_WINDOW_SECONDS.
+    pace: Pace = field(default_factory=Pace)
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,7 @@ class Agent:
             cpu_limit_wanted_cores=wanted,
             cpu_demand_cores=(self.container_quota.demand_by_container()
                               if self.container_quota else {}),
+            pace=sample.pace,
         )
         self.result = self._result(now, time.perf_counter() - began)
         for observer in self.observers:

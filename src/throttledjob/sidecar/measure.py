@@ -8,7 +8,8 @@ changes nothing (the agent's `act` does).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import collections
+from dataclasses import dataclass, field
 
 from throttledjob.contracts.progress import MAX_PROGRESS_FILES, Progress
 from throttledjob.runtime.progress import read_progress
@@ -16,6 +17,49 @@ from throttledjob.runtime.progress import read_progress
 from .cgroups.container_quota import ContainerQuota
 from .enforcer import Enforcer
 from .processes import ProcessTree, alive, own_cpu_seconds
+
+# The workload's pace and its CPU cost of a step are read over this many seconds: over
+# one interval, a count of steps written a few times a second swung a DDP rank's cost by
+# a third from read to read, and a job-wide split that follows it (operator/job_split.py)
+# moved the ranks' limits back and forth, starving the slower rank in turns.
+PACE_WINDOW_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Pace:
+    steps_per_second: float = 0.0
+    cpu_seconds_per_step: float | None = None  # None: no step in the window
+
+
+class PaceWindow:
+    """Steps per second and CPU seconds per step over the last PACE_WINDOW_SECONDS,
+    from the run's running counts."""
+
+    def __init__(self, seconds: float = PACE_WINDOW_SECONDS) -> None:
+        self.seconds = seconds
+        self._points: collections.deque[tuple[float, int, float]] = collections.deque()
+        self._pace = Pace()
+        self._read: float | None = None   # the tree's CPU as last read
+        self._cpu = 0.0                   # its rises since the first read, summed
+
+    def add(self, now: float, steps: int, cpu_seconds: float) -> Pace:
+        points = self._points
+        if points and now - points[-1][0] < 0.5:  # too close to the last to tell apart
+            return self._pace
+        # The tree's CPU is its members' now: one that exits takes its seconds with it.
+        # Only the rises count, so a drop does not understate a cost for the whole window.
+        self._cpu += max(0.0, cpu_seconds - self._read) if self._read is not None else 0.0
+        self._read = cpu_seconds
+        points.append((now, steps, self._cpu))
+        while len(points) > 2 and now - points[1][0] >= self.seconds:
+            points.popleft()
+        (t0, steps0, cpu0) = points[0]
+        if now > t0:
+            done = max(0, steps - steps0)
+            self._pace = Pace(done / (now - t0),
+                              (self._cpu - cpu0) / done if done else None)
+        return self._pace
+
 
 # Processes whose steps are counted over a run (the meter keeps each one's last count):
 # bounded, whatever the shared directory holds.
@@ -42,6 +86,8 @@ class Sample:
     # in a pod the containers' limits) held it back in the interval (None: not held, or
     # not by the kernel).
     busy_width: float | None = None
+    # The pace and the CPU cost of a step over the last PACE_WINDOW_SECONDS.
+    pace: Pace = field(default_factory=Pace)
 
     @property
     def usage_cores(self) -> float:
@@ -119,6 +165,7 @@ class Meter:
         self.started = now
         self._last_time = now
         self._last_cpu = tree.cpu_seconds()
+        self._pace = PaceWindow()
         self._steps_by_pid: dict[int, int] = {}
         self._last_steps = 0
         self._last_coop_paused: dict[int, float] = {}
@@ -172,6 +219,7 @@ class Meter:
             signal_pause=signal_pause,
             enforcer_capped=bool(enforcer and enforcer.pause_capped),
             kernel_pause=kernel_pause, busy_width=busy_width,
+            pace=self._pace.add(now, steps, cpu),
         )
 
     def _cooperative_pause(self, records: tuple[Progress, ...], elapsed: float) -> float:

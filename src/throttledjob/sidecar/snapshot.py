@@ -7,7 +7,6 @@ loop. The run's figures come from sidecar/summary.py, as local mode's --report's
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 import time
@@ -77,64 +76,19 @@ class Snapshot:
     kernel_throttling: ThrottleStats | None = None
 
 
-# The workload's pace and its CPU cost of a step are read over this many seconds: over
-# one interval, a count of steps written a few times a second swung a DDP rank's cost by
-# a third from read to read, and a job-wide split that follows it (operator/job_split.py)
-# moved the ranks' limits back and forth, starving the slower rank in turns.
-PACE_WINDOW_SECONDS = 10.0
-
-
-@dataclass(frozen=True)
-class Pace:
-    steps_per_second: float = 0.0
-    cpu_seconds_per_step: float | None = None  # None: no step in the window
-
-
-class PaceWindow:
-    """Steps per second and CPU seconds per step over the last PACE_WINDOW_SECONDS,
-    from the run's running counts."""
-
-    def __init__(self, seconds: float = PACE_WINDOW_SECONDS) -> None:
-        self.seconds = seconds
-        self._points: collections.deque[tuple[float, int, float]] = collections.deque()
-        self._pace = Pace()
-        self._read: float | None = None   # the tree's CPU as last read
-        self._cpu = 0.0                   # its rises since the first read, summed
-
-    def add(self, now: float, steps: int, cpu_seconds: float) -> Pace:
-        points = self._points
-        if points and now - points[-1][0] < 0.5:  # too close to the last to tell apart
-            return self._pace
-        # The tree's CPU is its members' now: one that exits takes its seconds with it.
-        # Only the rises count, so a drop does not understate a cost for the whole window.
-        self._cpu += max(0.0, cpu_seconds - self._read) if self._read is not None else 0.0
-        self._read = cpu_seconds
-        points.append((now, steps, self._cpu))
-        while len(points) > 2 and now - points[1][0] >= self.seconds:
-            points.popleft()
-        (t0, steps0, cpu0) = points[0]
-        if now > t0:
-            done = max(0, steps - steps0)
-            self._pace = Pace(done / (now - t0),
-                              (self._cpu - cpu0) / done if done else None)
-        return self._pace
-
-
 class SnapshotHolder:
     """The latest snapshot, handed from the loop thread to the HTTP thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
-        self._pace = PaceWindow()
 
     def get(self) -> Snapshot | None:
         with self._lock:
             return self._snapshot
 
     def publish(self, result: CycleResult, health: Health) -> Snapshot:
-        pace = self._pace.add(result.time, result.last.steps, result.cpu_seconds)
-        snap = snapshot_of(result, health, pace)
+        snap = snapshot_of(result, health)
         with self._lock:
             self._snapshot = snap
         return snap
@@ -148,7 +102,7 @@ def _paused_by_lever(run: RunSummary, result: CycleResult) -> dict[str, float]:
     return paused
 
 
-def snapshot_of(result: CycleResult, health: Health, pace: Pace = Pace()) -> Snapshot:
+def snapshot_of(result: CycleResult, health: Health) -> Snapshot:
     run = summarize(result)
     gpu = result.gpu
     return Snapshot(
@@ -163,8 +117,8 @@ def snapshot_of(result: CycleResult, health: Health, pace: Pace = Pace()) -> Sna
         paused_seconds=_paused_by_lever(run, result),
         budget_exhausted_seconds=result.budget_exhausted_seconds, levers=run.levers,
         target_met=run.target_met, budget_exhausted=run.budget_exhausted,
-        steps_per_second=pace.steps_per_second,
-        cpu_seconds_per_step=pace.cpu_seconds_per_step,
+        steps_per_second=result.last.pace.steps_per_second,
+        cpu_seconds_per_step=result.last.pace.cpu_seconds_per_step,
         kernel_throttling=result.kernel_throttling,
         health=Health(health.started, health.cycles, health.last_cycle_duration,
                       dict(health.errors_total), dict(health.policy_reloads),
