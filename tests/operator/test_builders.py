@@ -31,9 +31,9 @@ from throttledjob.operator.children import (
     job_owner_name,
     sidecar_endpoint,
 )
-from throttledjob.operator.kube import as_stored
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.status import (
+    as_stored,
     condition,
     set_condition,
     status_from_job,
@@ -507,7 +507,7 @@ def test_hostile_report_values_are_clamped() -> None:
 
 
 def test_invalid_then_created_clears_the_spec_failure() -> None:
-    st = status_invalid({}, SpecError("VolumeClash", "bad"), 1, NOW)
+    st = status_invalid({}, "VolumeClash", "bad", 1, NOW)
     assert st["phase"] == "Failed" and condition(st, "Failed")["status"] == "True"
     st = status_job_created(st, "train", 2, NOW)
     assert st["phase"] == "Pending" and st["observedGeneration"] == 2

@@ -117,7 +117,8 @@ def _refuse(kube: Kube, body: kopf.Body, error: SpecError,
     """A spec the operator will not run: status, a Warning event, no retry."""
     now = now_iso()
     kube.update_status(body.meta.namespace or "", body.meta.name or "",
-                       lambda st, _: status_invalid(st, error, generation, now))
+                       lambda st, _: status_invalid(st, error.reason, str(error),
+                                                      generation, now))
     kopf.warn(body, reason=error.reason, message=str(error))
     raise kopf.PermanentError(f"{error.reason}: {error}")
 

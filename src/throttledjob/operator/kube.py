@@ -24,6 +24,7 @@ from throttledjob import __version__
 
 from .kueue import workload_query, workloads_path
 from .names import GROUP, PLURAL, VERSION
+from .status import as_stored
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -53,16 +54,6 @@ def backoff_seconds(attempt: int, base: float = 0.2, cap: float = 5.0,
     """Exponential backoff with full jitter (attempt 0, 1, ...), at least Retry-After."""
     delay = random.uniform(0, min(cap, base * 2 ** attempt))
     return max(delay, min(retry_after or 0.0, 60.0))
-
-
-def as_stored(obj: Any) -> Any:
-    """`obj` as a merge patch of it leaves it stored: a member set to null is removed (in
-    every nested object; a list is stored whole, nulls and all). A status that differs
-    from the stored one only in such nulls is not a change: without this, a nullable
-    figure that is null (no GPU) made every read a write."""
-    if isinstance(obj, Mapping):
-        return {k: as_stored(v) for k, v in obj.items() if v is not None}
-    return obj
 
 
 class _Session(NamedTuple):

@@ -22,9 +22,7 @@ from throttledjob.contracts.status import (
 )
 
 from .job_split import Rank, job_wide, rank_status
-from .kube import as_stored
 from .kueue import admission, queued_by_kueue
-from .validation import SpecError
 
 # A sidecar read whose figures are all within OBSERVED_TOLERANCE of the written ones is
 # not written unless those are this old: a measured figure moves a little every
@@ -130,20 +128,31 @@ def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: b
     return out
 
 
+def as_stored(obj: Any) -> Any:
+    """`obj` as a merge patch of it leaves it stored: a member set to null is removed (in
+    every nested object; a list is stored whole, nulls and all). A status that differs
+    from the stored one only in such nulls is not a change: without this, a nullable
+    figure that is null (no GPU) made every read a write."""
+    if isinstance(obj, Mapping):
+        return {k: as_stored(v) for k, v in obj.items() if v is not None}
+    return obj
+
+
 def condition(status: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
 
 
-def status_invalid(status: Mapping[str, Any], error: SpecError, generation: int | None,
-                   now: str) -> dict[str, Any]:
-    """A refused spec: phase Failed, Ready False, Failed True with the reason."""
+def status_invalid(status: Mapping[str, Any], reason: str, message: str,
+                   generation: int | None, now: str) -> dict[str, Any]:
+    """A refused spec: phase Failed, Ready False, Failed True with the reason (a
+    validation.Refusal) and its message."""
     out = dict(status)
     out["phase"] = Phase.FAILED
     out["observedGeneration"] = generation
-    conds = set_condition(status.get("conditions"), Condition.READY, False, error.reason,
-                          str(error), now, generation)
-    out["conditions"] = set_condition(conds, Condition.FAILED, True, error.reason, str(error),
-                                      now, generation)
+    conds = set_condition(status.get("conditions"), Condition.READY, False, reason, message,
+                          now, generation)
+    out["conditions"] = set_condition(conds, Condition.FAILED, True, reason, message, now,
+                                      generation)
     return out
 
 
