@@ -14,6 +14,7 @@ from testing.cluster_cli import Kubectl
 from testing.manifests import make_tj
 from testing.paths import ROOT
 from throttledjob.operator import names
+from throttledjob.operator.spec_rules import broken_spec, broken_throttle
 
 
 def _doc_examples() -> list[dict[str, Any]]:
@@ -161,3 +162,39 @@ def test_a_job_wide_target_is_accepted_and_what_it_cannot_hold_is_refused(
                          (too_many, "jobTemplate.spec.parallelism must be at most 64")):
         ok, err = dry_run_create(kubectl, obj)
         assert not ok and message in err, err
+
+
+def rule_cases() -> list[tuple[str, dict[str, Any]]]:
+    """Specs on both sides of each rule of operator/spec_rules.py, defaults included."""
+    no_target = make_tj(throttle={"targets": {}})
+    fixed = make_tj(throttle={"targets": {}, "mode": "Fixed"})
+    defaulted_quota = job_wide()
+    del defaulted_quota["spec"]["throttle"]["enforcement"]
+    both = make_tj()
+    both["spec"]["jobSetTemplate"] = {"spec": {"replicatedJobs": [
+        {"name": "w", "template": both["spec"]["jobTemplate"]}]}}
+    neither = make_tj()
+    del neither["spec"]["jobTemplate"]
+    cases = [("as made", make_tj()), ("Adaptive, no target", no_target),
+             ("Fixed, no target", fixed), ("job-wide", job_wide()),
+             ("job-wide, enforcement defaulted", defaulted_quota),
+             ("job-wide, Cooperative", job_wide(enforcement="Cooperative")),
+             ("job-wide, GPU too", job_wide(targets={"cpu": {"peak": "1"},
+                                                     "gpu": {"peakPowerWatts": 200}})),
+             ("job-wide, GPU only", job_wide(targets={"gpu": {"peakPowerWatts": 200}})),
+             ("both templates", both), ("no template", neither)]
+    for _, obj in cases:
+        obj["metadata"]["namespace"] = "default"
+    return cases
+
+
+@pytest.mark.parametrize(("case", "obj"), rule_cases(), ids=[c for c, _ in rule_cases()])
+def test_the_api_server_and_the_operator_refuse_the_same_specs_for_each_rule(
+        kubectl: Kubectl, crd_installed: None, case: str, obj: dict[str, Any]) -> None:
+    """The CRD's CEL and the operator's Python are one table (spec_rules.py): here the
+    real API server and the Python side judge each spec alike, with the same words."""
+    spec = obj["spec"]
+    why = broken_spec(spec) or broken_throttle(spec["throttle"])
+    ok, err = dry_run_create(kubectl, obj)
+    assert ok == (why is None), (case, why, err)
+    assert why is None or why in err, (case, err)

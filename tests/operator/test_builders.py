@@ -582,8 +582,8 @@ def test_other_enforcements_leave_the_limits_alone() -> None:
         job, _ = built(tj)
         assert pod_of(job)["containers"][0]["resources"] == {}, enforcement
         assert ENV_CPU_LIMIT not in sidecar_env(job)
-    no_target = quota_tj(1, a={})
-    no_target["spec"]["throttle"]["targets"] = {}
+    no_target = quota_tj(1, a={})  # mode Fixed: Adaptive needs a target (spec_rules.py)
+    no_target["spec"]["throttle"].update(targets={}, mode="Fixed")
     job, _ = built(no_target)
     assert pod_of(job)["containers"][0]["resources"] == {}
 

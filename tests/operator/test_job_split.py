@@ -155,7 +155,8 @@ def test_each_pod_starts_with_an_even_share_of_a_job_wide_target() -> None:
     ({"targets": {"gpu": {"peakPowerWatts": 200}, "cpu": {"peak": "1"}}},
      "job-wide GPU target is not supported"),
     ({"targets": {"cpu": {"peak": "0.08"}}}, "under the 0.1 cores its 2 pods need"),
-    ({"enforcement": "Signals"}, "set targets.cpu.peak and enforcement Quota"),
+    ({"enforcement": "Signals"}, "scope Job is held by the pods. CPU limits: enforcement must be "
+                                 "Quota"),
 ])
 def test_a_job_wide_target_that_cannot_be_held_is_refused(change: dict[str, Any],
                                                            message: str) -> None:

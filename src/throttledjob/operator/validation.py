@@ -33,6 +33,7 @@ from .names import (
     RESERVED_CONTAINERS,
     SHARED_VOLUME,
 )
+from .spec_rules import broken_spec, broken_throttle
 
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 
@@ -144,9 +145,10 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False,
         raise SpecError(Refusal.INVALID_NAME,
                         f"the name is longer than {MAX_NAME_LENGTH} characters")
     spec = body.get("spec") or {}
-    if ("jobTemplate" in spec) == ("jobSetTemplate" in spec):
-        raise SpecError(Refusal.INVALID_JOB_TEMPLATE,
-                        "set exactly one of spec.jobTemplate and spec.jobSetTemplate")
+    # The CRD's own rules (spec_rules.py), again for an object the server stored without.
+    why = broken_spec(spec)
+    if why:
+        raise SpecError(Refusal.INVALID_JOB_TEMPLATE, why)
     if child.is_jobset(spec) and not jobsets:
         raise SpecError(Refusal.JOBSETS_OFF, "spec.jobSetTemplate needs the operator's "
                                              "JobSet support: the chart value "
@@ -155,6 +157,9 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False,
     if not pods:
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE,
                         "jobSetTemplate.spec.replicatedJobs is empty")
+    why = broken_throttle(spec.get("throttle") or {})
+    if why:
+        raise SpecError(Refusal.INVALID_POLICY, why)
     doc = policy_document(spec)
     clash = label_clash(body.get("metadata", {}).get("labels"),
                         (child.template(spec).get("metadata") or {}).get("labels"))
@@ -207,18 +212,11 @@ def _check_pod(pod: Mapping[str, Any], allow_host_access: bool) -> None:
 
 def _check_split(spec: Mapping[str, Any], doc: Mapping[str, Any],
                  containers: list[Mapping[str, Any]]) -> None:
-    """scope Job: the CRD's rules (CPU only, enforcement Quota, parallelism in range),
-    again for a server that skipped them, and a target every pod's floor fits in."""
+    """scope Job: the parallelism in range (the CRD's rule, again for a server that skipped
+    it), and a target every pod's floor fits in (spec_rules.py holds the rest)."""
     if not job_split.job_scoped(spec):
         return
-    target = cpu_limits.quota_target(doc)
-    if target is None:
-        raise SpecError(Refusal.INVALID_POLICY, "scope Job holds the pods' summed CPU with "
-                                                "their limits: set targets.cpu.peak and "
-                                                "enforcement Quota")
-    if (doc.get("targets") or {}).get("gpu"):
-        raise SpecError(Refusal.INVALID_POLICY, "scope Job holds CPU only: a job-wide GPU "
-                                                "target is not supported yet")
+    target = cpu_limits.quota_target(doc) or 0.0
     ranks = child.pods_at_once(spec)
     if ranks > MAX_RANKS:
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE, f"scope Job splits its target among "
