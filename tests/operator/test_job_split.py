@@ -304,3 +304,12 @@ def test_a_silent_sidecar_a_deleted_pod_and_an_operator_restart_mid_split(
     del kubelet.pods["train-2"]
     tick(fresh(), {"u0": report(0.154, 1.0), "u1": report(0.512, 1.0)})
     assert kubelet.calls[-2:] == [("train-0", "231m"), ("train-1", "768m")]
+
+
+def test_the_status_figures_are_the_ones_the_schema_is_generated_from() -> None:
+    """status.ranks[] and status.jobWide carry exactly the figures of RANK_FIGURES and
+    JOB_WIDE_FIGURES, which the CRD's schema is generated from: a figure added to one
+    and not the other would be pruned by the API server, or be a schema with no value."""
+    r = rank("r0", 0.5, 0.4, 2.0)
+    assert set(job_split.rank_status(r)) == {"pod", "index", *job_split.RANK_FIGURES}
+    assert set(job_split.job_wide(1.0, [r])) == set(job_split.JOB_WIDE_FIGURES)

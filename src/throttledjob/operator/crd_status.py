@@ -8,6 +8,7 @@ from typing import Any
 
 from throttledjob.contracts.status import LEVERS, OBSERVED, Aggregate, ObservedField
 
+from .job_split import JOB_WIDE_FIGURES, RANK_FIGURES
 from .names import MAX_RANKS, PHASES
 
 
@@ -56,15 +57,7 @@ def status_schema() -> dict[str, Any]:
             "jobWide": {
                 "type": "object",
                 "description": "scope Job: the whole Job against its CPU target.",
-                "properties": {
-                    "targetCores": _number("the job-wide CPU target (cores)"),
-                    "limitCores": _number("the sum of the running pods' CPU limits in "
-                                          "force, which the kernel holds (cores)"),
-                    "cpuCores": _number("the sum of the pods' CPU use in their last "
-                                        "control interval (cores)"),
-                    "cpuPeakCores": _number("the sum of each pod's p99 CPU: the job's peak "
-                                            "when its ranks peak together (cores)"),
-                },
+                "properties": {k: _number(d) for k, d in JOB_WIDE_FIGURES.items()},
             },
             "ranks": {
                 "type": "array", "maxItems": MAX_RANKS,
@@ -76,11 +69,7 @@ def status_schema() -> dict[str, Any]:
                               "description": "the Indexed Job's completion index"},
                     "job": {"type": "integer",
                             "description": "a JobSet's pod: its Job's global index"},
-                    "limitCores": _number("its CPU limit in force: its share (cores)"),
-                    "cpuCores": _number("its CPU use in the last control interval (cores)"),
-                    "stepsPerSecond": _number("its pace, as its workload reports steps"),
-                    "idleFraction": _number("the part of its share it left unused (waiting "
-                                            "at a barrier, or for input)"),
+                    **{k: _number(d) for k, d in RANK_FIGURES.items()},
                 }},
             },
             "observed": {

@@ -181,6 +181,25 @@ def moves(target: float, ranks: Sequence[Rank], wanted: Mapping[str, float],
     return out
 
 
+# The figures of status.ranks[] and status.jobWide (cores unless said): rank_status and
+# job_wide fill them, and the CRD's schema of them is generated from here (crd_status.py).
+RANK_FIGURES = {
+    "limitCores": "its CPU limit in force: its share (cores)",
+    "cpuCores": "its CPU use in the last control interval (cores)",
+    "stepsPerSecond": "its pace, as its workload reports steps",
+    "idleFraction": "the part of its share it left unused (waiting at a barrier, or for "
+                    "input)",
+}
+JOB_WIDE_FIGURES = {
+    "targetCores": "the job-wide CPU target (cores)",
+    "limitCores": "the sum of the running pods' CPU limits in force, which the kernel "
+                  "holds (cores)",
+    "cpuCores": "the sum of the pods' CPU use in their last control interval (cores)",
+    "cpuPeakCores": "the sum of each pod's p99 CPU: the job's peak when its ranks peak "
+                    "together (cores)",
+}
+
+
 def rank_status(rank: Rank) -> dict[str, Any]:
     """One entry of the ThrottledJob's status.ranks."""
     idle = None
