@@ -137,8 +137,8 @@ def _add_sidecar_flags(p: argparse.ArgumentParser, metrics_port: int | None) -> 
                    help="auto: NVML when present, else none; fake: simulated GPUs "
                         "(THROTTLEDJOB_FAKE_GPUS, THROTTLEDJOB_FAKE_GPU_TRACE) (default auto)")
     p.add_argument("--gpu-power-limit", action="store_true",
-                   help="privileged lever: set the NVML power limit to the power target "
-                        "(restored on exit; needs root on the node)")
+                   help="allow the privileged lever levers.gpuPowerLimit: cap the NVML power "
+                        "limit at the power target (restored on exit; needs root on the node)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +179,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             mode=args.mode, enforcement=args.enforcement,
             gpu_peak_utilization_percent=args.gpu_peak_util,
             gpu_peak_power_watts=args.gpu_peak_power,
-            gpu_memory_fraction=args.gpu_memory_fraction)
+            gpu_memory_fraction=args.gpu_memory_fraction,
+            gpu_power_limit="allow" if args.gpu_power_limit else None)
     except PolicyError as e:
         return _fail(prog, str(e))
     gpu = _gpu_agent(prog, args, policy)
@@ -233,7 +234,7 @@ def _gpu_agent(prog: str, args: argparse.Namespace, policy):
 
     log_to_stderr()
     try:
-        agent = open_gpu_agent(args.gpu_backend, policy, args.gpu_power_limit)
+        agent = open_gpu_agent(args.gpu_backend, policy)
         floor = policy.gpu_peak_power_watts and under_the_floor(
             policy.gpu_peak_power_watts, agent.backend.read())
     except GpuError as e:

@@ -126,15 +126,30 @@ def test_gpu_falling_off_the_bus_degrades_to_cpu_only(caplog):
 
 def test_power_limit_lever_is_applied_and_restored():
     gpu = FakeGpuBackend(2, "steady")
-    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=200), power_limit_lever=True)
+    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=200, gpu_power_limit="allow"))
     agent.cycle(1.0, 0.0, [])
     # At the controller's setpoint (3% under the target), so no duty acts on top of it.
     assert gpu.limits == [194.0, 194.0]
-    agent.set_policy(Policy(gpu_peak_power_watts=50))  # below the board's minimum: clamped
-    agent.cycle(1.0, 0.0, [])                          # (applied at the next read)
+    # Below the board's minimum: clamped (applied at the next read).
+    agent.set_policy(Policy(gpu_peak_power_watts=50, gpu_power_limit="allow"))
+    agent.cycle(1.0, 0.0, [])
     assert gpu.limits == [100.0, 100.0]
     agent.close()
     assert gpu.limits == [300.0, 300.0]
+
+
+def test_a_policy_edit_that_denies_the_power_limit_puts_every_gpu_back_at_once():
+    """The lever is the policy's alone: an edit to Deny restores the boards' own limits
+    then and there, and the target is held back from the next cycle on."""
+    gpu = FakeGpuBackend(2, "steady")
+    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=200, gpu_power_limit="allow"))
+    agent.cycle(1.0, 0.0, [])
+    assert gpu.limits == [194.0, 194.0] and agent.state().capping
+    agent.set_policy(Policy(gpu_peak_power_watts=200))
+    assert gpu.limits == [300.0, 300.0] and not agent.state().power_limit_lever
+    agent.cycle(1.0, 0.0, [])
+    assert gpu.limits == [300.0, 300.0] and not agent.state().capping
+    agent.close()
 
 
 def test_power_limit_lever_is_off_by_default():

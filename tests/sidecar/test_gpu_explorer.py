@@ -23,8 +23,8 @@ TARGET = 200.0
 
 def agent_for(gpu: FakeGpuBackend, lever: bool = True, max_slowdown: float = 2.0,
               target: float = TARGET) -> GpuAgent:
-    return GpuAgent(gpu, Policy(gpu_peak_power_watts=target, max_slowdown=max_slowdown),
-                    power_limit_lever=lever)
+    return GpuAgent(gpu, Policy(gpu_peak_power_watts=target, max_slowdown=max_slowdown,
+                                gpu_power_limit="allow" if lever else "deny"))
 
 
 def mean_speed(rows) -> float:
@@ -136,7 +136,8 @@ def test_settled_uncapped_falls_back_to_the_cap_when_the_budget_no_longer_holds(
     drive(agent, gpu, 40)
     assert agent.explorer.limit is UNCAPPED
     # The slowdown budget is cut live: 9% hold-back cannot hold 200 W any more.
-    agent.set_policy(Policy(gpu_peak_power_watts=TARGET, max_slowdown=1.1))
+    agent.set_policy(Policy(gpu_peak_power_watts=TARGET, max_slowdown=1.1,
+                            gpu_power_limit="allow"))
     rows = drive(agent, gpu, 30)
     assert sum(r.power_watts > TARGET for r in rows) == 1   # one interval, then the cap
     assert agent.explorer.limit == pytest.approx(194.0) and gpu.limits == [194.0]

@@ -39,7 +39,16 @@ class Enforcement(Choice):
     BOTH = "both"  # pacing while the workload calls step(), signals otherwise
 
 
+class Permission(Choice):
+    """Whether a privileged lever may be used: the ThrottledJob (or the command line)
+    allows it; absent is Deny."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+
+
 MODES = tuple(m.value for m in Mode)
+PERMISSIONS = tuple(p.value for p in Permission)
 ENFORCEMENTS = tuple(e.value for e in Enforcement)
 
 
@@ -64,6 +73,8 @@ class Policy:
     # Enforced without cooperation: niceness, and pinning to this many CPUs.
     nice: int | None = None
     cpu_affinity: int | None = None
+    # The GPU board's power limit as a lever (privileged: sidecar/gpu/power_cap.py).
+    gpu_power_limit: Permission = Permission.DENY
     params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -72,6 +83,8 @@ class Policy:
             object.__setattr__(self, "mode", Mode(self.mode))
         if self.enforcement in ENFORCEMENTS:
             object.__setattr__(self, "enforcement", Enforcement(self.enforcement))
+        if self.gpu_power_limit in PERMISSIONS:
+            object.__setattr__(self, "gpu_power_limit", Permission(self.gpu_power_limit))
 
     @property
     def uses_signals(self) -> bool:
@@ -85,6 +98,10 @@ class Policy:
     @property
     def enforced_by_the_kernel(self) -> bool:
         return self.enforcement is Enforcement.QUOTA
+
+    @property
+    def allows_gpu_power_limit(self) -> bool:
+        return self.gpu_power_limit is Permission.ALLOW
 
     @property
     def adaptive(self) -> bool:
@@ -189,6 +206,13 @@ POLICY_FIELDS: tuple[PolicyField, ...] = (
                 "(a hard cap of that many cores, whatever the program); given back when the "
                 "sidecar stops. Set when the sidecar starts; a later edit reaches new pods "
                 "only.", 1, 4096),
+    PolicyField("levers.gpuPowerLimit", "gpu_power_limit", "choice",
+                "Allow: a GPU power target is held first by capping each GPU's board power "
+                "limit at it (within the board's range; put back when the workload ends), "
+                "and by holding the workload back only for what the cap cannot hold. "
+                "Privileged: the sidecar needs the right to set the limit (root on the "
+                "node); where it cannot, it says so and holds back instead. Deny (absent): "
+                "never touched.", choices=PERMISSIONS),
 )
 
 

@@ -36,8 +36,10 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
                 root_pid: int | None = None, stop: threading.Event | None = None) -> int:
     log_to_stderr()
     stop = stop or threading.Event()
-    watcher = PolicyWatcher(policy_path)
-    written = watcher.poll() or Policy()
+    # --gpu-power-limit allows the lever whatever the ConfigMap says, as run's flags do.
+    watcher = PolicyWatcher(policy_path, overrides={"gpu_power_limit": "allow"}
+                            if gpu_power_limit else {})
+    written = watcher.poll() or Policy().with_overrides(**watcher.overrides)
     if watcher.error:  # no valid policy yet: measure and export, throttle nothing
         log.warning("throttledjob: policy: %s", watcher.error)
     scope = None if root_pid is not None else pod_cgroup(cgroup_of("self"))
@@ -52,7 +54,7 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     limit = cpu_limit_from_env(os.environ)
     plan = pod_plan(written, limit, scoped=tree.scoped)
     log.info("throttledjob: the CPU target is held by %s", plan.reason)
-    gpu = open_gpu_agent(gpu_backend, written, gpu_power_limit)
+    gpu = open_gpu_agent(gpu_backend, written)
     log.info("throttledjob: %s", gpu.note)
     # The containers' own limits, read live through the workload's processes (a pod only).
     kernel = ContainerQuota(tree) if tree.scoped else None

@@ -9,15 +9,20 @@ read once per control interval.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Any
 
 from throttledjob.contracts.policy import MAX_POLICY_BYTES, Policy, PolicyError, load_policy_file
 
 
 class PolicyWatcher:
-    """`poll()` returns a new Policy when the file's content changed to a valid one."""
+    """`poll()` returns a new Policy when the file's content changed to a valid one, with
+    `overrides` (the command line's, Policy.with_overrides) applied to each."""
 
-    def __init__(self, path: str, initial: Policy | None = None) -> None:
+    def __init__(self, path: str, initial: Policy | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> None:
         self.path = path
+        self.overrides = dict(overrides or {})
         self.policy = initial
         self.error: str | None = None
         self.reloads = {"success": 0, "failure": 0}
@@ -29,7 +34,7 @@ class PolicyWatcher:
             return None
         self._digest = digest
         try:
-            policy = load_policy_file(self.path)
+            policy = load_policy_file(self.path).with_overrides(**self.overrides)
         except PolicyError as e:
             # Keep the last valid policy: a typo in an edit must not unthrottle the job.
             self.error = f"{e}; keeping the last valid policy"

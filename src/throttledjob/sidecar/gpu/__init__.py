@@ -55,13 +55,13 @@ def open_backend(name: str, environ: dict[str, str] | None = None) -> tuple[GpuB
     return backend, f"GPU telemetry from NVML ({backend.device_count} GPUs)"
 
 
-def open_gpu_agent(backend: str, policy: Policy, power_limit_lever: bool = False) -> GpuAgent:
+def open_gpu_agent(backend: str, policy: Policy) -> GpuAgent:
     """The GPU agent both hosts run (the pod's sidecar, local mode): the backend named
     by `--gpu-backend` (open_backend; its note is the agent's `note`), and simulated GPUs
     made to see what the agent does to the workload. Raises GpuError."""
     from .simulate import follow
 
     opened, note = open_backend(backend)
-    agent = GpuAgent(opened, policy, power_limit_lever=power_limit_lever, note=note)
+    agent = GpuAgent(opened, policy, note=note)
     follow(agent)
     return agent

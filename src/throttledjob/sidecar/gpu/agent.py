@@ -19,6 +19,7 @@ from ..stats import PeakSummary, PeakTracker
 from .backend import GpuBackend, GpuError, GpuReading, NullGpuBackend, select_gpus
 from .controller import DEFAULT_MARGIN, GpuController, GpuDecision, GpuObservation
 from .explorer import UNCAPPED, GpuSample, PowerLimitExplorer
+from .power_cap import PowerCap
 
 log = logging.getLogger("throttledjob.sidecar")
 # Intervals the duty tracks the control law down after the cap is lifted (it converges
@@ -56,17 +57,17 @@ class GpuState:
     readings: tuple[GpuReading, ...]
     utilization: PeakSummary        # of the busiest watched GPU, ratio 0..1
     power: PeakSummary              # of the busiest watched GPU, watts
-    power_limit_lever: bool         # the lever is allowed (--gpu-power-limit)
+    power_limit_lever: bool         # the lever is allowed (levers.gpuPowerLimit)
     capping: bool                   # a cap under the board's own limit is in force
     error: str | None
 
 
 class GpuAgent:
-    def __init__(self, backend: GpuBackend, policy: Policy, power_limit_lever: bool = False,
-                 note: str = "") -> None:
+    def __init__(self, backend: GpuBackend, policy: Policy, note: str = "") -> None:
         self.backend = backend
         self.note = note
-        self.power_limit_lever = power_limit_lever
+        # The power-limit lever, while the policy allows it (set_policy).
+        self.cap: PowerCap | None = None
         self.readings: list[GpuReading] = []
         self.util_stats = PeakTracker(resolution=0.005)
         self.power_stats = PeakTracker(resolution=0.5)
@@ -77,10 +78,6 @@ class GpuAgent:
         self.read_errors = 0
         self.error_lost = False
         self._failed_reads = 0
-        self._saved_limits: dict[int, float] = {}
-        # True while the board's caps hold the power target (the duty need not).
-        self.cap_holds = False
-        self.capping = False        # a cap under the board's own limit is in force
         self._limits_stale = True
         self.explorer: PowerLimitExplorer | None = None
         self._tracking = 0   # intervals left in which the duty tracks the law both ways
@@ -100,9 +97,28 @@ class GpuAgent:
             return "none"
         return "fake (simulated)" if self.backend.simulated else self.backend.kind
 
+    @property
+    def power_limit_lever(self) -> bool:
+        return self.cap is not None
+
+    @property
+    def cap_holds(self) -> bool:
+        """The board's caps hold the power target (the duty need not)."""
+        return bool(self.cap and self.cap.holds)
+
+    @property
+    def capping(self) -> bool:
+        """A cap under the board's own limit is in force."""
+        return bool(self.cap and self.cap.capping)
+
     def set_policy(self, policy: Policy) -> None:
         if policy.gpu_peak_power_watts != self.policy.gpu_peak_power_watts:
             self.explorer = None   # what it measured was for another target
+        if policy.allows_gpu_power_limit and self.cap is None:
+            self.cap = PowerCap(self.backend)
+        elif not policy.allows_gpu_power_limit and self.cap is not None:
+            self.cap.restore()
+            self.cap, self.explorer = None, None
         self.policy = policy
         self._sync_controller()
         self._limits_stale = True   # applied at the next read, to every GPU watched then
@@ -112,7 +128,7 @@ class GpuAgent:
         """The power limit that holds the target: the controller's setpoint, so that the
         duty does not act on top of the cap (None: no target, or the lever is off)."""
         target = self.policy.gpu_peak_power_watts
-        if not self.power_limit_lever or target is None:
+        if self.cap is None or target is None:
             return None
         return target * (1.0 - DEFAULT_MARGIN)
 
@@ -155,8 +171,7 @@ class GpuAgent:
         except GpuError as e:
             self._read_failed(e)
             return self.decision.duty if self.decision and not self.error_lost else None
-        if self.power_limit_lever and (self._limits_stale or any(
-                r.index not in self._saved_limits for r in self.readings)):
+        if self.cap and (self._limits_stale or self.cap.unsaved(self.readings)):
             self._apply_power_limits()   # first read, a policy edit, or a GPU newly watched
         util = max((r.utilization_ratio for r in self.readings), default=None)
         power = max((r.power_watts for r in self.readings if r.power_watts is not None),
@@ -233,40 +248,14 @@ class GpuAgent:
 
     def _apply_power_limits(self) -> None:
         self._limits_stale = False
-        limit = self.power_limit_watts
-        holds, capping = limit is not None, False
-        for r in self.readings:
-            try:
-                if r.index not in self._saved_limits and r.power_limit_watts is not None:
-                    self._saved_limits[r.index] = r.power_limit_watts
-                original = self._saved_limits.get(r.index)
-                span = self.backend.power_limit_range_watts(r.index)
-                if span is None or original is None:   # no such lever on this board
-                    holds = False
-                    continue
-                wanted = original if limit is None else min(span[1], max(span[0], limit))
-                holds = holds and wanted <= limit
-                capping = capping or wanted < original
-                self.backend.set_power_limit_watts(r.index, wanted)
-            except GpuError as e:
-                self.error = f"cannot set the GPU power limit: {e}"
-                log.warning("throttledjob: %s", self.error)
-                holds = False
-                break
-        # A cap only holds the target if it binds below the board's own limit on every GPU.
-        self.cap_holds = holds and capping and bool(self.readings)
-        self.capping = capping
+        if self.cap is not None:
+            self.cap.apply(self.readings, self.power_limit_watts)
+            self.error = self.cap.error or self.error
         self._sync_controller()
 
     def _restore_power_limits(self) -> None:
-        for index, watts in self._saved_limits.items():
-            try:
-                self.backend.set_power_limit_watts(index, watts)
-            except GpuError as e:
-                log.warning("throttledjob: could not restore the power limit of GPU %d: %s",
-                            index, e)
-        self._saved_limits.clear()
-        self.capping = self.cap_holds = False
+        if self.cap is not None:
+            self.cap.restore()
 
     def report(self) -> dict:
         """The GPU part of local mode's JSON report."""
