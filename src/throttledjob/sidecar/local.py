@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from throttledjob.contracts.names import ENV_DIR
 from throttledjob.contracts.policy import Enforcement, Policy
@@ -51,10 +51,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
 
         exporter = Exporter(*metrics_address)
     settings_dir = tempfile.mkdtemp(prefix="throttledjob-")
-    env = {**os.environ, **(extra_env or {}), ENV_DIR: settings_dir}
-    if inject:  # the torch auto-hook, loaded by any Python the command starts
-        lib = write_library(os.path.join(settings_dir, "lib"))
-        env["PYTHONPATH"] = pythonpath_with(lib, env.get("PYTHONPATH"))
+    env = _environment(settings_dir, extra_env, inject)
     started = time.monotonic()
     proc = agent = guardian = None
     previous_handlers = {}
@@ -72,12 +69,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         agent = Agent(policy, tree, settings_dir, enforcer, gpu=gpu, plan=plan)
         if exporter:
             exporter.attach(agent, f"psutil: process tree of pid {proc.pid}").start()
-        agent.start()
-        if plan.kernel_quota and enforcer.error:
-            # Detected usable, then refused (a race, a limit): signals take over.
-            agent.set_policy(policy, without_kernel_quota(
-                f"the kernel quota failed: {enforcer.error}"))
-            agent.use_enforcer(local_enforcer(agent.plan, tree, proc.pid, None))
+        _start(agent, proc.pid)
         previous_handlers = _forward_signals(proc, tree)
         loop_started, loop_cpu_started = time.monotonic(), _own_cpu_seconds()
         host = LocalHost(proc, status_stream)
@@ -87,30 +79,60 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         loop_wall = time.monotonic() - loop_started
         loop_cpu = _own_cpu_seconds() - loop_cpu_started
     finally:
-        if agent:
-            agent.close()
-        if exporter:
-            exporter.close()
-        if proc is not None:
-            _leave_nothing_stopped(proc)
-        if guardian is not None:
-            guardian.stdin.close()
-            guardian.wait()
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
-        shutil.rmtree(settings_dir, ignore_errors=True)
-    wall = time.monotonic() - started
-    report = build_report(agent.result, wall, exit_code, agent.choice.report(),
-                          gpu.report() if gpu else None)
-    # The control loop's own cost in steady state, apart from start-up (imports, spawn).
-    report["controller"]["loop_cpu_percent"] = round(100 * loop_cpu / max(1e-9, loop_wall), 3)
+        _clean_up(agent, exporter, proc, guardian, previous_handlers, settings_dir)
     if status_stream is not None:
         status_stream.write("\n" if _is_tty(status_stream) else "")
     if report_path:
+        report = build_report(agent.result, time.monotonic() - started, exit_code,
+                              agent.choice.report(), gpu.report() if gpu else None)
+        # The control loop's own cost in steady state, apart from start-up (imports, spawn).
+        report["controller"]["loop_cpu_percent"] = round(
+            100 * loop_cpu / max(1e-9, loop_wall), 3)
         with open(report_path, "w") as f:
             json.dump(report, f, indent=2)
             f.write("\n")
     return exit_code
+
+
+def _environment(settings_dir: str, extra_env: dict[str, str] | None,
+                 inject: bool) -> dict[str, str]:
+    """The command's environment: ours, the shared directory, and with `inject` the torch
+    auto-hook, loaded by any Python the command starts."""
+    env = {**os.environ, **(extra_env or {}), ENV_DIR: settings_dir}
+    if inject:
+        lib = write_library(os.path.join(settings_dir, "lib"))
+        env["PYTHONPATH"] = pythonpath_with(lib, env.get("PYTHONPATH"))
+    return env
+
+
+def _clean_up(agent: Agent | None, exporter: Any, proc: subprocess.Popen | None,
+              guardian: subprocess.Popen | None, previous_handlers: dict,
+              settings_dir: str) -> None:
+    """Whatever happened: the agent closed (levers restored, nothing left stopped), the
+    port released, the guardian ended, our signal handlers and the shared directory
+    gone."""
+    if agent:
+        agent.close()
+    if exporter:
+        exporter.close()
+    if proc is not None:
+        _leave_nothing_stopped(proc)
+    if guardian is not None:
+        guardian.stdin.close()
+        guardian.wait()
+    for sig, handler in previous_handlers.items():
+        signal.signal(sig, handler)
+    shutil.rmtree(settings_dir, ignore_errors=True)
+
+
+def _start(agent: Agent, pid: int) -> None:
+    """Arm the agent; where the kernel quota was detected usable and then refused (a
+    race, a limit), signals take over."""
+    agent.start()
+    error = agent.enforcer_error
+    if agent.plan.kernel_quota and error:
+        agent.set_policy(agent.policy, without_kernel_quota(f"the kernel quota failed: {error}"))
+        agent.use_enforcer(local_enforcer(agent.plan, agent.tree, pid, None))
 
 
 class LocalHost:
