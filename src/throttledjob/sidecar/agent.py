@@ -220,6 +220,13 @@ class Agent:
             self._last_step_time = now
         gpu_duty = self.gpu.cycle(sample.elapsed, sample.pause_fraction, sample.devices,
                                   sample.new_steps) if self.gpu else None
+        # The interval ran under the levers chosen before it.
+        levers = self.levers
+        self.ledger.add(levers, self.choice.busy_seconds(levers, sample))
+        self.choice.observe(sample, self.policy, self.plan, can_stop=self._enforcer is not None
+                            and self.plan.enforcement is Enforcement.BOTH)
+        # With the levers chosen for the next interval charged to the budget (the lift
+        # asked for is for the intervals to come).
         wanted = self._wanted_limit()
         decision = decide(sample, self.controller,
                           pacing_by_peers=self._acted.paced and len(sample.records) >= 2,
@@ -228,11 +235,6 @@ class Agent:
                           max_pause_fraction=self.policy.max_pause_fraction,
                           limit_wanted=wanted)
         self._gpu_bound = decision.gpu_bound
-        # The interval ran under the levers chosen before it.
-        levers = self.levers
-        self.ledger.add(levers, self.choice.busy_seconds(levers, sample))
-        self.choice.observe(sample, self.policy, self.plan, can_stop=self._enforcer is not None
-                            and self.plan.enforcement is Enforcement.BOTH)
         rate = decision.rate_cores
         if (stop_pacing(self.plan, self.levers) != self.actuator.stopping
                 and self.controller and not decision.gpu_bound):
