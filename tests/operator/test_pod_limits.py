@@ -27,19 +27,22 @@ def totals(resizes: list[Any]) -> dict[str, float]:
     return {r.pod["metadata"]["uid"]: r.total for r in resizes}
 
 
-def test_a_lift_is_given_only_on_the_sidecars_word() -> None:
-    """Pod a is lifted (its sidecar asks for 1.6); pod b was lifted, but its sidecar said
-    nothing this time (not read, or a live edit, which reads none): back to the target."""
+def test_a_read_lifts_what_its_sidecar_asks_and_leaves_a_silent_pod_alone() -> None:
+    """Pod a is lifted (its sidecar asks for 1.6); pod b was lifted, but its sidecar did
+    not answer this read: it keeps its limits (a slow answer must not resize it back and
+    forth). A live edit reads no sidecar: every pod goes to the new target."""
     pods = [pod("a", "1000m"), pod("b", "1600m")]
     resizes, _ = plan(tj("1"), pods, {"a": {"cpuLimitWantedCores": 1.6}}, {})
-    assert totals(resizes) == {"a": 1.6, "b": 1.0}
-    assert [r.total > r.target for r in resizes] == [True, False]
+    assert totals(resizes) == {"a": 1.6}
+    assert [r.total > r.target for r in resizes] == [True]
+    resizes, _ = plan(tj("0.8"), pods, None, {})
+    assert totals(resizes) == {"a": 0.8, "b": 0.8}
 
 
 def test_a_new_target_a_little_over_the_limits_is_applied() -> None:
     """A live edit from 1 to 1.05 cores: under the 10% that a change of the split among
     containers must pass, but the pod's total moves, so it is resized."""
-    resizes, _ = plan(tj("1.05"), [pod("a", "1000m")], {}, {})
+    resizes, _ = plan(tj("1.05"), [pod("a", "1000m")], None, {})
     assert [(r.total, r.tolerance) for r in resizes] == [(1.05, 0.0)]
 
 

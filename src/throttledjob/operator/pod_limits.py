@@ -9,9 +9,10 @@ target (handlers.policy_changed) and each read of the sidecars (poller.read_side
 What a pod should have:
 - scope Pod: the target, or more where its sidecar says the slowdown budget needs more
   (`cpuLimitWantedCores`, up to what Kueue admitted where it queues the Job), split among
-  the workload containers by what each wanted (`cpuDemandCores`). A pod whose sidecar
-  said nothing this time (not read, not up yet, or a live edit, which reads none) is
-  moved to the target: a lift is given only on the sidecar's word.
+  the workload containers by what each wanted (`cpuDemandCores`). After a live edit,
+  which reads no sidecar, every pod goes to the new target (the next read lifts it
+  again where the budget needs it); on a read, a pod whose sidecar did not answer keeps
+  its limits, so that a slow answer does not resize it back and forth.
 - scope Job: its part of the job-wide target (job_split.py); a pod not read keeps its
   limit.
 
@@ -76,17 +77,18 @@ def job_ranks(spec: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], report
     return ranks(pods, reports, rank_floor(child.containers(spec)), held)
 
 
-def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Reports,
+def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Reports | None,
          refused: Mapping[str, float]) -> tuple[list[Resize], list[Rank]]:
     """The resizes that bring every pod to the limits it should have, in order (shrinks
-    first under scope Job), and the ranks under scope Job. `refused`: pod uid -> a total
-    the API server refused it, not asked for again."""
+    first under scope Job), and the ranks under scope Job. `reports`: the sidecars read
+    (pod uid -> /status), None for a live edit, which reads none. `refused`: pod uid ->
+    a total the API server refused it, not asked for again."""
     spec = tj.get("spec") or {}
     target = target_of(spec)
     if target is None:
         return [], []
     if job_scoped(spec):
-        ranks_ = job_ranks(spec, pods, reports, list(refused))
+        ranks_ = job_ranks(spec, pods, reports or {}, list(refused))
         by_uid = {_uid(p): p for p in pods}
         return [Resize(by_uid[r.uid], total, total,
                        cpu_limits.limits_by_name(by_uid[r.uid].get("spec") or {}), rank=r)
@@ -97,7 +99,9 @@ def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Repo
         if queued_tj(tj) else None
     out = []
     for pod in pods:
-        report = reports.get(_uid(pod)) or {}
+        if reports is not None and _uid(pod) not in reports:
+            continue  # its sidecar did not answer this read: its limits stay
+        report = (reports or {}).get(_uid(pod)) or {}
         total = limit_for(target, report.get("cpuLimitWantedCores"), ceiling)
         if refused.get(_uid(pod)) == total:
             continue
@@ -135,15 +139,16 @@ class PodLimits:
 
     def reconcile(self, tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
                   reports: Reports | None = None) -> None:
-        """Every pod of `pods` (the Job's own) to the limits it should have; raises
-        ApiError where a failure may pass (the caller retries)."""
+        """Every pod of `pods` (the Job's own) to the limits it should have; `reports`
+        as for plan (None: a live edit). Raises ApiError where a failure may pass (the
+        caller retries)."""
         meta = tj.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         live = {_uid(p) for p in pods}
         # Kept in self while resizing, so a refusal is remembered even if a later one raises.
         refused = self.refused[key] = {
             uid: v for uid, v in self.refused.get(key, {}).items() if uid in live}
-        resizes, ranks_ = plan(tj, pods, reports or {}, refused)
+        resizes, ranks_ = plan(tj, pods, reports, refused)
         template = child.containers(tj.get("spec") or {})
         moved = []
         for r in resizes:
