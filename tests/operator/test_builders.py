@@ -21,6 +21,7 @@ from throttledjob.contracts.names import (
     GUARD_PROCESS_NAME,
 )
 from throttledjob.contracts.policy import parse_policy
+from throttledjob.contracts.status import parse_status
 from throttledjob.operator import names
 from throttledjob.operator.children import (
     DEFAULT_SIDECAR_UID,
@@ -461,6 +462,14 @@ def test_observed_tells_what_held_the_peak_and_the_work_reported() -> None:
 def test_budget_exhausted_and_unthrottled() -> None:
     st = status_with_observed({}, [report(2.0, 1.0, met=False, exhausted=True)], [], NOW)
     assert condition(st, "TargetMet")["reason"] == "BudgetExhausted"
+    # The sidecar's words for why go into the message, as its /status gave them.
+    why = {**report(2.0, 1.0, met=False, exhausted=True),
+           "budgetReason": "maxSlowdown needs the containers' CPU limit at 1.60 cores"}
+    st = status_with_observed({}, [report(1.0, 0.0), parse_status({**why, "version": 1})],
+                              [], NOW)
+    assert condition(st, "TargetMet")["message"] == (
+        "the target is unreachable within maxSlowdown: maxSlowdown needs the containers' "
+        "CPU limit at 1.60 cores")
     st = status_with_observed({}, [report(0.5, 0.0)], [], NOW)
     assert condition(st, "Throttling")["status"] == "False"
     assert condition(st, "TargetMet")["status"] == "True"

@@ -390,6 +390,7 @@ def test_a_target_missed_for_the_budget_says_so_for_as_long_as_it_is_judged(
     for t in range(1, 6):  # two busy threads held to 1 core: 2x, past the 1.25 budget
         result, snap = second(t, 1.0, 10 * t, t * 1.0)
     assert result.last.budget_exhausted and status_document(snap)["budgetExhausted"]
+    assert "CPU limit at 1.60 cores" in status_document(snap)["budgetReason"]
     pod.limit("work", 160_000)  # the operator lifted it
     for t in range(6, 11):
         result, snap = second(t, 1.6, 50, 5.0)
@@ -414,3 +415,4 @@ def test_a_target_missed_for_the_budget_says_so_for_as_long_as_it_is_judged(
         result, snap = second(t, 0.5, 50, 5.0)
     doc = status_document(snap)
     assert doc["targetMet"] and not doc["budgetExhausted"], (t, doc)
+    assert doc["budgetReason"] is None

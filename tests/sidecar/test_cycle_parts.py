@@ -18,7 +18,7 @@ from throttledjob.contracts.settings import SETTINGS_FILE
 from throttledjob.runtime.progress import write_progress
 from throttledjob.sidecar.act import COOPERATION_TIMEOUT_INTERVALS, Actuator
 from throttledjob.sidecar.controller import CpuController
-from throttledjob.sidecar.decide import KERNEL_PAUSE_SLACK, budget_exhausted, decide, gpu_rate
+from throttledjob.sidecar.decide import KERNEL_PAUSE_SLACK, budget_reason, decide, gpu_rate
 from throttledjob.sidecar.enforcement import plan_as_written, pod_plan
 from throttledjob.sidecar.levers import LeverSetting, Pacing
 from throttledjob.sidecar.measure import (
@@ -124,23 +124,25 @@ def test_a_decision_follows_the_controller_and_the_budget() -> None:
 
 
 def test_the_budget_verdict_is_one_rule_for_every_way_a_target_is_out_of_reach() -> None:
-    """decide.budget_exhausted: either controller capped by the budget while over its
-    target, the containers' limit holding the workload back past the budget (beyond the
-    kernel's slack), or a limit over the target wanted."""
-    assert not budget_exhausted(False, False, 0.2, 0.2, None)
-    assert not budget_exhausted(False, False, 0.2 + KERNEL_PAUSE_SLACK, 0.2, None)
-    assert budget_exhausted(False, False, 0.2 + 2 * KERNEL_PAUSE_SLACK, 0.2, None)
-    assert budget_exhausted(True, False, 0.0, 0.2, None)
-    assert budget_exhausted(False, True, 0.0, 0.2, None)
-    assert budget_exhausted(False, False, 0.0, 0.2, 1.6)
+    """decide.budget_reason: either controller capped by the budget while over its
+    target, a limit over the target wanted, or the containers' limit holding the
+    workload back past the budget (beyond the kernel's slack); each says which."""
+    assert budget_reason(False, False, 0.2, 0.2, None) is None
+    assert budget_reason(False, False, 0.2 + KERNEL_PAUSE_SLACK, 0.2, None) is None
+    assert "holds the workload back 22% of the time" in budget_reason(
+        False, False, 0.2 + 2 * KERNEL_PAUSE_SLACK, 0.2, None)
+    assert "the CPU is still over its target" in budget_reason(True, False, 0.0, 0.2, None)
+    assert "the GPU is still over its target" in budget_reason(False, True, 0.0, 0.2, None)
+    assert "CPU limit at 1.60 cores" in budget_reason(False, False, 0.0, 0.2, 1.6)
     # decide() gives the same verdict: a kernel pause of 0.5 against a budget of 0.2.
     held = decide(sample(usage=0.5, coop=0.0), None, pacing_by_peers=False,
                   was_gpu_bound=False, gpu_duty=None, gpu_exhausted=False,
                   max_pause_fraction=0.2)
-    assert not held.budget_exhausted
-    assert decide(replace(sample(usage=0.5, coop=0.0), kernel_pause=0.5), None,
+    assert not held.budget_exhausted and held.budget_reason is None
+    over = decide(replace(sample(usage=0.5, coop=0.0), kernel_pause=0.5), None,
                   pacing_by_peers=False, was_gpu_bound=False, gpu_duty=None,
-                  gpu_exhausted=False, max_pause_fraction=0.2).budget_exhausted
+                  gpu_exhausted=False, max_pause_fraction=0.2)
+    assert over.budget_exhausted and "50% of the time" in over.budget_reason
 
 
 def test_the_gpu_duty_becomes_the_rate_where_it_is_the_lower_one() -> None:

@@ -130,6 +130,8 @@ class StatusDocument(TypedDict):
     # budgetExhausted says the budget stood in a target's way within it.
     targetMet: bool
     budgetExhausted: bool
+    # Why the budget stands in the way, in words (None: it does not, or an older sidecar).
+    budgetReason: str | None
     # In a pod: the workload's summed CPU limit the slowdown budget needs, where the
     # target's would pass it (None: the target's); the operator resizes the pod to it.
     cpuLimitWantedCores: float | None
@@ -142,6 +144,11 @@ class StatusDocument(TypedDict):
     errors: list[str]  # "kind: message" of each problem in force now
     telemetry: Telemetry
     cycles: int
+
+
+# A budgetReason read from a sidecar is cut to this many characters: it goes into the
+# TargetMet condition's message.
+MAX_REASON_CHARS = 200
 
 
 def finite_number(v: Any) -> float | None:
@@ -165,7 +172,7 @@ def parse_status(doc: Any) -> StatusDocument:
     for key in OBSERVED_NUMBERS:
         if finite_number(observed.get(key)) is None:
             observed[key] = None
-    errors = doc.get("errors")
+    errors, reason = doc.get("errors"), doc.get("budgetReason")
     wanted = finite_number(doc.get("cpuLimitWantedCores"))
     if wanted is not None and wanted <= 0:
         wanted = None
@@ -176,6 +183,7 @@ def parse_status(doc: Any) -> StatusDocument:
     return {**doc, "version": STATUS_VERSION, "observed": observed,  # type: ignore[typeddict-item]
             "targetMet": doc.get("targetMet") is True,
             "budgetExhausted": doc.get("budgetExhausted") is True,
+            "budgetReason": reason[:MAX_REASON_CHARS] if isinstance(reason, str) else None,
             "cpuLimitWantedCores": wanted,
             "cpuDemandCores": {k: v for k, v in numbers.items() if v is not None and v >= 0},
             "errors": [str(e) for e in errors] if isinstance(errors, list) else []}

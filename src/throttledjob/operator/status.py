@@ -366,12 +366,13 @@ def status_with_observed(status: Mapping[str, Any], reports: list[Mapping[str, A
                           f"throttle level {level:.2f}, slowdown {observed['slowdown']:.2f}",
                           now)
     met = all(bool(r.get("targetMet")) for r in reports)
-    exhausted = any(bool(r.get("budgetExhausted")) for r in reports)
+    exhausted = [r for r in reports if r.get("budgetExhausted")]
+    why = next((r["budgetReason"] for r in exhausted if r.get("budgetReason")), None)
     reason = (Reason.TARGET_MET if met else
               Reason.BUDGET_EXHAUSTED if exhausted else Reason.CONVERGING)
     message = ("the peak is at or under the target" if met else
-               "the target is unreachable within maxSlowdown" if exhausted else
-               "the peak is over the target; throttling harder")
+               "the target is unreachable within maxSlowdown" + (f": {why}" if why else "")
+               if exhausted else "the peak is over the target; throttling harder")
     out["conditions"] = set_condition(conds, Condition.TARGET_MET, met, reason, message, now)
     return out
 

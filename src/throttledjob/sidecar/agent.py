@@ -107,6 +107,8 @@ class CycleResult:
     # judged (stats.RECENT_SAMPLES seconds): a target missed in that window is missed
     # because of the budget, even where the last interval alone no longer shows it.
     budget_exhausted_recently: bool = False
+    # Why, the last time in that window (decide.budget_reason); None while it did not.
+    budget_reason: str | None = None
 
 
 class Agent:
@@ -147,6 +149,7 @@ class Agent:
         self._cpu_peaks = PeakTracker()
         self._budget_exhausted_seconds = 0.0
         self._budget_exhausted_at: float | None = None  # the last such interval's end
+        self._budget_reason: str | None = None  # and why
         # Busy time under each lever setting, for what the settings cost (lever_time.py).
         self.ledger = LeverLedger(usable_cores())
         self.last = LastCycle()
@@ -243,7 +246,7 @@ class Agent:
         self._act(rate, now)
         if decision.budget_exhausted:
             self._budget_exhausted_seconds += sample.elapsed
-            self._budget_exhausted_at = now
+            self._budget_exhausted_at, self._budget_reason = now, decision.budget_reason
         self.last = LastCycle(
             usage_cores=sample.usage_cores,
             rate_cores=rate,
@@ -275,6 +278,8 @@ class Agent:
         lost = self.ledger.time(
             lambda levers: self.choice.lever_slowdown(levers),
             lambda levers: self.choice.lever_slowdown(levers, most=True))
+        recent = (self._budget_exhausted_at is not None
+                  and now - self._budget_exhausted_at < RECENT_SAMPLES)
         return CycleResult(
             time=now, wall_seconds=now - self.started, policy=self.policy, plan=self.plan,
             last=self.last,
@@ -291,8 +296,8 @@ class Agent:
             probe_seconds=self.choice.probe_seconds,
             probe_max_cores=self.choice.probe_max_cores,
             kernel_paused_seconds=self.meter.kernel_paused_seconds,
-            budget_exhausted_recently=(self._budget_exhausted_at is not None
-                                       and now - self._budget_exhausted_at < RECENT_SAMPLES),
+            budget_exhausted_recently=recent,
+            budget_reason=self._budget_reason if recent else None,
         )
 
     def _wanted_limit(self) -> float | None:

@@ -1,5 +1,5 @@
 """Decide: from one interval's `Sample`, the pacing rate the actuators hold the workload
-to next, and whether the slowdown budget stands in a target's way (`budget_exhausted`,
+to next, and whether the slowdown budget stands in a target's way (`budget_reason`,
 the one definition: the metrics, /status, the report and the status line all read it,
 over one window, through the agent's CycleResult).
 
@@ -26,8 +26,13 @@ class Decision:
     # The GPU target's rate is the lower one: the GPU, not the CPU target, holds it back.
     gpu_bound: bool
     throttling: bool
-    # The slowdown budget stands in a target's way this interval (budget_exhausted).
-    budget_exhausted: bool
+    # Why the slowdown budget stands in a target's way this interval; None: it does not
+    # (budget_reason).
+    budget_reason: str | None = None
+
+    @property
+    def budget_exhausted(self) -> bool:
+        return self.budget_reason is not None
 
 
 # The kernel's pause (a containers' CPU limit that is not ours) counts as past the budget
@@ -35,15 +40,24 @@ class Decision:
 KERNEL_PAUSE_SLACK = 0.01
 
 
-def budget_exhausted(cpu_capped: bool, gpu_capped: bool, kernel_pause: float,
-                     max_pause_fraction: float, limit_wanted: float | None) -> bool:
-    """Whether the slowdown budget stands in a target's way: a controller's actuators were
-    held back by the budget while over its target (`cpu_capped`, `gpu_capped`: the CPU
-    and GPU controllers' own verdicts), the containers' CPU limit holds the workload back
-    past the budget, or the budget needs a limit over the target (`limit_wanted`; it may
-    have been lifted already): the target is out of reach within maxSlowdown."""
-    return (cpu_capped or gpu_capped or limit_wanted is not None
-            or kernel_pause > max_pause_fraction + KERNEL_PAUSE_SLACK)
+def budget_reason(cpu_capped: bool, gpu_capped: bool, kernel_pause: float,
+                  max_pause_fraction: float, limit_wanted: float | None) -> str | None:
+    """Why the slowdown budget stands in a target's way, or None: a controller's actuators
+    were held back by the budget while over its target (`cpu_capped`, `gpu_capped`: the
+    CPU and GPU controllers' own verdicts), the budget needs a limit over the target
+    (`limit_wanted`; it may have been lifted already), or the containers' CPU limit holds
+    the workload back past the budget: the target is out of reach within maxSlowdown."""
+    if cpu_capped:
+        return "held back as far as maxSlowdown allows, the CPU is still over its target"
+    if gpu_capped:
+        return "held back as far as maxSlowdown allows, the GPU is still over its target"
+    if limit_wanted is not None:
+        return (f"maxSlowdown needs the containers' CPU limit at {limit_wanted:.2f} cores, "
+                "over the target")
+    if kernel_pause > max_pause_fraction + KERNEL_PAUSE_SLACK:
+        return (f"the containers' CPU limit holds the workload back {kernel_pause:.0%} of "
+                f"the time, more than maxSlowdown allows ({max_pause_fraction:.0%})")
+    return None
 
 
 def cpu_controller(policy: Policy, plan: Plan | None = None) -> CpuController | None:
@@ -77,7 +91,7 @@ def decide(sample: Sample, controller: CpuController | None, pacing_by_peers: bo
            was_gpu_bound: bool, gpu_duty: float | None, gpu_exhausted: bool,
            max_pause_fraction: float = 1.0, limit_wanted: float | None = None) -> Decision:
     """The rate for the next interval: the CPU controller's, or the GPU duty's as a CPU
-    rate where that is lower (gpu_rate); and the budget's verdict (budget_exhausted:
+    rate where that is lower (gpu_rate); and the budget's verdict (budget_reason:
     `max_pause_fraction` is the budget's pause, `limit_wanted` the containers' limit the
     budget needs, in a pod)."""
     obs = observation(sample, pacing_by_peers, was_gpu_bound)
@@ -89,9 +103,8 @@ def decide(sample: Sample, controller: CpuController | None, pacing_by_peers: bo
         rate_cores=gpu if gpu_bound else rate,
         gpu_bound=gpu_bound,
         throttling=bool(cpu and cpu.throttling) or bool(gpu_duty),
-        budget_exhausted=budget_exhausted(bool(cpu and cpu.budget_exhausted), gpu_exhausted,
-                                          sample.kernel_pause, max_pause_fraction,
-                                          limit_wanted),
+        budget_reason=budget_reason(bool(cpu and cpu.budget_exhausted), gpu_exhausted,
+                                    sample.kernel_pause, max_pause_fraction, limit_wanted),
     )
 
 

@@ -245,6 +245,8 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             "probe_seconds": round(result.probe_seconds, 3),
             "probe_max_cores": round_or_none(result.probe_max_cores),
             "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
+            # Why, where the budget stood in a target's way at the end (decide.py).
+            "budget_exhausted_reason": result.budget_reason,
             # The controller's last rate (the key's "quota" predates the word "rate").
             "final_quota_cores": round_or_none(result.controller_rate),
             # Which enforcer held the workload, and why that one (sidecar/enforcement.py).

@@ -70,6 +70,7 @@ class Snapshot:
     levers: tuple[str, ...]
     target_met: bool
     budget_exhausted: bool  # within the window target_met is judged over
+    budget_reason: str | None  # why (decide.budget_reason)
     steps_per_second: float
     health: Health
     cpu_seconds_per_step: float | None = None
@@ -117,6 +118,7 @@ def snapshot_of(result: CycleResult, health: Health) -> Snapshot:
         paused_seconds=_paused_by_lever(run, result),
         budget_exhausted_seconds=result.budget_exhausted_seconds, levers=run.levers,
         target_met=run.target_met, budget_exhausted=run.budget_exhausted,
+        budget_reason=run.budget_reason,
         steps_per_second=result.last.pace.steps_per_second,
         cpu_seconds_per_step=result.last.pace.cpu_seconds_per_step,
         kernel_throttling=result.kernel_throttling,
@@ -150,6 +152,7 @@ def status_document(s: Snapshot) -> StatusDocument:
         }),
         "targetMet": s.target_met,
         "budgetExhausted": s.budget_exhausted,
+        "budgetReason": s.budget_reason,
         "cpuLimitWantedCores": s.last.cpu_limit_wanted_cores,
         "cpuDemandCores": dict(s.last.cpu_demand_cores),
         "levers": list(s.levers),

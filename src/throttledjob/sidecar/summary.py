@@ -63,6 +63,7 @@ class RunSummary:
     levers: tuple[str, ...]
     target_met: bool
     budget_exhausted: bool
+    budget_reason: str | None  # why, where it is exhausted (decide.budget_reason)
 
 
 def summarize(result: CycleResult) -> RunSummary:
@@ -104,6 +105,7 @@ def summarize(result: CycleResult) -> RunSummary:
                     and _met(util.recent_p99, util_target)
                     and _met(power.recent_p99, p.gpu_peak_power_watts)),
         budget_exhausted=result.budget_exhausted_recently,
+        budget_reason=result.budget_reason,
     )
 
 
