@@ -50,8 +50,8 @@ def simulate(trace: str, sensitivity: float, intervals: int, target: float | Non
     gpu = FakeGpuBackend(1, trace, clock_sensitivity=sensitivity)
     if static_limit is not None:
         gpu.set_power_limit_watts(0, static_limit)
-    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=target, max_slowdown=10.0),
-                     power_limit_lever=lever)
+    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=target, max_slowdown=10.0,
+                                 gpu_power_limit="allow" if lever else "deny"))
     rows = drive(agent, gpu, intervals)
     explorer = agent.explorer.report() if agent.explorer else None
     agent.close()
