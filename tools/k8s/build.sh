@@ -10,9 +10,6 @@
 #   tools/k8s/build.sh --with-kueue --with-jobset
 #                                   also the optional batch managers (tools/k8s/batch.py),
 #                                   into $cache/batch/<name>-<version>
-#   tools/k8s/build.sh --check [--with-...]
-#                                   build nothing: exit 0 when every binary is there, 1
-#                                   when a build would have work to do (`make test` asks)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/versions.env"
@@ -57,30 +54,16 @@ regenerate() {
 
 if [[ "${1:-}" == "--regenerate" ]]; then regenerate; exit 0; fi
 batch_components=()
-check=0
 for arg in "$@"; do
     case "$arg" in
-        --check) check=1 ;;
         --with-kueue) batch_components+=(kueue) ;;
         --with-jobset) batch_components+=(jobset) ;;
         *) echo "build.sh: unknown argument $arg" >&2; exit 2 ;;
     esac
 done
 
-batch="${THROTTLEDJOB_CACHE:-$HOME/.cache/throttledjob}/batch"
-if ((check)); then   # the binaries each stream below makes, where it puts them
-    for f in "${k8s_cmds[@]/#/$bin/}" "$bin"/{etcd,kwok,prometheus,coredns}; do
-        [[ -x "$f" ]] || exit 1
-    done
-    for c in ${batch_components[@]+"${batch_components[@]}"}; do
-        case "$c" in
-            kueue) [[ -x "$batch/kueue-$KUEUE_VERSION" ]] || exit 1 ;;
-            jobset) [[ -x "$batch/jobset-$JOBSET_VERSION" ]] || exit 1 ;;
-        esac
-    done
-    exit 0
-fi
 mkdir -p "$bin"
+batch="${THROTTLEDJOB_CACHE:-$HOME/.cache/throttledjob}/batch"
 rm -rf "$bin"/.build-* "$batch"/.build-* "$batch/.gobin-kueue"   # what a stopped build left
 # /version must report the real release: kubectl and helm read it.
 ldflags="-s -w"
