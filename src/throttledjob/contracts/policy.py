@@ -159,6 +159,11 @@ class PolicyField:
         """The Policy's default, which an absent field leaves in force."""
         return Policy.__dataclass_fields__[self.attr].default
 
+    @property
+    def spelled_default(self) -> Any:
+        """The default as the CRD writes it into an object (a choice capitalized)."""
+        return self.default.capitalize() if self.type == "choice" else self.default
+
 
 # The one list of the policy's fields: parse_policy reads by it, _validate bounds by it,
 # and the CRD's schema of `spec.throttle` is generated from it (operator/crd.py).

@@ -73,7 +73,7 @@ def policy_field_schema(f: PolicyField) -> dict[str, Any]:
         node = {"type": f.type, "minimum": f.minimum, "maximum": f.maximum}
     node["description"] = f.description
     if f.crd_default:
-        node["default"] = f.default.capitalize() if f.type == "choice" else f.default
+        node["default"] = f.spelled_default
     return node
 
 

@@ -31,7 +31,7 @@ class SpecRule:
 def defaulted(throttle: Mapping[str, Any]) -> dict[str, Any]:
     """`spec.throttle` with the CRD's defaults where a field is absent (top level only:
     the defaulted fields are all there)."""
-    defaults = {f.key: f.default.capitalize() if f.type == "choice" else f.default
+    defaults = {f.key: f.spelled_default
                 for f in POLICY_FIELDS if f.crd_default and not f.group}
     return {**defaults, "inject": DEFAULT_INJECT, "scope": DEFAULT_SCOPE, **throttle}
 
