@@ -22,7 +22,7 @@ from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
 from .login import LoginError, connection_info
 from .names import DEFAULT_INJECT, GROUP, PLURAL, VERSION
-from .poller import POLL_THREADS, OperatorState, poll, set_workload_active
+from .poller import POLL_THREADS, OperatorState, job_pods, poll, set_workload_active
 from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
 from .status import (
@@ -233,11 +233,10 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
     # Enforcement Quota: the running pods' limits to the new target now, not at the
     # poller's next read (pod_limits.py). A refused resize leaves the old limits: the
     # sidecar then holds a lower target with signals, a higher one stays at the old limit.
-    job_uid = state.job_uids.get((body.meta.namespace or "", body.meta.name or ""))
+    ns, name = body.meta.namespace or "", body.meta.name or ""
+    job_uid = state.job_uids.get((ns, name))
     try:
-        pods = [p for p in state.kube.list_pods(body.meta.namespace or "",
-                                                f"{LABEL_NAME}={body.meta.name}")
-                if job_uid and child.pod_belongs(p, job_uid)]
+        pods = job_pods(state.kube, ns, name, job_uid) if job_uid else []
         state.limits.reconcile(body, pods)
     except ApiError as e:
         raise _retry_later(e, retry) from e

@@ -128,6 +128,14 @@ def read_queue(state: OperatorState, namespace: str, name: str,
         status_from_job(st, job, fresh, now), workload, fresh, now))
 
 
+def job_pods(kube: Kube, namespace: str, name: str, job_uid: str) -> list[dict[str, Any]]:
+    """The pods of the ThrottledJob's own Job: anyone may put the label on a pod of
+    theirs, whose "sidecar" would then write our status (or stall our reads), or whose
+    limits a live edit would resize."""
+    return [p for p in kube.list_pods(namespace, f"{LABEL_NAME}={name}")
+            if child.pod_belongs(p, job_uid)]
+
+
 def read_sidecars(state: OperatorState, namespace: str, name: str,
                   job: str | None = None) -> None:
     """Observed peaks from each running pod's sidecar /status into status.observed."""
@@ -142,10 +150,7 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
     reports: list[dict[str, Any]] = []
     read: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (pod, its sidecar's report)
     failures: list[str] = []
-    # Only the Job's own pods: anyone may put the label on a pod of theirs, whose
-    # "sidecar" would then write our status (or stall our reads).
-    pods = [p for p in kube.list_pods(namespace, f"{LABEL_NAME}={name}")
-            if child.pod_belongs(p, job_uid)]
+    pods = job_pods(kube, namespace, name, job_uid)
     pending = pending_resizes(pods)
     for pod in pods:
         endpoint = sidecar_endpoint(pod)
