@@ -81,7 +81,7 @@ def bin_dir() -> Path:
 
 def build(components: list[str] | tuple[str, ...] = ()) -> Path:
     """Build (or find in the cache) every binary, and the batch managers of `components`
-    in the same pass (build.sh's two streams); returns the cluster's bin directory."""
+    in the same pass (build.sh); returns the cluster's bin directory."""
     flags = [f"--with-{n}" for n in batch.ordered(components)]
     subprocess.run(["bash", str(HERE / "build.sh"), *flags], check=True,
                    stdout=subprocess.DEVNULL)
