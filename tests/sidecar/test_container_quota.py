@@ -284,8 +284,8 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
     assert result.kernel_throttling.nr_throttled == 100
     # The metrics' view: held back by the quota lever (not by signals, none were sent).
     snap = snapshot_of(result, Health())
-    assert snap.paused_seconds["quota"] == pytest.approx(5.0)
-    assert snap.paused_seconds.get("signals", 0.0) == 0.0
+    assert snap.run.paused_by_lever["quota"] == pytest.approx(5.0)
+    assert snap.run.paused_by_lever.get("signals", 0.0) == 0.0
     # What the budget needs: 2 cores wide, at most 20% held back (maxSlowdown 1.25), so
     # 1.6 cores; the operator reads it from /status and resizes the pod.
     assert result.last.cpu_limit_wanted_cores == pytest.approx(1.6)

@@ -790,7 +790,7 @@ def test_the_agent_charges_a_levers_own_cost_to_the_slowdown_and_the_budget(tmp_
     # one thread, measured first) included.
     one_busy = sum((1 - s.pause_fraction) * s.elapsed_seconds
                    for levers, s in agent.choice.explorer.trace if levers == ONE)
-    assert summary.lever_cost_seconds == pytest.approx(one_busy * (1 - 0.9), rel=0.03)
+    assert agent.result.lever_cost_seconds == pytest.approx(one_busy * (1 - 0.9), rel=0.03)
     assert 1.05 < summary.slowdown < 100 / 90 + 0.01, summary
     # 2 / 1.111 leaves a 1.8x budget for pausing: at most 44% of the time.
     assert agent._max_pause_fraction() == pytest.approx(1 - (100 / 90) / 2, rel=0.02)

@@ -213,13 +213,13 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
         "exit_code": exit_code,
         "wall_seconds": round(wall, 3),
         "cpu_target_cores": policy.cpu_peak_cores,
-        "cpu_peak_cores": round(run.cpu.p99 or 0.0, 3),
-        "cpu_max_cores": round(run.cpu.max or 0.0, 3),
+        "cpu_peak_cores": round(result.cpu.p99 or 0.0, 3),
+        "cpu_max_cores": round(result.cpu.max or 0.0, 3),
         "cpu_mean_cores": round(total_cpu / wall, 3) if wall > 0 else 0.0,
         "cpu_seconds": round(total_cpu, 3),
-        "samples": run.cpu.count,
+        "samples": result.cpu.count,
         # The last minute of 1-second samples, oldest first.
-        "cpu_recent_samples": [round(c, 3) for c in run.cpu.recent],
+        "cpu_recent_samples": [round(c, 3) for c in result.cpu.recent],
         # Units of work reported through the runtime library (step() or the auto-hook).
         "steps": result.last.steps,
         "max_slowdown": policy.max_slowdown,
@@ -228,10 +228,10 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
         "controller": {
             "levers_used": list(run.levers),
             "paused_seconds": round(run.paused_seconds, 3),
-            "signal_paused_seconds": round(run.signal_paused_seconds, 3),
-            "cooperative_paused_seconds": round(run.cooperative_paused_seconds, 3),
+            "signal_paused_seconds": round(result.signal_paused_seconds, 3),
+            "cooperative_paused_seconds": round(result.cooperative_paused_seconds, 3),
             # What the levers in force cost by themselves (slower steps, no pause).
-            "lever_cost_seconds": round(run.lever_cost_seconds, 3),
+            "lever_cost_seconds": round(result.lever_cost_seconds, 3),
             "estimated_slowdown": round(run.slowdown, 3),
             # Time run under lever settings whose own cost was never measured (the run
             # ended before the defaults were): over 0, the estimate is a lower bound.

@@ -73,29 +73,32 @@ def _gauge(name: str, doc: str, value: float | None, labels: dict[str, str] | No
 def _build_info(s: Snapshot) -> Iterator[Metric]:
     g = GaugeMetricFamily(P + "build_info", "Always 1; labels say what this sidecar runs.",
                           labels=["version", "mode", "enforcement", "gpu_telemetry"])
-    g.add_metric([__version__, s.policy.mode, s.plan.enforcement, s.gpu_telemetry], 1.0)
+    g.add_metric([__version__, s.result.policy.mode, s.result.plan.enforcement,
+                  s.gpu_telemetry], 1.0)
     yield g
 
 
 def _workload(s: Snapshot) -> Iterator[Metric]:
+    result, last = s.result, s.result.last
     c = CounterMetricFamily(P + "workload_cpu_seconds",
                             "CPU time used by the workload's processes, in seconds.")
-    c.add_metric([], s.cpu_seconds)
+    c.add_metric([], result.cpu_seconds)
     yield c
     yield from _gauge("workload_cpu_cores", "CPU used by the workload over the last control "
-                      "interval, in cores.", s.last.usage_cores)
+                      "interval, in cores.", last.usage_cores)
     yield from _gauge("workload_processes", "Processes counted as the workload.",
-                      s.processes)
+                      result.processes)
     steps = CounterMetricFamily(P + "workload_steps",
                                 "Steps reported by the workload's runtime library.")
-    steps.add_metric([], s.last.steps)
+    steps.add_metric([], last.steps)
     yield steps
     yield from _gauge("workload_steps_per_second",
-                      "Throughput over the last 10 s, in steps per second.", s.steps_per_second)
+                      "Throughput over the last 10 s, in steps per second.",
+                      last.pace.steps_per_second)
     peak = GaugeMetricFamily(P + "workload_cpu_peak_cores", "Peak CPU of the workload over "
                              "the run from 1-second samples, in cores (stat: p99 or max).",
                              labels=["stat"])
-    for stat, value in (("p99", s.cpu.p99), ("max", s.cpu.max)):
+    for stat, value in (("p99", result.cpu.p99), ("max", result.cpu.max)):
         if value is not None:
             peak.add_metric([stat], value)
     if peak.samples:
@@ -103,12 +106,12 @@ def _workload(s: Snapshot) -> Iterator[Metric]:
 
 
 def _targets(s: Snapshot) -> Iterator[Metric]:
-    p = s.policy
+    p = s.result.policy
     yield from _gauge("cpu_target_cores", "CPU peak target, in cores.", p.cpu_peak_cores)
     # Named before "rate" took over from "quota" in the code (the kernel's quota is
     # throttledjob_kernel_*); kept for the dashboards and alerts that read it.
     yield from _gauge("cpu_quota_cores", "CPU rate the pacing and signals hold the workload "
-                      "to now (the controller's setpoint), in cores.", s.last.rate_cores)
+                      "to now (the controller's setpoint), in cores.", s.result.last.rate_cores)
     yield from _gauge("gpu_utilization_target_ratio", "GPU peak utilization target per GPU, "
                       "0 to 1.", None if p.gpu_peak_utilization_percent is None
                       else p.gpu_peak_utilization_percent / 100.0)
@@ -121,32 +124,33 @@ def _targets(s: Snapshot) -> Iterator[Metric]:
 
 
 def _control(s: Snapshot) -> Iterator[Metric]:
+    result, run = s.result, s.run
     yield from _gauge("throttle_level_ratio", "Fraction of the last interval the workload "
-                      "was held back, 0 to 1.", s.throttle_level)
+                      "was held back, 0 to 1.", run.throttle_level)
     yield from _gauge("gpu_duty_ratio", "Fraction of time the GPU controller asks to hold "
-                      "the workload back, 0 to 1.", s.last.gpu_duty)
+                      "the workload back, 0 to 1.", result.last.gpu_duty)
     yield from _gauge("slowdown_estimate_ratio", "Estimated slowdown so far: wall time over "
-                      "wall time minus time held back.", s.slowdown)
+                      "wall time minus time held back.", run.slowdown)
     yield from _gauge("slowdown_estimate_high_ratio", "The most the slowdown so far can be: "
                       "lever settings charged at the most they can cost.",
-                      s.slowdown_high)
+                      run.slowdown_high)
     yield from _gauge("throttling", "1 while a controller is holding the workload back.",
-                      float(s.last.throttling))
+                      float(result.last.throttling))
     yield from _gauge("target_met", "1 while the recent p99 of every target is at or under "
-                      "it.", float(s.target_met))
+                      "it.", float(run.target_met))
     yield from _gauge("budget_exhausted", "1 while the slowdown budget stops a target from "
                       "being met (within the recent window target_met is judged over).",
-                      float(s.budget_exhausted))
+                      float(result.budget_exhausted_recently))
     c = CounterMetricFamily(P + "budget_exhausted_seconds", "Time spent with the slowdown "
                             "budget exhausted, in seconds.")
-    c.add_metric([], s.budget_exhausted_seconds)
+    c.add_metric([], result.budget_exhausted_seconds)
     yield c
     paused = CounterMetricFamily(P + "paused_seconds", "Time the workload was held back, in "
                                  "seconds, by lever (signals or pacing).", labels=["lever"])
-    for lever, seconds in sorted(s.paused_seconds.items()):
+    for lever, seconds in sorted(run.paused_by_lever.items()):
         paused.add_metric([lever], seconds)
     yield paused
-    k = s.kernel_throttling
+    k = result.kernel_throttling
     if k is not None:  # the kernel's quota holds the workload (cpu.stat of its cgroup)
         for name, help_, value in (
                 ("cpu_periods_total", "CFS bandwidth periods elapsed under the kernel "
@@ -161,7 +165,7 @@ def _control(s: Snapshot) -> Iterator[Metric]:
     active = GaugeMetricFamily(P + "lever_active", "1 for each lever in use.",
                                labels=["lever"])
     for lever in LEVERS:
-        active.add_metric([lever], float(lever in s.levers))
+        active.add_metric([lever], float(lever in run.levers))
     yield active
 
 
@@ -172,7 +176,7 @@ def _gpus(s: Snapshot) -> Iterator[Metric]:
     power_peaks = GaugeMetricFamily(P + "gpu_power_peak_watts", "Peak power of the busiest "
                                     "watched GPU over the run from 1-second samples, in watts "
                                     "(stat: p99 or max).", labels=["stat"])
-    for family, peak in ((peaks, s.gpu_util), (power_peaks, s.gpu_power)):
+    for family, peak in ((peaks, s.run.gpu_util), (power_peaks, s.run.gpu_power)):
         for stat, value in (("p99", peak.p99), ("max", peak.max)):
             if value is not None:
                 family.add_metric([stat], value)
@@ -253,6 +257,6 @@ def _health(s: Snapshot) -> Iterator[Metric]:
     yield reloads
     telemetry = GaugeMetricFamily(P + "telemetry_available", "1 when the sidecar can measure "
                                   "this resource.", labels=["resource"])
-    telemetry.add_metric(["cpu"], float(s.processes > 0))
+    telemetry.add_metric(["cpu"], float(s.result.processes > 0))
     telemetry.add_metric(["gpu"], float(bool(s.gpus)))
     yield telemetry

@@ -13,15 +13,12 @@ import time
 from dataclasses import dataclass, field
 
 from throttledjob.contracts.names import PROGRESS_PREFIX
-from throttledjob.contracts.policy import Policy
 from throttledjob.contracts.status import STATUS_VERSION, StatusDocument, observed_document
 from throttledjob.runtime.progress import read_progress
 
-from .agent import CycleResult, LastCycle
-from .cgroups.throttling import ThrottleStats
-from .enforcement import Plan
+from .agent import CycleResult
 from .gpu.backend import GpuReading
-from .stats import PeakSummary, round_or_none
+from .stats import round_or_none
 from .summary import RunSummary, summarize
 
 
@@ -50,31 +47,23 @@ class Health:
 
 @dataclass(frozen=True)
 class Snapshot:
-    time: float
-    policy: Policy
-    plan: Plan
-    last: LastCycle
-    cpu_seconds: float
-    processes: int
-    cpu: PeakSummary
-    gpu_telemetry: str
-    gpus: tuple[GpuReading, ...]
-    gpu_util: PeakSummary
-    gpu_power: PeakSummary
-    gpu_power_limit_lever: bool
-    throttle_level: float
-    slowdown: float
-    slowdown_high: float
-    paused_seconds: dict[str, float]
-    budget_exhausted_seconds: float
-    levers: tuple[str, ...]
-    target_met: bool
-    budget_exhausted: bool  # within the window target_met is judged over
-    budget_reason: str | None  # why (decide.budget_reason)
-    steps_per_second: float
+    """The record of a cycle as readers get it: the agent's result (what it saw and did,
+    agent.CycleResult), the run's figures worked out from it once (summary.RunSummary),
+    and the sidecar's own health. Nothing is copied out of the result: a field added
+    there is read here as `result.<field>`."""
+
+    time: float  # wall clock (Unix seconds) at publication
+    result: CycleResult
+    run: RunSummary
     health: Health
-    cpu_seconds_per_step: float | None = None
-    kernel_throttling: ThrottleStats | None = None
+
+    @property
+    def gpus(self) -> tuple[GpuReading, ...]:
+        return self.result.gpu.readings if self.result.gpu else ()
+
+    @property
+    def gpu_telemetry(self) -> str:
+        return self.result.gpu.telemetry if self.result.gpu else "none"
 
 
 class SnapshotHolder:
@@ -95,67 +84,42 @@ class SnapshotHolder:
         return snap
 
 
-def _paused_by_lever(run: RunSummary, result: CycleResult) -> dict[str, float]:
-    paused = {run.enforcer_lever: run.signal_paused_seconds,
-              "pacing": run.cooperative_paused_seconds}
-    if result.kernel_paused_seconds:  # a pod's own limits (sidecar/cgroups/container_quota.py)
-        paused["quota"] = paused.get("quota", 0.0) + result.kernel_paused_seconds
-    return paused
-
-
 def snapshot_of(result: CycleResult, health: Health) -> Snapshot:
-    run = summarize(result)
-    gpu = result.gpu
-    return Snapshot(
-        time=time.time(), policy=result.policy, plan=result.plan, last=result.last,
-        cpu_seconds=result.cpu_seconds, processes=result.processes, cpu=run.cpu,
-        gpu_telemetry=gpu.telemetry if gpu else "none",
-        gpus=gpu.readings if gpu else (),
-        gpu_util=run.gpu_util, gpu_power=run.gpu_power,
-        gpu_power_limit_lever=bool(gpu and gpu.power_limit_lever),
-        throttle_level=run.throttle_level, slowdown=run.slowdown,
-        slowdown_high=run.slowdown_high,
-        paused_seconds=_paused_by_lever(run, result),
-        budget_exhausted_seconds=result.budget_exhausted_seconds, levers=run.levers,
-        target_met=run.target_met, budget_exhausted=run.budget_exhausted,
-        budget_reason=run.budget_reason,
-        steps_per_second=result.last.pace.steps_per_second,
-        cpu_seconds_per_step=result.last.pace.cpu_seconds_per_step,
-        kernel_throttling=result.kernel_throttling,
-        health=Health(health.started, health.cycles, health.last_cycle_duration,
-                      dict(health.errors_total), dict(health.policy_reloads),
-                      dict(health.problems), health.cpu_telemetry),
-    )
+    return Snapshot(time=time.time(), result=result, run=summarize(result),
+                    health=Health(health.started, health.cycles, health.last_cycle_duration,
+                                  dict(health.errors_total), dict(health.policy_reloads),
+                                  dict(health.problems), health.cpu_telemetry))
 
 
 def status_document(s: Snapshot) -> StatusDocument:
     """The /status JSON the operator copies into the ThrottledJob's status."""
-    p = s.policy
+    result, run = s.result, s.run
+    p, last = result.policy, result.last
     return {
         "version": STATUS_VERSION,
         "observed": observed_document({
-            "cpuPeakCores": round_or_none(s.cpu.p99),
-            "cpuMaxCores": round_or_none(s.cpu.max),
-            "gpuPeakUtilizationPercent": None if s.gpu_util.p99 is None
-            else round(s.gpu_util.p99 * 100.0, 1),
-            "gpuMaxUtilizationPercent": None if s.gpu_util.max is None
-            else round(s.gpu_util.max * 100.0, 1),
-            "gpuPeakPowerWatts": round_or_none(s.gpu_power.p99, 1),
-            "gpuMaxPowerWatts": round_or_none(s.gpu_power.max, 1),
-            "throttleLevel": round(s.throttle_level, 3),
-            "slowdown": round(s.slowdown, 3),
-            "slowdownHigh": round(s.slowdown_high, 3),
-            "cpuCores": round(s.last.usage_cores, 3),
-            "steps": s.last.steps,
-            "stepsPerSecond": round(s.steps_per_second, 3),
-            "cpuSecondsPerStep": round_or_none(s.cpu_seconds_per_step, 6),
+            "cpuPeakCores": round_or_none(result.cpu.p99),
+            "cpuMaxCores": round_or_none(result.cpu.max),
+            "gpuPeakUtilizationPercent": None if run.gpu_util.p99 is None
+            else round(run.gpu_util.p99 * 100.0, 1),
+            "gpuMaxUtilizationPercent": None if run.gpu_util.max is None
+            else round(run.gpu_util.max * 100.0, 1),
+            "gpuPeakPowerWatts": round_or_none(run.gpu_power.p99, 1),
+            "gpuMaxPowerWatts": round_or_none(run.gpu_power.max, 1),
+            "throttleLevel": round(run.throttle_level, 3),
+            "slowdown": round(run.slowdown, 3),
+            "slowdownHigh": round(run.slowdown_high, 3),
+            "cpuCores": round(last.usage_cores, 3),
+            "steps": last.steps,
+            "stepsPerSecond": round(last.pace.steps_per_second, 3),
+            "cpuSecondsPerStep": round_or_none(last.pace.cpu_seconds_per_step, 6),
         }),
-        "targetMet": s.target_met,
-        "budgetExhausted": s.budget_exhausted,
-        "budgetReason": s.budget_reason,
-        "cpuLimitWantedCores": s.last.cpu_limit_wanted_cores,
-        "cpuDemandCores": dict(s.last.cpu_demand_cores),
-        "levers": list(s.levers),
+        "targetMet": run.target_met,
+        "budgetExhausted": result.budget_exhausted_recently,
+        "budgetReason": result.budget_reason,
+        "cpuLimitWantedCores": last.cpu_limit_wanted_cores,
+        "cpuDemandCores": dict(last.cpu_demand_cores),
+        "levers": list(run.levers),
         "targets": {
             "cpuPeakCores": p.cpu_peak_cores,
             "gpuPeakUtilizationPercent": p.gpu_peak_utilization_percent,
@@ -163,12 +127,12 @@ def status_document(s: Snapshot) -> StatusDocument:
             "gpuMemoryFraction": p.gpu_memory_fraction,
             "maxSlowdown": p.max_slowdown,
             "mode": str(p.mode),
-            "enforcement": str(s.plan.enforcement),
+            "enforcement": str(result.plan.enforcement),
         },
         "errors": [f"{kind}: {message}" for kind, message in sorted(s.health.problems.items())],
         "telemetry": {"cpu": s.health.cpu_telemetry, "gpu": s.gpu_telemetry,
                       "gpus": [{"gpu": g.index, "UUID": g.uuid} for g in s.gpus],
-                      "processes": s.processes},
+                      "processes": result.processes},
         "cycles": s.health.cycles,
     }
 

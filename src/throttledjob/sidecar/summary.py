@@ -49,21 +49,19 @@ MAX_PAUSED_SHARE = 0.99
 
 @dataclass(frozen=True)
 class RunSummary:
-    cpu: PeakSummary
-    gpu_util: PeakSummary
+    """The run's figures worked out from a cycle's result; what the result holds as it
+    is (the CPU peaks, the budget's verdict, each lever's own count) is read there."""
+
+    gpu_util: PeakSummary   # of the busiest watched GPU (empty: no GPU)
     gpu_power: PeakSummary
-    signal_paused_seconds: float    # held back by the enforcer (see enforcer_lever)
-    cooperative_paused_seconds: float
-    enforcer_lever: str             # "quota" (the kernel's) or "signals"
-    paused_seconds: float
-    lever_cost_seconds: float
+    enforcer_lever: str     # "quota" (the kernel's) or "signals": who held back for it
+    paused_by_lever: dict[str, float]  # time held back, by lever, as each counted it
+    paused_seconds: float   # the run's total (the largest lever's: they overlap)
     slowdown: float
     slowdown_high: float   # the interval's top: lever costs at the most they can be
     throttle_level: float  # the last interval's held-back fraction, 0..1
     levers: tuple[str, ...]
     target_met: bool
-    budget_exhausted: bool
-    budget_reason: str | None  # why, where it is exhausted (decide.budget_reason)
 
 
 def summarize(result: CycleResult) -> RunSummary:
@@ -77,6 +75,9 @@ def summarize(result: CycleResult) -> RunSummary:
     util = gpu.utilization if gpu else PeakSummary()
     power = gpu.power if gpu else PeakSummary()
     enforcer_lever = "quota" if result.plan.kernel_quota else "signals"
+    by_lever = {enforcer_lever: signal_paused, "pacing": coop_paused}
+    if kernel_paused:  # a pod's own limits (sidecar/cgroups/container_quota.py)
+        by_lever["quota"] = by_lever.get("quota", 0.0) + kernel_paused
     used = {
         "quota": (enforcer_lever == "quota" and signal_paused > 0) or kernel_paused > 0,
         "signals": enforcer_lever == "signals" and signal_paused > 0,
@@ -92,11 +93,8 @@ def summarize(result: CycleResult) -> RunSummary:
     util_target = None if p.gpu_peak_utilization_percent is None \
         else p.gpu_peak_utilization_percent / 100.0
     return RunSummary(
-        cpu=result.cpu, gpu_util=util, gpu_power=power,
-        signal_paused_seconds=signal_paused, cooperative_paused_seconds=coop_paused,
-        enforcer_lever=enforcer_lever,
-        paused_seconds=paused,
-        lever_cost_seconds=result.lever_cost_seconds,
+        gpu_util=util, gpu_power=power, enforcer_lever=enforcer_lever,
+        paused_by_lever=by_lever, paused_seconds=paused,
         slowdown=_slowdown(wall, paused + result.lever_cost_seconds),
         slowdown_high=_slowdown(wall, paused + result.lever_cost_bound_seconds),
         throttle_level=min(1.0, max(0.0, result.last.pause_fraction)),
@@ -104,8 +102,6 @@ def summarize(result: CycleResult) -> RunSummary:
         target_met=(_cpu_met(result.cpu.recent_p99, p.cpu_peak_cores)
                     and _met(util.recent_p99, util_target)
                     and _met(power.recent_p99, p.gpu_peak_power_watts)),
-        budget_exhausted=result.budget_exhausted_recently,
-        budget_reason=result.budget_reason,
     )
 
 
