@@ -389,10 +389,10 @@ def test_agent_publishes_the_explorers_threads(tmp_path):
     assert agent.choice.report()["unthrottled_steps_per_second_high"] == \
         pytest.approx(180.0, rel=0.02)
     result = agent.cycle()
-    one_busy = agent.ledger.busy[ONE]
+    one_busy = agent.choice.ledger.busy[ONE]
     assert result.lever_cost_seconds == pytest.approx(one_busy * (1 - 90 / 100), rel=0.03)
     assert result.lever_cost_bound_seconds == pytest.approx(
-        one_busy * (1 - 1 / 2) + agent.ledger.busy[DEFAULT_SETTING] * (1 - 100 / 180),
+        one_busy * (1 - 1 / 2) + agent.choice.ledger.busy[DEFAULT_SETTING] * (1 - 100 / 180),
         rel=0.03)
 
 

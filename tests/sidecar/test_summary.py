@@ -108,7 +108,7 @@ def test_the_estimates_top_charges_time_of_unknown_cost_at_the_most_it_can_cost(
     assert max_lever_cost(LeverSetting(threads=16), 8) == 1.0
     agent, result = run(tmp_path, Policy(cpu_peak_cores=1.0, enforcement="signals"),
                         [1.0] * 10)
-    agent.ledger.add(LeverSetting(threads=1), 4.0)   # no explorer: its cost is unknown
+    agent.choice.ledger.add(LeverSetting(threads=1), 4.0)   # no explorer: its cost is unknown
     result = agent.cycle()
     report, status = both_ways(result)
     known = summarize(result)

@@ -20,17 +20,15 @@ from throttledjob.contracts.policy import Enforcement, Policy
 from .act import Acted, Actuator, stop_pacing
 from .cgroups.container_quota import ContainerQuota
 from .cgroups.throttling import ThrottleStats
-from .controller import BINDING_PAUSE_FRACTION
-from .decide import cpu_controller, decide
+from .decide import BudgetBook, cpu_controller, decide
 from .enforcement import Plan, plan_as_written
 from .enforcer import Enforcer
-from .lever_choice import LeverChoice, usable_cores
-from .lever_time import LeverLedger
+from .lever_choice import LeverChoice
 from .levers import LeverSetting
 from .measure import Meter, Pace
 from .os_levers import OsLevers
 from .processes import ProcessTree, resume
-from .stats import RECENT_SAMPLES, PeakSummary, PeakTracker
+from .stats import PeakSummary
 
 if TYPE_CHECKING:
     from .gpu import GpuAgent, GpuState
@@ -145,13 +143,7 @@ class Agent:
         self.actuator = Actuator(settings_dir)
         self._acted = Acted(paced=False, enforcer_armed=False, error=None)
         self._gpu_bound = False
-        self._last_step_time = -1e18
-        self._cpu_peaks = PeakTracker()
-        self._budget_exhausted_seconds = 0.0
-        self._budget_exhausted_at: float | None = None  # the last such interval's end
-        self._budget_reason: str | None = None  # and why
-        # Busy time under each lever setting, for what the settings cost (lever_time.py).
-        self.ledger = LeverLedger(usable_cores())
+        self.budget = BudgetBook()
         self.last = LastCycle()
         self.result = self._result(self.started, 0.0)
         # Held by a control cycle and by stand_down, which comes from the HTTP thread.
@@ -218,47 +210,35 @@ class Agent:
         began = time.perf_counter()
         now = self.clock()
         sample = self.meter.measure(now, self._enforcer)
-        self._cpu_peaks.add(sample.used_seconds, sample.elapsed)  # 1-second samples
-        if sample.new_steps:
-            self._last_step_time = now
         gpu_duty = self.gpu.cycle(sample.elapsed, sample.pause_fraction, sample.devices,
                                   sample.new_steps) if self.gpu else None
-        # The interval ran under the levers chosen before it.
-        levers = self.levers
-        self.ledger.add(levers, self.choice.busy_seconds(levers, sample))
         self.choice.observe(sample, self.policy, self.plan, can_stop=self._enforcer is not None
                             and self.plan.enforcement is Enforcement.BOTH)
         # With the levers chosen for the next interval charged to the budget (the lift
         # asked for is for the intervals to come).
-        wanted = self._wanted_limit()
         decision = decide(sample, self.controller,
                           pacing_by_peers=self._acted.paced and len(sample.records) >= 2,
                           was_gpu_bound=self._gpu_bound, gpu_duty=gpu_duty,
                           gpu_exhausted=bool(self.gpu and self.gpu.budget_exhausted),
                           max_pause_fraction=self.policy.max_pause_fraction,
-                          limit_wanted=wanted)
+                          limit_wanted=self._wanted_limit(),
+                          actuator_changes=stop_pacing(self.plan, self.levers)
+                          != self.actuator.stopping)
         self._gpu_bound = decision.gpu_bound
-        rate = decision.rate_cores
-        if (stop_pacing(self.plan, self.levers) != self.actuator.stopping
-                and self.controller and not decision.gpu_bound):
-            # The trim corrected the last actuator's bias, not the next one's.
-            rate = self.controller.restart()
-        self._act(rate, now)
-        if decision.budget_exhausted:
-            self._budget_exhausted_seconds += sample.elapsed
-            self._budget_exhausted_at, self._budget_reason = now, decision.budget_reason
+        self._act(decision.rate_cores, now)
+        self.budget.add(decision, now, sample.elapsed)
         self.last = LastCycle(
             usage_cores=sample.usage_cores,
-            rate_cores=rate,
+            rate_cores=decision.rate_cores,
             pause_fraction=sample.held_back,
-            throttling=decision.throttling or sample.kernel_pause > BINDING_PAUSE_FRACTION,
+            throttling=decision.throttling,
             budget_exhausted=decision.budget_exhausted,
             cooperating_pids=sample.cooperating,
             steps=sample.steps,
             enforcer_armed=self._acted.enforcer_armed,
             error=self._acted.error,
             gpu_duty=gpu_duty,
-            cpu_limit_wanted_cores=wanted,
+            cpu_limit_wanted_cores=decision.limit_wanted_cores,
             cpu_demand_cores=(self.container_quota.demand_by_container()
                               if self.container_quota else {}),
             pace=sample.pace,
@@ -272,22 +252,19 @@ class Agent:
         self._acted = self.actuator.act(
             rate, self.policy, self.plan, self.levers,
             None if self.choice.probing else self._max_pause_fraction(),
-            self._enforcer, now - self._last_step_time, now)
+            self._enforcer, now - self.meter.last_step_time, now)
 
     def _result(self, now: float, cycle_seconds: float) -> CycleResult:
-        lost = self.ledger.time(
-            lambda levers: self.choice.lever_slowdown(levers),
-            lambda levers: self.choice.lever_slowdown(levers, most=True))
-        recent = (self._budget_exhausted_at is not None
-                  and now - self._budget_exhausted_at < RECENT_SAMPLES)
+        lost = self.choice.lever_time()
+        reason = self.budget.recent_reason(now)
         return CycleResult(
             time=now, wall_seconds=now - self.started, policy=self.policy, plan=self.plan,
             last=self.last,
             cycle_seconds=cycle_seconds, cpu_seconds=self.meter.cpu_seconds,
-            processes=len(self.tree.pids()), cpu=self._cpu_peaks.summary(),
+            processes=len(self.tree.pids()), cpu=self.meter.cpu_peaks.summary(),
             signal_paused_seconds=self._enforcer.paused_seconds if self._enforcer else 0.0,
             cooperative_paused_seconds=self.meter.cooperative_paused_seconds,
-            budget_exhausted_seconds=self._budget_exhausted_seconds, levers=self.levers,
+            budget_exhausted_seconds=self.budget.seconds, levers=self.levers,
             controller_rate=self.controller.rate if self.controller else None,
             kernel_throttling=self._kernel_throttling(),
             gpu=self.gpu.state() if self.gpu else None,
@@ -296,8 +273,8 @@ class Agent:
             probe_seconds=self.choice.probe_seconds,
             probe_max_cores=self.choice.probe_max_cores,
             kernel_paused_seconds=self.meter.kernel_paused_seconds,
-            budget_exhausted_recently=recent,
-            budget_reason=self._budget_reason if recent else None,
+            budget_exhausted_recently=reason is not None,
+            budget_reason=reason,
         )
 
     def _wanted_limit(self) -> float | None:

@@ -14,25 +14,56 @@ from dataclasses import dataclass, replace
 
 from throttledjob.contracts.policy import Policy
 
-from .controller import DEFAULT_MARGIN, CpuController, CpuObservation
+from .controller import BINDING_PAUSE_FRACTION, DEFAULT_MARGIN, CpuController, CpuObservation
 from .enforcement import Plan, plan_as_written
 from .measure import Sample
+from .stats import RECENT_SAMPLES
 
 
 @dataclass(frozen=True)
 class Decision:
+    """One interval's verdict, frozen: what the actuators hold the workload to next, and
+    what the budget says."""
+
     # The CPU rate (cores) the pacing and the enforcer hold the workload to; None: none.
     rate_cores: float | None
     # The GPU target's rate is the lower one: the GPU, not the CPU target, holds it back.
     gpu_bound: bool
+    # A controller, or the kernel's quota, holds the workload back.
     throttling: bool
     # Why the slowdown budget stands in a target's way this interval; None: it does not
     # (budget_reason).
     budget_reason: str | None = None
+    # In a pod: the containers' CPU limit the budget needs, over the target's (None: the
+    # target's will do); the operator applies it.
+    limit_wanted_cores: float | None = None
 
     @property
     def budget_exhausted(self) -> bool:
         return self.budget_reason is not None
+
+
+class BudgetBook:
+    """The budget's verdicts over the run: the time it stood in a target's way, and why
+    the last time it did within the window a target is judged over (stats.RECENT_SAMPLES
+    seconds): a target missed in that window is missed because of the budget, even where
+    the last interval alone no longer shows it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._at: float | None = None  # the last such interval's end
+        self._reason: str | None = None
+
+    def add(self, decision: Decision, now: float, elapsed: float) -> None:
+        if decision.budget_exhausted:
+            self.seconds += elapsed
+            self._at, self._reason = now, decision.budget_reason
+
+    def recent_reason(self, now: float) -> str | None:
+        """Why the budget stood in a target's way within the window; None: it did not."""
+        if self._at is not None and now - self._at < RECENT_SAMPLES:
+            return self._reason
+        return None
 
 
 # The kernel's pause (a containers' CPU limit that is not ours) counts as past the budget
@@ -89,22 +120,30 @@ def observation(sample: Sample, pacing_by_peers: bool, gpu_bound: bool) -> CpuOb
 
 def decide(sample: Sample, controller: CpuController | None, pacing_by_peers: bool,
            was_gpu_bound: bool, gpu_duty: float | None, gpu_exhausted: bool,
-           max_pause_fraction: float = 1.0, limit_wanted: float | None = None) -> Decision:
+           max_pause_fraction: float = 1.0, limit_wanted: float | None = None,
+           actuator_changes: bool = False) -> Decision:
     """The rate for the next interval: the CPU controller's, or the GPU duty's as a CPU
     rate where that is lower (gpu_rate); and the budget's verdict (budget_reason:
     `max_pause_fraction` is the budget's pause, `limit_wanted` the containers' limit the
-    budget needs, in a pod)."""
+    budget needs, in a pod). `actuator_changes`: the next interval is held by another
+    actuator (the enforcer's stop instead of pacing, or back), so the CPU controller
+    starts again from its target: its trim corrected the last actuator's bias, not the
+    next one's."""
     obs = observation(sample, pacing_by_peers, was_gpu_bound)
     cpu = controller.update(obs) if controller else None
     rate = cpu.rate_cores if cpu else None
     gpu = gpu_rate(sample, gpu_duty)
     gpu_bound = gpu is not None and (rate is None or gpu < rate)
+    if actuator_changes and controller and not gpu_bound:
+        rate = controller.restart()
     return Decision(
         rate_cores=gpu if gpu_bound else rate,
         gpu_bound=gpu_bound,
-        throttling=bool(cpu and cpu.throttling) or bool(gpu_duty),
+        throttling=(bool(cpu and cpu.throttling) or bool(gpu_duty)
+                    or sample.kernel_pause > BINDING_PAUSE_FRACTION),
         budget_reason=budget_reason(bool(cpu and cpu.budget_exhausted), gpu_exhausted,
                                     sample.kernel_pause, max_pause_fraction, limit_wanted),
+        limit_wanted_cores=limit_wanted,
     )
 
 

@@ -1,6 +1,7 @@
 """The cooperative levers in force and the explorer that chooses them (explorer.py), fed
-one interval at a time by the agent: the explorer's step clock, when it may run, and
-its probe hold, the bookkeeping of its measurements. A measurement runs with the target
+one interval at a time by the agent: the explorer's step clock, when it may run, its
+probe hold, the bookkeeping of its measurements, and the busy time run under each
+setting, for what the settings cost (lever_time.py). A measurement runs with the target
 held, off the slowdown budget's books (a probe is the product's experiment, not the
 user's cost), for at most PROBE_HOLD_INTERVALS intervals in a row: one stalled by idle
 intervals is budgeted again.
@@ -14,7 +15,7 @@ from throttledjob.contracts.policy import Enforcement, Policy
 
 from .enforcement import Plan
 from .explorer import Explorer
-from .lever_time import busy_seconds
+from .lever_time import LeverLedger, LeverTime, busy_seconds
 from .levers import DEFAULT_SETTING, LeverSample, LeverSetting, probe_order
 from .measure import ProgressClock, Sample, progress_clock, steps_in_interval
 from .stats import round_or_none
@@ -50,6 +51,8 @@ class LeverChoice:
         self._probe_intervals = 0  # intervals in a row it was held for
         self.probe_seconds = 0.0
         self.probe_max_cores: float | None = None
+        # Busy time under each setting, kept across a new explorer (a live edit).
+        self.ledger = LeverLedger(usable_cores())
 
     def levers(self, policy: Policy) -> LeverSetting:
         """The levers in force: the explorer's choice, else the policy's."""
@@ -67,6 +70,7 @@ class LeverChoice:
         the explorer's update, and whether the next interval is held as a probe.
         `can_stop`: the sidecar may stop the tree (pacing by stop is a candidate)."""
         before = self.levers(policy)
+        self.ledger.add(before, self._busy_seconds(before, sample))
         if self.probing:
             self.probe_seconds += sample.elapsed
             self.probe_max_cores = max(self.probe_max_cores or 0.0, sample.usage_cores)
@@ -120,7 +124,12 @@ class LeverChoice:
         """What `levers` (those in force) cost by themselves; None: not known."""
         return self.explorer.lever_slowdown(levers, most=most) if self.explorer else None
 
-    def busy_seconds(self, levers: LeverSetting, sample: Sample) -> float:
+    def lever_time(self) -> LeverTime:
+        """The time the settings run so far lost by themselves (lever_time.py)."""
+        return self.ledger.time(lambda levers: self.lever_slowdown(levers),
+                                lambda levers: self.lever_slowdown(levers, most=True))
+
+    def _busy_seconds(self, levers: LeverSetting, sample: Sample) -> float:
         """The interval's busy time under `levers` (lever_time.busy_seconds)."""
         known = self.explorer.estimates.get(levers) if self.explorer else None
         return busy_seconds(sample.elapsed, sample.held_back, sample.used_seconds,

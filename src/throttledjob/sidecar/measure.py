@@ -17,6 +17,7 @@ from throttledjob.runtime.progress import read_progress
 from .cgroups.container_quota import ContainerQuota
 from .enforcer import Enforcer
 from .processes import ProcessTree, alive, own_cpu_seconds
+from .stats import PeakTracker
 
 # The workload's pace and its CPU cost of a step are read over this many seconds: over
 # one interval, a count of steps written a few times a second swung a DDP rank's cost by
@@ -173,6 +174,8 @@ class Meter:
         # Totals over the run, as measured (read by the run's summary).
         self.cooperative_paused_seconds = 0.0
         self.kernel_paused_seconds = 0.0
+        self.cpu_peaks = PeakTracker()  # of 1-second samples, in cores
+        self.last_step_time = -1e18  # when a step was last reported (never: long ago)
 
     def baseline(self) -> None:
         """What ran before the agent is not the agent's to count (the containers' quota
@@ -198,6 +201,9 @@ class Meter:
         records = tuple(r for r in everyone if alive(r.pid))
         steps = sum(self._steps_by_pid.values())
         new_steps, self._last_steps = steps - self._last_steps, steps
+        if new_steps:
+            self.last_step_time = now
+        self.cpu_peaks.add(used, elapsed)
         coop_pause = self._cooperative_pause(records, elapsed)
         signal_paused = enforcer.paused_seconds if enforcer else 0.0
         signal_pause = (signal_paused - self._last_signal_paused) / elapsed
