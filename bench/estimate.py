@@ -53,13 +53,14 @@ def main() -> None:
     parser.add_argument("--max-slowdown", default="3")
     parser.add_argument("--repeat", type=int, default=1,
                         help="pairs per workload (unthrottled, throttled); medians reported")
-    parser.add_argument("--only", help="run the workloads whose name contains this")
+    parser.add_argument("--only", nargs="+", metavar="WORD",
+                        help="run only the workloads whose name contains one of these")
     parser.add_argument("--json", default=str(ROOT / "bench" / "out" / "estimate.json"),
                         help="where the raw reports go")
     args = parser.parse_args()
     rows, raw = [], []
     for name, (cmd, options) in workloads(args.scale).items():
-        if args.only and args.only not in name:
+        if args.only and not any(word in name for word in args.only):
             continue
         pairs = []
         for _ in range(args.repeat):

@@ -50,6 +50,17 @@ def under_the_floor(target_watts: float | None, readings: list[GpuReading]) -> s
 
 
 @dataclass(frozen=True)
+class GpuSeen:
+    """One interval's reading of the watched GPUs, as the controller sees it: the
+    busiest one's utilization and power (None: not readable), and whether the board's
+    power cap held any of them back."""
+
+    utilization: float | None
+    power_watts: float | None
+    capped: bool
+
+
+@dataclass(frozen=True)
 class GpuState:
     """What the GPU half saw and holds after a cycle (part of the agent's CycleResult)."""
 
@@ -159,37 +170,55 @@ class GpuAgent:
 
     def cycle(self, elapsed: float, pause_fraction: float, visible: list[str],
               steps: float = 0.0) -> float | None:
-        """Read, record and decide; returns the duty wanted (None: no GPU target).
-        `steps`: what the workload reported done over the interval."""
+        """Measure, decide, act; returns the duty wanted (None: no GPU target).
+        `pause_fraction`: how much of the interval the workload was held back; `steps`:
+        what it reported done over the interval."""
         if isinstance(self.backend, NullGpuBackend):
             return None
-        self.hold_back = pause_fraction
+        self.hold_back = pause_fraction  # what the simulated board reads (gpu/simulate.py)
+        seen = self._measure(elapsed, visible)
+        if seen is None:   # the read failed: the last duty, until the GPU counts as lost
+            return self.decision.duty if self.decision and not self.error_lost else None
+        if self.cap and (self._limits_stale or self.cap.unsaved(self.readings)):
+            self._apply_power_limits()   # first read, a policy edit, or a GPU newly watched
+        self.decision = self._decide(seen, elapsed, pause_fraction, steps)
+        return self.decision.duty if self.decision else None
+
+    def _measure(self, elapsed: float, visible: list[str]) -> GpuSeen | None:
+        """Read the watched GPUs, keep their peaks and the board's floor; None: the read
+        failed (_read_failed says so)."""
         try:
             self.readings = select_gpus(self.backend.read(), visible)
             self._failed_reads = 0
             self.error = None
         except GpuError as e:
             self._read_failed(e)
-            return self.decision.duty if self.decision and not self.error_lost else None
-        if self.cap and (self._limits_stale or self.cap.unsaved(self.readings)):
-            self._apply_power_limits()   # first read, a policy edit, or a GPU newly watched
-        util = max((r.utilization_ratio for r in self.readings), default=None)
-        power = max((r.power_watts for r in self.readings if r.power_watts is not None),
-                    default=None)
-        self._record(elapsed, util, power)
-        self._learn_floor()
-        if not self.controller.active and not self.cap_holds:
-            self.decision = None
             return None
-        self.decision = self.controller.update(
-            GpuObservation(util, power, duty=pause_fraction, floor_watts=self.floor_watts or 0.0))
+        seen = GpuSeen(
+            utilization=max((r.utilization_ratio for r in self.readings), default=None),
+            power_watts=max((r.power_watts for r in self.readings
+                             if r.power_watts is not None), default=None),
+            capped=any("sw_power_cap" in r.throttle_reasons for r in self.readings))
+        self._record(elapsed, seen.utilization, seen.power_watts)
+        self._learn_floor()
+        return seen
+
+    def _decide(self, seen: GpuSeen, elapsed: float, pause_fraction: float,
+                steps: float) -> GpuDecision | None:
+        """The duty the controller wants; once the workload reports steps under a cap,
+        the explorer's measurement of cap against hold-back (which may move the cap)."""
+        if not self.controller.active and not self.cap_holds:
+            return None
+        self.decision = self.controller.update(GpuObservation(
+            seen.utilization, seen.power_watts, duty=pause_fraction,
+            floor_watts=self.floor_watts or 0.0))
+        power = seen.power_watts
         if power is not None and steps > 0 and self.explorer is None and self.capping:
             self.explorer = PowerLimitExplorer(self.policy.gpu_peak_power_watts,
                                                self.cap_watts)
         if self.explorer and power is not None:
-            capped = any("sw_power_cap" in r.throttle_reasons for r in self.readings)
-            self._explore(GpuSample(steps, elapsed, power, pause_fraction, capped))
-        return self.decision.duty
+            self._explore(GpuSample(steps, elapsed, power, pause_fraction, seen.capped))
+        return self.decision
 
     def _explore(self, sample: GpuSample) -> None:
         ex = self.explorer
