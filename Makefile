@@ -100,14 +100,16 @@ lint: install
 k8s-build:
 	$(K8S) build --with-kueue --with-jobset >/dev/null
 
-# Everything the cluster's tests need, cold in one pass: the Go builds keep the CPU busy
-# while the installs and the real node's images (debootstrap, pip inside podman builds)
-# wait on the network and the disk (docs/testing.md, "Cold and warm"). Cached parts are
-# skipped; a failure of either side fails the target, after both have ended.
-prepare:
+# Everything the cluster's tests need, cold in one pass, three streams after the Debian
+# packages: the Go builds keep the CPU busy while the real node's images (debootstrap,
+# pip inside podman builds) and the venvs (pip) wait on the network and the disk; the
+# images need the packages, not the venv (docs/testing.md, "Cold and warm"). Cached parts
+# are skipped; a failure of any stream fails the target, after all have ended.
+prepare: tools
 	@$(K8S) build --with-kueue --with-jobset >/dev/null & go=$$!; \
-	$(MAKE) --no-print-directory lint tools checkov && $(PYTHON) -m tools.k8s.images; \
-	ok=$$?; wait $$go && exit $$ok
+	$(PYTHON) -m tools.k8s.images & images=$$!; \
+	$(MAKE) --no-print-directory lint checkov; ok=$$?; \
+	wait $$images || ok=1; wait $$go || ok=1; exit $$ok
 
 # The whole suite: what the cluster's tests need (prepare: the Go builds beside the
 # installs and the images), then the tier without a cluster, then the cluster's. Not the
