@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -57,37 +60,38 @@ class Watch(threading.Thread):
         self.seen: dict[str, float] = {}
         self.ready = threading.Event()
         self._done = threading.Event()
-        self._resp: Any = None
+        self._sock: socket.socket | None = None
 
     def stop(self) -> None:
-        """End the watch: a later API server restart (the suite's next test) must not
-        find this thread still reading."""
+        """End the watch now: a later API server restart (the suite's next test) must not
+        find this thread still reading. The socket is shut down under the reader, whose
+        blocked read then returns: closing the response instead waits for the reader's
+        lock, held until the next event (a bookmark comes about once a minute)."""
         self._done.set()
-        if self._resp is not None:
+        if self._sock is not None:
             with contextlib.suppress(OSError):
-                self._resp.close()
+                self._sock.shutdown(socket.SHUT_RDWR)
 
     def run(self) -> None:
         try:
             self._watch()
         except Exception:
-            # stop() closes the response under the reader (which then fails in any of a
-            # few ways); a watch that broke mid-benchmark is an error.
+            # stop() shuts the socket under the reader (which then fails in any of a few
+            # ways); a watch that broke mid-benchmark is an error.
             if not self._done.is_set():
                 raise
 
     def _watch(self) -> None:
-        import urllib.request
-
+        server = urllib.parse.urlsplit(self.cluster.server)
         rv = self.cluster.request("GET", self.path)["metadata"]["resourceVersion"]
         while not self._done.is_set():
-            req = urllib.request.Request(
-                f"{self.cluster.server}{self.path}?watch=1&resourceVersion={rv}"
-                "&allowWatchBookmarks=true",
-                headers={"Authorization": f"Bearer {self.cluster.admin_token}"})
-            with urllib.request.urlopen(req, timeout=600,
-                                        context=self.cluster.ssl_context()) as resp:
-                self._resp = resp
+            conn = http.client.HTTPSConnection(server.hostname, server.port, timeout=600,
+                                               context=self.cluster.ssl_context())
+            conn.request("GET", f"{self.path}?watch=1&resourceVersion={rv}"
+                         "&allowWatchBookmarks=true",
+                         headers={"Authorization": f"Bearer {self.cluster.admin_token}"})
+            with contextlib.closing(conn), conn.getresponse() as resp:
+                self._sock = conn.sock
                 self.ready.set()
                 for line in resp:
                     now = time.monotonic()

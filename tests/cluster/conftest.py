@@ -87,7 +87,7 @@ def real_node(cluster: Any) -> Iterator[Any]:
     node.down()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def torch_image(real_node: Any) -> str:
     """The user's PyTorch image (examples/pytorch/Dockerfile) on the real node."""
     real_node.load(images.torch_archive())  # built once, cached (about 1.3 GB)
