@@ -133,3 +133,17 @@ def test_distributed_table() -> None:
     rows = table_rows(text, "| pair | training_ratio |")
     assert [row[:3] for row in rows] == [["0", "0.8", "0.9"], ["1", "0.9", "1.05"]]
     assert "training_ratio: median 0.850, min 0.800, max 0.900" in text
+
+
+def test_pod_estimate_row() -> None:
+    """bench/pod_estimate.py's runs are the live PyTorch test's (tests/cluster/); its row
+    of the figures that test writes: the error against the real slowdown, whether the top
+    covers it."""
+    from bench import pod_estimate
+
+    figures = {"real": 1.2, "real_training": 1.25, "estimate": 1.08, "top": 2.0,
+               "unlimited_s": 18.0, "throttled_s": 21.6}
+    assert pod_estimate.row(figures) == {
+        "real (training)": "1.200 (1.250)", "estimate": 1.08, "error": "-10.0%", "top": 2.0,
+        "top covers": "yes", "unlimited_s": 18.0, "throttled_s": 21.6}
+    assert pod_estimate.row({**figures, "top": 1.1})["top covers"] == "no"

@@ -579,6 +579,10 @@ def trained(kubectl: Kubectl, pod: dict[str, Any]) -> dict[str, str]:
     return dict(kv.split("=") for kv in line.split())
 
 
+POD_ESTIMATE = bool(os.environ.get("THROTTLEDJOB_POD_ESTIMATE"))
+POD_ESTIMATE_FIGURES = ROOT / "bench" / "out" / "pod_estimate.json"
+
+
 def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_a_plain_limit(
         operator: str, real_node: Any, kubectl: Kubectl, torch_image: str) -> None:
     """`inject: Auto` on a real node with the default enforcement: the operator sets the
@@ -592,17 +596,28 @@ def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_
     limited = torch_container()
     limited["resources"] = {**limited["resources"], "limits": {"cpu": str(TARGET_CORES)}}
     plain, plain_pod_ = plain_pod("torch-limit", namespace, limited, real_node, kubectl)
+    # bench/pod_estimate.py: also with no limit, the time the real slowdown is reckoned
+    # against, to judge the estimate in /status by (a figure, not the suite's).
+    free = plain_pod("torch-free", namespace, torch_container(), real_node, kubectl) \
+        if POD_ESTIMATE else None
     tj = torch_example(name, namespace)  # inject Auto, maxSlowdown 2
     workload, pod = run_to_completion(tj, real_node, kubectl)
     ours, theirs = (trained(kubectl, p) for p in (pod, plain_pod_))
     ratio = workload.seconds / plain.seconds
     status = tj_status(kubectl, namespace, name)
     observed = status.get("observed") or {}
-    # The slowdown against no limit at all is a figure: bench/estimate.py's.
     print(f"torch, plain limits.cpu 1: {plain.seconds:.1f} s p99 {plain.p99():.2f} "
           f"{theirs}; ThrottledJob inject Auto: {workload.seconds:.1f} s p99 "
           f"{workload.p99():.2f} {ours}; {ratio:.2f}x the plain limit's time; slowdown "
           f"estimate {observed.get('slowdown')}, top {observed.get('slowdownHigh')}")
+    if free:
+        unheld = trained(kubectl, free[1])
+        POD_ESTIMATE_FIGURES.parent.mkdir(parents=True, exist_ok=True)
+        POD_ESTIMATE_FIGURES.write_text(json.dumps({
+            "real": workload.seconds / free[0].seconds,
+            "real_training": float(ours["seconds"]) / float(unheld["seconds"]),
+            "estimate": observed.get("slowdown"), "top": observed.get("slowdownHigh"),
+            "unlimited_s": free[0].seconds, "throttled_s": workload.seconds}))
     # Both held at the target by the kernel (the operator's limit on ours).
     assert workload.quota_cores == plain.quota_cores == TARGET_CORES
     # Held like the plain limit measured in the same run: no higher than its peak or the
