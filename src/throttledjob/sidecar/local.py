@@ -22,6 +22,7 @@ from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent, CycleResult
 from .cgroups.detection import detect
+from .cgroups.throttling import ThrottleStats
 from .enforcement import local_enforcer, local_plan, without_kernel_quota
 from .enforcer import Enforcer
 from .loop import run_loop
@@ -208,7 +209,6 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
     run = summarize(result)
     policy = result.policy
     total_cpu = _children_cpu_seconds()
-    k = result.kernel_throttling
     return {
         "exit_code": exit_code,
         "wall_seconds": round(wall, 3),
@@ -252,9 +252,7 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             # Which enforcer held the workload, and why that one (sidecar/enforcement.py).
             "enforcer": result.plan.reason,
             # The kernel quota's own counters (cpu.stat), where it held the workload.
-            "kernel_throttling": None if k is None else {
-                "periods": k.nr_periods, "throttled_periods": k.nr_throttled,
-                "throttled_seconds": round(k.throttled_seconds, 3)},
+            "kernel_throttling": _kernel_counters(result.kernel_throttling),
             # What the lever explorer measured and chose (None when it did not run).
             "explorer": explorer,
             # This tool's own CPU (start-up, sampling, control, signals), not the command's.
@@ -262,6 +260,13 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
         },
         **({"gpu": gpu} if gpu is not None else {}),
     }
+
+
+def _kernel_counters(k: ThrottleStats | None) -> dict | None:
+    if k is None:
+        return None
+    return {"periods": k.nr_periods, "throttled_periods": k.nr_throttled,
+            "throttled_seconds": round(k.throttled_seconds, 3)}
 
 
 def _children_cpu_seconds() -> float:
