@@ -1,6 +1,6 @@
 # One command each: `make demo`, `make test`, `make bench`. Each creates what it needs.
 # Test tiers (docs/testing.md): `make fast` needs no cluster (lint and every test not
-# marked `cluster`, about 8 minutes); `make test-cluster` only the tests marked `cluster`;
+# marked `cluster`, about 6 minutes); `make test-cluster` only the tests marked `cluster`;
 # `make test` is lint and the whole suite (what .ci/run runs).
 PYTHON ?= python3
 VENV := .venv
@@ -111,15 +111,15 @@ prepare: tools
 	$(MAKE) --no-print-directory lint checkov; ok=$$?; \
 	wait $$images || ok=1; wait $$go || ok=1; exit $$ok
 
-# The whole suite: what the cluster's tests need (prepare: the Go builds beside the
-# installs and the images), then the tier without a cluster, then the cluster's. Not the
-# tests beside the builds: measured cold, the tier without a cluster took 15 minutes
-# instead of 8 beside them, the builds 45 instead of about 30, and timing-bound tests
-# failed (docs/testing.md, "Cold and warm"). Warm, the builds return at once.
+# The whole suite: what the cluster's tests need (prepare), then the tier without a
+# cluster, then the cluster's. Not the tests beside the builds: measured cold, the tier
+# without a cluster took 15 minutes instead of 8 beside them, the builds 45 instead of
+# about 30, and timing-bound tests failed (docs/testing.md, "Cold and warm"). Warm, the
+# builds return at once.
 test: prepare
 	$(VENV)/bin/pytest -m "not cluster" && $(VENV)/bin/pytest -m cluster
 
-# No Kubernetes (no Go build, no cluster): about 8 minutes, for a quick loop.
+# No Kubernetes (no Go build, no cluster): about 6 minutes, for a quick loop.
 fast: lint tools checkov
 	$(VENV)/bin/pytest -m "not cluster"
 
