@@ -45,15 +45,16 @@ from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
 from tools.k8s import batch, images
 
-# The suite runs the job-wide target once: the split by cost in the status (which a
-# broken split fails whatever the timing), within the kernel's bound. How much faster
-# than the even split it trains is a figure of paired runs, the order alternating:
-# bench/distributed.py sets the pairs (THROTTLEDJOB_DDP_PAIRS, three or more), reads the
-# figures this test writes, and judges them against its goal (0.85x).
-PAIRS = int(os.environ.get("THROTTLEDJOB_DDP_PAIRS", "0"))
-TRAINING_BOUND = 0.92
-JOB_BOUND = 1.05
-pytestmark = pytest.mark.timeout(300 + 400 * max(PAIRS, 1))
+# bench/distributed.py sets the pairs (THROTTLEDJOB_DDP_PAIRS, three or more) and reads
+# the figures the job-wide test writes, and judges them against its goal (0.85x); the
+# suite runs one pair, the behaviour once: the split by cost in the status (which a
+# broken split fails whatever the timing), within the bound, and faster than the even
+# split beyond one pair's noise (single pairs read 0.79-0.89x since the split follows a
+# 10-second cost; 0.94x before; no split at all is 1.0x).
+PAIRS = int(os.environ.get("THROTTLEDJOB_DDP_PAIRS", "1"))
+TRAINING_BOUND = 0.95 if PAIRS == 1 else 0.92
+JOB_BOUND = 1.10 if PAIRS == 1 else 1.05
+pytestmark = pytest.mark.timeout(300 + 400 * PAIRS)
 RANKS = 2
 JOB_CORES = 1.0  # the whole job's CPU: the baseline's two limits, the job-wide target
 EVEN_SPLIT = "500m"
@@ -258,35 +259,10 @@ def test_a_job_wide_target_splits_one_core_between_the_ranks_by_their_cost(
         operator: str, real_node: Any, kubectl: Kubectl, torch_image: str) -> None:
     """One 1-core target for the job (`scope: Job`): the operator splits it across the
     two pods by each rank's CPU per step (about 1/3 and 2/3), so the expensive rank no
-    longer waits on a half core while the cheap one idles, held within the kernel's bound
-    for the two pods together. Under bench/distributed.py, also against the even split,
-    measured beside it in the same namespace in pairs, the order alternating."""
+    longer waits on a half core while the cheap one idles. Held within the same bound as
+    the even split, and faster than it, measured beside it in the same namespace (in
+    pairs, the order alternating)."""
     namespace = operator
-    if PAIRS:
-        compare_with_the_even_split(kubectl, real_node, namespace)
-    name = "ddp-wide"
-    run = run_ddp(kubectl, real_node, namespace, name, job_wide(name, namespace))
-    print(f"DDP job-wide {JOB_CORES:g} core: {run.describe()}")
-    # The workload is as uneven as the split needs (rank 1 about 2x rank 0 a step: 1.9).
-    assert run.cpu_per_step(1) > 1.5 * run.cpu_per_step(0), run.describe()
-    assert run.p99() <= SUMMED_BOUND, run.describe()
-    # What the ThrottledJob showed while it ran: the split it made, and why.
-    assert run.status, "no status with a whole split of both ranks"
-    wide_status, ranks = run.status["jobWide"], run.status["ranks"]
-    print(f"status.jobWide {wide_status}; status.ranks {ranks}")
-    assert wide_status["targetCores"] == JOB_CORES, wide_status
-    assert wide_status["limitCores"] <= JOB_CORES, wide_status
-    assert [r["index"] for r in ranks] == list(range(RANKS)), ranks
-    assert ranks[1]["limitCores"] > 1.5 * ranks[0]["limitCores"], ranks
-    events = kubectl.json("get", "events", "-n", namespace, "--field-selector",
-                          f"involvedObject.name={name},reason=SplitChanged")["items"]
-    assert events, "no SplitChanged event"
-
-
-def compare_with_the_even_split(kubectl: Kubectl, real_node: Any, namespace: str) -> None:
-    """bench/distributed.py's pairs: the job-wide run and the even split, the order
-    alternating, each held within the same bound; their figures to FIGURES, the ratios'
-    medians judged against the benchmark's goal."""
     pairs = []
     for i in range(PAIRS):
         runs = {}
@@ -296,10 +272,11 @@ def compare_with_the_even_split(kubectl: Kubectl, real_node: Any, namespace: str
                 job_wide(name, namespace)
             runs[kind] = run_ddp(kubectl, real_node, namespace, name, objects)
         wide, even = runs["wide"], runs["even"]
-        # The baseline is what it says: each pod's own quota at the even share.
+        # The baseline is what it says: each pod's own quota at the even share, and the
+        # workload as uneven as the split needs (rank 1 about 2x rank 0 a step: 1.9).
         assert [s.quota_cores for s in even.samplers] == [0.5] * RANKS, even.describe()
         assert even.p99() <= SUMMED_BOUND, even.describe()
-        assert wide.p99() <= SUMMED_BOUND, wide.describe()
+        assert even.cpu_per_step(1) > 1.5 * even.cpu_per_step(0), even.describe()
         pairs.append({
             "training_ratio": wide.training_seconds() / even.training_seconds(),
             "job_ratio": (wide.job_seconds or 0) / (even.job_seconds or 1),
@@ -309,14 +286,29 @@ def compare_with_the_even_split(kubectl: Kubectl, real_node: Any, namespace: str
               f"{pairs[-1]['job_ratio']:.2f}x the even split's")
     FIGURES.parent.mkdir(parents=True, exist_ok=True)
     FIGURES.write_text(json.dumps(pairs, indent=1))
+    for pair in pairs:
+        assert pair["wide"]["p99_cores"] <= SUMMED_BOUND, pair
     # Split by cost, the pair trains in about 3/4 of the even split's time (42 s against
     # 55 s here with cgroup quotas of 0.34 and 0.66 core set by hand; the ideal split of
     # costs 1:1.9 gives 0.77x). Measured 0.77-0.91x over single pairs and a 3-pair run
     # (docs/benchmarks.md); no split at all is 1.0x. The Job's wall time also holds each
     # pod's start, where the sidecar and the guard start before the workload, and the
-    # first intervals before the split has moved.
+    # first intervals before the split has moved: 0.83-1.05x, judged only as never slower
+    # than the even split beyond the noise of two pods' start.
     assert statistics.median(p["training_ratio"] for p in pairs) <= TRAINING_BOUND, pairs
     assert statistics.median(p["job_ratio"] for p in pairs) <= JOB_BOUND, pairs
+    # What the ThrottledJob showed while it ran: the split it made, and why.
+    name = f"ddp-wide-{PAIRS - 1}"
+    assert runs["wide"].status, "no status with a whole split of both ranks"
+    wide_status, ranks = runs["wide"].status["jobWide"], runs["wide"].status["ranks"]
+    print(f"status.jobWide {wide_status}; status.ranks {ranks}")
+    assert wide_status["targetCores"] == JOB_CORES, wide_status
+    assert wide_status["limitCores"] <= JOB_CORES, wide_status
+    assert [r["index"] for r in ranks] == list(range(RANKS)), ranks
+    assert ranks[1]["limitCores"] > 1.5 * ranks[0]["limitCores"], ranks
+    events = kubectl.json("get", "events", "-n", namespace, "--field-selector",
+                          f"involvedObject.name={name},reason=SplitChanged")["items"]
+    assert events, "no SplitChanged event"
 
 
 def jobset_job_wide(name: str, namespace: str) -> dict[str, Any]:
