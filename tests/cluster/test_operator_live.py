@@ -44,7 +44,9 @@ def failed_creates(kubectl: Kubectl, namespace: str) -> list[str]:
 # nothing stopped being written (status.READ_TIME_REFRESH_SECONDS, status.as_stored), ours
 # were 14-17: a status patch every read. The writes the server took are bounded apart
 # from those it refused as conflicts, which race kopf's own patches and grow with the
-# load: under fresh-clone CI ours once came to 11 with 9 status patches.
+# load: under fresh-clone CI ours once came to 11 with 9 status patches. Each refused
+# write may cost kopf one event, its handler's retry's: a warm fresh-clone run read kopf's
+# 7 (6 events) with 2 conflicts (2026-11-28).
 OUR_WRITES_PER_LIFE = 9
 KOPF_WRITES_PER_LIFE = 6
 CONFLICTS_PER_LIFE = 4
@@ -327,5 +329,7 @@ def test_a_throttledjobs_life_costs_a_counted_number_of_writes(
           f"refused as conflicts: {refused}")
     assert counts[("", "configmaps", "create", "ours")] == 1, counts
     assert counts[("batch", "jobs", "create", "ours")] == 1, counts
-    assert ours <= OUR_WRITES_PER_LIFE and kopf <= KOPF_WRITES_PER_LIFE, (counts, refused)
-    assert sum(refused.values()) <= CONFLICTS_PER_LIFE, (counts, refused)
+    conflicts = sum(refused.values())
+    assert ours <= OUR_WRITES_PER_LIFE, (counts, refused)
+    assert kopf <= KOPF_WRITES_PER_LIFE + conflicts, (counts, refused)
+    assert conflicts <= CONFLICTS_PER_LIFE, (counts, refused)
