@@ -19,8 +19,8 @@ Rules (each in one place, so the two outputs cannot disagree):
   under the board's limit); named and ordered as contracts.status.LEVERS;
 - target met: the recent p99 of every target within TARGET_TOLERANCE of it; for CPU, or
   within KERNEL_SLACK_CORES, whichever is larger (cpu_peak_bound);
-- budget exhausted: the budget stood in a target's way within the same recent window
-  (so a target missed in it is reported as missed for the budget, not as converging).
+- budget exhausted is not worked out here: it is decide.BudgetBook's, over the same
+  recent window, read from the cycle's result.
 """
 
 from __future__ import annotations
