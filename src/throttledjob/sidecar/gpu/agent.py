@@ -237,7 +237,7 @@ class GpuAgent:
             known = ex.uncapped_duty
             self.controller.duty = self.controller.max_duty if known is None \
                 else min(self.controller.max_duty, known + 0.05)
-        duty = self.controller.duty   # a cap that holds the target takes the duty's place
+        duty = self.controller.asked()   # a cap that holds the target takes the duty's place
         self.decision = GpuDecision(duty, duty > 0, False, "power" if duty > 0 else None)
 
     def _learn_floor(self) -> None:

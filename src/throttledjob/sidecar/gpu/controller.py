@@ -35,6 +35,11 @@ DEFAULT_RELEASE = 0.02
 # Measurements within this fraction under the setpoint hold the duty (no chatter).
 HOLD_BAND = 0.05
 DEFAULT_HOLD_INTERVALS = 10
+# The actuator's gain: each interval moves the estimate this share of the way to the
+# ratio just read, within GAIN_RANGE; read only where enough was asked to measure it.
+GAIN_SMOOTHING = 0.5
+GAIN_RANGE = (0.5, 2.0)
+MIN_ASKED_FOR_GAIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,9 @@ class GpuController:
         self.max_duty = max_duty
         self.release = release
         self.hold = hold
-        self.duty = 0.0
+        self.duty = 0.0        # the hold-back wanted (delivered)
+        self.gain = 1.0        # delivered / asked, as measured
+        self._asked = 0.0
         self.track = False
         self._quiet_intervals = 0
 
@@ -84,7 +91,9 @@ class GpuController:
     def update(self, obs: GpuObservation) -> GpuDecision:
         measured = {"utilization": obs.utilization_ratio, "power": obs.power_watts}
         in_force = min(0.99, max(0.0, obs.duty))
+        self._learn_gain(in_force)
         wanted, binding, hold, over_target = 0.0, None, False, False
+        over_setpoint = False
         for name, target in self.targets.items():
             m = measured[name]
             if target is None or m is None or m <= 0:
@@ -96,12 +105,24 @@ class GpuController:
                 wanted, binding = want, name
             hold = hold or m >= setpoint * (1.0 - HOLD_BAND)
             over_target = over_target or m > target
+            over_setpoint = over_setpoint or m > setpoint
         self._quiet_intervals = 0 if hold else self._quiet_intervals + 1
         if wanted > self.duty or self.track:
             self.duty = wanted
-        elif self._quiet_intervals > self.hold:
+        elif self._quiet_intervals > self.hold or (hold and not over_setpoint):
+            # Past the hold, or settling just under the setpoint: release slowly.
             self.duty = max(wanted, self.duty - self.release)
         budget_exhausted = self.duty > self.max_duty and over_target
         self.duty = min(self.max_duty, max(0.0, self.duty))
-        return GpuDecision(self.duty, self.duty > 0.0, budget_exhausted,
+        return GpuDecision(self.asked(), self.duty > 0.0, budget_exhausted,
                            binding if self.duty > 0.0 else None)
+
+    def asked(self) -> float:
+        """The duty to ask of the actuator for the hold-back wanted."""
+        self._asked = min(0.99, self.duty / self.gain) if self.duty > 0.0 else 0.0
+        return self._asked
+
+    def _learn_gain(self, delivered: float) -> None:
+        if self._asked >= MIN_ASKED_FOR_GAIN:
+            ratio = min(GAIN_RANGE[1], max(GAIN_RANGE[0], delivered / self._asked))
+            self.gain += GAIN_SMOOTHING * (ratio - self.gain)
