@@ -200,13 +200,15 @@ def run_case(board: Board, prefix: list[str], steps: int, extra: list[str] = (),
             time.sleep(0.5)
             if memory_probe and memory is None and time.time() - began > 12:
                 memory = memory_now(board.nvml)
+        wall = time.time() - began
         sampler.done.set()
         sampler.join()
         if proc.returncode != 0:
             raise RuntimeError(f"{prefix} {TRAIN.name} exited {proc.returncode}")
         result = json.loads(Path(out).read_text())
         loaded = json.loads(Path(report).read_text()) if os.path.exists(report) else None
-    return {"result": result, "trace": sampler.trace, "memory": memory, "report": loaded}
+    return {"result": result, "trace": sampler.trace, "memory": memory, "report": loaded,
+            "wall": wall}
 
 
 def seconds(case: dict) -> list[tuple[float, float, float]]:
@@ -220,7 +222,10 @@ def seconds(case: dict) -> list[tuple[float, float, float]]:
     return out
 
 
-def figures(case: dict, base_seconds: float, target: float | None, column: int) -> dict:
+def figures(case: dict, base_seconds: float, target: float | None, column: int,
+            base_wall: float | None = None) -> dict:
+    """`base_seconds`: the unthrottled run's training time; `base_wall`: its command's
+    whole run (start-up included), what the report's estimate describes."""
     samples = seconds(case)
     values = [s[column] for s in samples]
     settled = [s[column] for s in samples if s[0] > 2]
@@ -239,6 +244,8 @@ def figures(case: dict, base_seconds: float, target: float | None, column: int) 
         controller = (case.get("report") or {}).get("controller") or {}
         row["estimate"] = controller.get("estimated_slowdown")
         row["estimate top"] = controller.get("estimated_slowdown_high")
+        if base_wall:
+            row["wall ratio"] = round(case["wall"] / base_wall, 3)
     return row
 
 
@@ -312,7 +319,7 @@ def measure(board: Board, args: argparse.Namespace) -> int:
         cases[label] = case = run_case(board, board.command(flag, f"{targets[name]:.1f}"),
                                        args.steps)
         rows.append({"case": label, "measure": "util %" if column == 1 else "power W",
-                     **figures(case, base_s, targets[name], column)})
+                     **figures(case, base_s, targets[name], column, base["wall"])})
         print(markdown(rows[-1:]), file=sys.stderr, flush=True)
         save()
     print()

@@ -165,9 +165,21 @@ class _FakeNvml(types.SimpleNamespace):
 
 
 def _patch_nvml(monkeypatch, fail_power: Exception | None = None,
-                memory_v2: bool = True):
+                memory_v2: bool = True, samples: list[tuple[int, int]] | None = None):
+    """`samples`: the driver's buffer of utilization samples (microseconds, percent);
+    None: a board that keeps none."""
     handle = object()
     calls = []
+
+    def utilization_samples(h, kind, last_seen):
+        assert kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES
+        if samples is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        got = [types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=v))
+               for t, v in samples if t > last_seen]
+        if not got:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, got
 
     def memory(h, version=None):
         # v1 counts the driver's reserved memory in `used`; v2 (nvidia-smi's) does not.
@@ -188,6 +200,7 @@ def _patch_nvml(monkeypatch, fail_power: Exception | None = None,
         "nvmlDeviceGetCount": lambda: 1,
         "nvmlDeviceGetHandleByIndex": lambda i: handle,
         "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=87, memory=40),
+        "nvmlDeviceGetSamples": utilization_samples,
         "nvmlDeviceGetMemoryInfo": memory,
         "nvmlDeviceGetUUID": lambda h: "GPU-1234", "nvmlDeviceGetName": lambda h: "A100",
         "nvmlDeviceGetPowerUsage": power,
@@ -228,6 +241,23 @@ def test_nvml_adapter_reads_memory_v1_where_the_driver_has_no_v2(monkeypatch):
     _patch_nvml(monkeypatch, memory_v2=False)
     backend = NvmlBackend()
     assert [r.memory_used_bytes for r in backend.read() + backend.read()] == [2**30 + 2**28] * 2
+
+
+def test_nvml_adapter_averages_the_utilization_samples_since_its_last_read(monkeypatch):
+    """A held-back feeder makes the GPU busy in bursts: the last sample period alone (the
+    87% of nvmlDeviceGetUtilizationRates here) reads whichever burst or pause it fell on;
+    the interval's share is the mean of the driver's samples since the last read."""
+    buffer = [(1_000_000, 10), (1_500_000, 90), (2_100_000, 100), (2_300_000, 0),
+              (2_800_000, 50)]
+    _patch_nvml(monkeypatch, samples=buffer)
+    backend = NvmlBackend()
+    (first,) = backend.read()     # the last second's: 2.1, 2.3 and 2.8 s
+    assert first.utilization_ratio == pytest.approx(0.5)
+    buffer += [(3_300_000, 20), (3_800_000, 40)]
+    (second,) = backend.read()    # only what came after 2.8 s
+    assert second.utilization_ratio == pytest.approx(0.3)
+    (third,) = backend.read()     # nothing new: the last period's rate
+    assert third.utilization_ratio == pytest.approx(0.87)
 
 
 def test_nvml_adapter_drops_unsupported_counters(monkeypatch):

@@ -49,8 +49,11 @@ class NvmlBackend(GpuBackend):
         pynvml.nvmlInit()  # NVMLError_LibraryNotFound without a driver
         self._open = True
         self._memory_v2 = True   # until the driver says it has no such struct
+        self._samples = True     # until the driver says it keeps no utilization samples
         self.device_count = pynvml.nvmlDeviceGetCount()
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.device_count)]
+        # Per GPU: the newest utilization sample read so far (NVML's microseconds).
+        self._seen = [0] * self.device_count
 
     @_translate
     def read(self) -> list[GpuReading]:
@@ -58,11 +61,10 @@ class NvmlBackend(GpuBackend):
 
     def _read_one(self, index: int, h: Any) -> GpuReading:
         n = self._nvml
-        util = n.nvmlDeviceGetUtilizationRates(h)
         mem = self._memory(h)
         return GpuReading(
             index=index, uuid=n.nvmlDeviceGetUUID(h), name=n.nvmlDeviceGetName(h),
-            utilization_ratio=util.gpu / 100.0,
+            utilization_ratio=self._utilization(index, h),
             memory_used_bytes=int(mem.used), memory_total_bytes=int(mem.total),
             power_watts=self._optional(lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0),
             power_limit_watts=self._optional(
@@ -74,6 +76,29 @@ class NvmlBackend(GpuBackend):
             throttle_reasons=self._reasons(h),
             process_memory_bytes=self._processes(h),
         )
+
+    def _utilization(self, index: int, h: Any) -> float:
+        """The share of time a kernel ran since the last read: the mean of the samples
+        the driver kept since then (one per its sample period, 1/6 s to 1 s by board).
+        nvmlDeviceGetUtilizationRates gives only the last period's, which over a 1-second
+        interval of pauses and bursts reads whichever the period fell on. The first read
+        takes the last second's samples; no new sample, or none kept: the last period's."""
+        n = self._nvml
+        if self._samples:
+            try:
+                _, samples = n.nvmlDeviceGetSamples(h, n.NVML_GPU_UTILIZATION_SAMPLES,
+                                                    self._seen[index])
+            except n.NVMLError_NotFound:    # no sample since the last read
+                samples = []
+            except (AttributeError, n.NVMLError_FunctionNotFound, n.NVMLError_NotSupported):
+                self._samples, samples = False, []
+            if samples:
+                newest = max(s.timeStamp for s in samples)
+                since = self._seen[index] or newest - 1_000_000
+                recent = [s.sampleValue.uiVal for s in samples if s.timeStamp >= since]
+                self._seen[index] = newest
+                return sum(recent) / len(recent) / 100.0
+        return n.nvmlDeviceGetUtilizationRates(h).gpu / 100.0
 
     def _memory(self, h: Any) -> Any:
         """Memory as nvidia-smi and dcgm-exporter read it: the v2 struct, whose `used`
