@@ -16,7 +16,9 @@ its own duty and the largest wins, so no integrator winds up behind a target tha
 binding.
 
 It attacks at once (a peak is clipped one interval after it starts), holds the duty for
-`hold` intervals after the last sample near the setpoint, then releases slowly, so a
+`hold` intervals after the last sample near the setpoint, then releases slowly (a
+reading just under the setpoint releases by the same slow step at once: a duty that
+ratcheted up on a noisy reading settles back to the setpoint), so a
 periodic load (a sawtooth) stays clipped rather than overshooting again each period,
 while a workload whose peak has passed gets its speed back within a minute or so. It
 never asks for more than the slowdown budget allows and reports when that is not enough.
