@@ -170,11 +170,13 @@ class Board:
         """The prefix that runs a case: no options, unthrottled."""
         tool = [sys.executable, "-m", "throttledjob", "run", "--quiet"]
         if self.simulated:
-            tool += ["--gpu-backend", "fake", "--metrics-port", str(self.port)]
+            # The hook in every case, so that the simulated board idles until the first
+            # step, as a real one does until its feeder launches kernels.
+            tool += ["--gpu-backend", "fake", "--metrics-port", str(self.port), "--inject"]
         elif not options:
             return []
         if options:
-            tool += ["--inject", "--max-slowdown", "3", *options]
+            tool += [*(["--inject"] * (not self.simulated)), "--max-slowdown", "3", *options]
         return [*tool, "--"]
 
     def close(self) -> None:
@@ -192,7 +194,7 @@ def run_case(board: Board, prefix: list[str], steps: int, extra: list[str] = (),
         sampler.start()
         began = time.time()
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
-               "THROTTLEDJOB_FAKE_GPU_TRACE": "steady"}
+               "THROTTLEDJOB_FAKE_GPU_TRACE": "steady", "THROTTLEDJOB_FAKE_GPU_START": "first-step"}
         proc = subprocess.Popen([*prefix, sys.executable, str(TRAIN), "--steps", str(steps),
                                  "--out", out, *extra, *MODEL], cwd=ROOT, env=env)
         memory = None

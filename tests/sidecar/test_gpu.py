@@ -47,7 +47,8 @@ def test_fake_backend_from_environment():
 
 @pytest.mark.parametrize("env", [{"THROTTLEDJOB_FAKE_GPUS": "0"},
                                  {"THROTTLEDJOB_FAKE_GPUS": "x"},
-                                 {"THROTTLEDJOB_FAKE_GPU_TRACE": "nope"}])
+                                 {"THROTTLEDJOB_FAKE_GPU_TRACE": "nope"},
+                                 {"THROTTLEDJOB_FAKE_GPU_START": "later"}])
 def test_bad_fake_settings_are_refused(env):
     with pytest.raises(GpuError):
         open_backend("fake", env)
@@ -85,6 +86,21 @@ def test_in_a_live_run_simulated_gpus_follow_the_gpu_agent():
     agent.set_policy(Policy())
     agent.cycle(1.0, 0.0, [])
     assert agent.readings[0].memory_used_bytes > free.memory_used_bytes
+
+
+def test_a_simulated_board_can_idle_until_the_workloads_first_step():
+    """THROTTLEDJOB_FAKE_GPU_START=first-step: idle through the job's imports (no step
+    reported yet), busy from the interval in which the first step came."""
+    gpu, _ = open_backend("fake", {"THROTTLEDJOB_FAKE_GPU_TRACE": "steady",
+                                   "THROTTLEDJOB_FAKE_GPU_START": "first-step"})
+    agent = GpuAgent(gpu, Policy())
+    follow(agent)
+    read = []
+    for steps in (0, 0, 3, 0):
+        agent.cycle(1.0, 0.0, [], steps=steps)
+        read.append((agent.readings[0].utilization_ratio, agent.readings[0].power_watts))
+    assert read[:2] == [(0.0, IDLE_WATTS)] * 2
+    assert read[2] == read[3] and read[2][0] == pytest.approx(0.95)
 
 
 def test_the_agent_reads_the_floor_while_the_gpu_idles_and_then_holds_power_at_target():

@@ -84,6 +84,7 @@ class GpuAgent:
         self.power_stats = PeakTracker(resolution=0.5)
         # Fraction of the interval being read that the workload was held back.
         self.hold_back = 0.0
+        self.steps_seen = 0.0   # what the workload reported done so far
         self.decision: GpuDecision | None = None
         self.error: str | None = None
         self.read_errors = 0
@@ -175,7 +176,8 @@ class GpuAgent:
         what it reported done over the interval."""
         if isinstance(self.backend, NullGpuBackend):
             return None
-        self.hold_back = pause_fraction  # what the simulated board reads (gpu/simulate.py)
+        # What the simulated board reads (gpu/simulate.py).
+        self.hold_back, self.steps_seen = pause_fraction, self.steps_seen + steps
         seen = self._measure(elapsed, visible)
         if seen is None:   # the read failed: the last duty, until the GPU counts as lost
             return self.decision.duty if self.decision and not self.error_lost else None

@@ -16,7 +16,10 @@ GPU fed by a host process:
 
 Environment (for `--gpu-backend fake`): THROTTLEDJOB_FAKE_GPUS (count, default 1),
 THROTTLEDJOB_FAKE_GPU_TRACE (steady, plateau, spike, sawtooth, idle; default plateau),
-THROTTLEDJOB_FAKE_GPU_FAIL_AFTER (reads before the GPUs fall off the bus; default never).
+THROTTLEDJOB_FAKE_GPU_FAIL_AFTER (reads before the GPUs fall off the bus; default never),
+THROTTLEDJOB_FAKE_GPU_START (`now`, the default: busy from the first read; `first-step`:
+idle until the workload reports its first step, as a real board idles through a job's
+imports and loading until its feeder launches kernels).
 
 What the workload does to its GPUs (held back, memory fraction) is not part of the GpuBackend
 interface, which the NVML adapter implements against hardware that sees it for itself: the
@@ -76,6 +79,7 @@ class SimulatedLoad:
 
     hold_back: float = 0.0                # fraction of the interval it was held back
     memory_fraction: float | None = None  # GPU memory share it was told to use
+    stepped: bool = True                  # it has reported a step (or reports none)
 
 
 class FakeGpuBackend(GpuBackend):
@@ -84,7 +88,8 @@ class FakeGpuBackend(GpuBackend):
 
     def __init__(self, count: int = 1, trace: str | Callable[[int], float] = "plateau",
                  fail_after: int | None = None, clock_sensitivity: float = 1.0,
-                 load: Callable[[], SimulatedLoad] | None = None) -> None:
+                 load: Callable[[], SimulatedLoad] | None = None,
+                 idle_until_first_step: bool = False) -> None:
         if not 1 <= count <= 64:
             raise GpuError(f"fake GPU count must be between 1 and 64, got {count}")
         if isinstance(trace, str):
@@ -96,6 +101,7 @@ class FakeGpuBackend(GpuBackend):
             self.trace_name, self.trace = getattr(trace, "__name__", "custom"), trace
         self.count = count
         self.fail_after = fail_after
+        self.idle_until_first_step = idle_until_first_step
         self.reads = 0
         self._fed = SimulatedLoad()
         # Asked once per read: the simulated workload's state over the interval it reports.
@@ -113,7 +119,12 @@ class FakeGpuBackend(GpuBackend):
             fail_after = int(fail) if fail else None
         except ValueError as e:
             raise GpuError(f"bad fake GPU setting: {e}") from None
-        return cls(count, env.get("THROTTLEDJOB_FAKE_GPU_TRACE", "plateau"), fail_after)
+        start = env.get("THROTTLEDJOB_FAKE_GPU_START", "now")
+        if start not in ("now", "first-step"):
+            raise GpuError(f"bad fake GPU setting: THROTTLEDJOB_FAKE_GPU_START={start!r} "
+                           "(choose now or first-step)")
+        return cls(count, env.get("THROTTLEDJOB_FAKE_GPU_TRACE", "plateau"), fail_after,
+                   idle_until_first_step=start == "first-step")
 
     def describe(self) -> str:
         return f"{self.count} fake GPU(s), trace {self.trace_name}"
@@ -128,12 +139,13 @@ class FakeGpuBackend(GpuBackend):
         load = self.load()
         t = self.reads
         self.reads += 1
-        return [self._reading(i, t, _hold_back(load), load.memory_fraction)
+        idle = self.idle_until_first_step and not load.stepped
+        return [self._reading(i, t, _hold_back(load), load.memory_fraction, idle)
                 for i in range(self.count)]
 
     def _reading(self, i: int, t: int, hold_back: float,
-                 memory_fraction: float | None) -> GpuReading:
-        demand = self._demand(i, t)
+                 memory_fraction: float | None, idle: bool = False) -> GpuReading:
+        demand = 0.0 if idle else self._demand(i, t)
         util = demand * (1.0 - hold_back)
         clock = self._clock(i, util)
         capped = clock < 1.0

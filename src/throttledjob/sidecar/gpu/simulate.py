@@ -16,12 +16,14 @@ from .fake import FakeGpuBackend, SimulatedLoad
 
 def follow(agent: GpuAgent) -> None:
     """Let simulated GPUs behind `agent` see what it does to the workload: the hold-back
-    of the interval each read reports, and the memory fraction of the policy in force.
+    of the interval each read reports, the memory fraction of the policy in force, and
+    whether the workload has stepped yet.
     Nothing to do for real GPUs."""
     backend = agent.backend
     if isinstance(backend, FakeGpuBackend):
         backend.load = lambda: SimulatedLoad(agent.hold_back,
-                                             agent.policy.gpu_memory_fraction)
+                                             agent.policy.gpu_memory_fraction,
+                                             stepped=agent.steps_seen > 0)
 
 
 @dataclass(frozen=True)
