@@ -11,8 +11,9 @@ from testing.fake_tree import FakeTree
 from throttledjob.contracts.policy import Policy
 from throttledjob.contracts.progress import Progress
 from throttledjob.runtime.progress import write_progress
-from throttledjob.sidecar.agent import Agent, CycleResult
+from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.local import build_report
+from throttledjob.sidecar.record import CycleResult
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.stats import PeakTracker
 from throttledjob.sidecar.summary import summarize

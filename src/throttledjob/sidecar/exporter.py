@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from .agent import Agent, CycleResult
+from .agent import Agent
+from .record import CycleResult
 from .server import MetricsServer
 from .snapshot import Health, SnapshotHolder, progress_problem
 

@@ -20,13 +20,14 @@ from throttledjob.contracts.names import ENV_DIR
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
-from .agent import Agent, CycleResult
+from .agent import Agent
 from .cgroups.detection import detect
 from .cgroups.throttling import ThrottleStats
 from .enforcement import local_enforcer, local_plan, without_kernel_quota
 from .enforcer import Enforcer
 from .loop import run_loop
 from .processes import ProcessTree, resume
+from .record import CycleResult
 from .stats import round_or_none
 from .summary import summarize
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from .agent import Agent, CycleResult
+from .agent import Agent
+from .record import CycleResult
 
 
 class Host(Protocol):

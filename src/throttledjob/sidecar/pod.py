@@ -18,7 +18,7 @@ import threading
 
 from throttledjob.contracts.policy import Policy
 
-from .agent import Agent, CycleResult
+from .agent import Agent
 from .cgroups.container_quota import ContainerQuota
 from .cgroups.fs import cgroup_of, pod_cgroup
 from .enforcement import cpu_limit_from_env, pod_enforcer, pod_plan
@@ -27,6 +27,7 @@ from .gpu import open_gpu_agent
 from .loop import run_loop
 from .policy_watch import PolicyWatcher
 from .processes import ProcessTree, resume
+from .record import CycleResult
 
 log = logging.getLogger("throttledjob.sidecar")
 

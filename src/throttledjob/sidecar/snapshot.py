@@ -16,8 +16,8 @@ from throttledjob.contracts.names import PROGRESS_PREFIX
 from throttledjob.contracts.status import STATUS_VERSION, StatusDocument, observed_document
 from throttledjob.runtime.progress import read_progress
 
-from .agent import CycleResult
 from .gpu.backend import GpuReading
+from .record import CycleResult
 from .stats import round_or_none
 from .summary import RunSummary, summarize
 

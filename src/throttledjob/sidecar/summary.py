@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from throttledjob.contracts.status import LEVERS
 
-from .agent import CycleResult
+from .record import CycleResult
 from .stats import PeakSummary
 
 # A target counts as met while the p99 of recent 1-second samples is within this much
