@@ -127,7 +127,7 @@ test-cluster: prepare
 	$(VENV)/bin/pytest -m cluster
 
 bench: install tools
-	$(PY) -m bench.run
+	$(PY) -m bench.run --repeat 3
 
 clean: cluster-down
 	rm -rf $(VENV) $(CHECKOV_VENV) build src/*.egg-info
