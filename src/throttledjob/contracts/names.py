@@ -30,6 +30,11 @@ STOP_LEASE_FILE = "stop-lease"
 # would stop the guard with everything else).
 GUARD_PROCESS_NAME = "tj-guard"
 
-# `--gpu-backend`: NVML where present else none (auto), NVML, simulated GPUs, none. Here
-# so that the command line offers them without importing the sidecar's GPU half.
-GPU_BACKENDS = ("auto", "nvml", "fake", "none")
+# `--gpu-backend`: the node agent's socket where it is there, else NVML where present,
+# else none (auto); the node agent, NVML, simulated GPUs, none. Here so that the command
+# line offers them without importing the sidecar's GPU half.
+GPU_BACKENDS = ("auto", "node", "nvml", "fake", "none")
+# Where the node agent (`throttledjob node`) listens, on the node and in the sidecar
+# (a hostPath volume), unless THROTTLEDJOB_NODE_SOCKET says otherwise.
+NODE_SOCKET = "/run/throttledjob/node/agent.sock"
+ENV_NODE_SOCKET = "THROTTLEDJOB_NODE_SOCKET"

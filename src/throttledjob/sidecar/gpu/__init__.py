@@ -2,6 +2,7 @@
 
 backend.py   the GpuBackend interface, readings, errors, the null backend
 nvml.py      the NVML adapter (pynvml)
+node_backend.py  the pod's GPUs as the node agent serves them (throttledjob node)
 fake.py      simulated GPUs (tests, demos, `--gpu-backend fake`)
 simulate.py  what feeds simulated GPUs: a test harness, or a live run's GPU agent
 agent.py     one GPU control cycle: read, keep peaks, decide a duty, the power-limit lever
@@ -14,8 +15,9 @@ interface and only this package entry depends on them (no import circle).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from throttledjob.contracts.names import GPU_BACKENDS
+from throttledjob.contracts.names import ENV_NODE_SOCKET, GPU_BACKENDS, NODE_SOCKET
 from throttledjob.contracts.policy import Policy
 
 from .agent import GpuAgent, GpuState
@@ -30,7 +32,8 @@ BACKENDS = GPU_BACKENDS
 def open_backend(name: str, environ: dict[str, str] | None = None) -> tuple[GpuBackend, str]:
     """The backend for `--gpu-backend name` and a one-line note on what was chosen.
 
-    "auto" falls back to none when NVML is missing (the common case off a GPU node); an
+    "auto" takes the node agent where its socket is there (a pod on a node that runs it),
+    and falls back to none when NVML is missing (the common case off a GPU node); an
     explicit "nvml" that cannot load raises GpuError so that a misconfiguration is loud.
     Simulated GPUs see no workload until a GPU agent drives them (`simulate.follow`).
     """
@@ -44,6 +47,11 @@ def open_backend(name: str, environ: dict[str, str] | None = None) -> tuple[GpuB
 
         backend = FakeGpuBackend.from_environ(env)
         return backend, f"GPU telemetry simulated: {backend.describe()}"
+    node_socket = Path(env.get(ENV_NODE_SOCKET) or NODE_SOCKET)
+    if name == "node" or (name == "auto" and node_socket.exists()):
+        from .node_backend import NodeAgentBackend
+
+        return NodeAgentBackend(node_socket), f"GPU telemetry from the node agent ({node_socket})"
     from .nvml import NvmlBackend  # pynvml only when asked for
 
     try:

@@ -45,6 +45,25 @@ class GpuReading:
     # that cannot see the host pid namespace).
     process_memory_bytes: dict[int, int] = field(default_factory=dict)
 
+    def as_json(self) -> dict:
+        """The reading as the node agent sends it (sidecar/gpu/node_backend.py)."""
+        doc = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        doc["throttle_reasons"] = sorted(self.throttle_reasons)
+        doc["process_memory_bytes"] = {str(k): v for k, v in self.process_memory_bytes.items()}
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict) -> GpuReading:
+        """The reading back from `as_json`; GpuError where the document is not one."""
+        try:
+            fields = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+            fields["throttle_reasons"] = frozenset(doc.get("throttle_reasons") or ())
+            fields["process_memory_bytes"] = {
+                int(k): int(v) for k, v in (doc.get("process_memory_bytes") or {}).items()}
+            return cls(**fields)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise GpuError(f"a GPU reading that is not one: {e}") from None
+
 
 class GpuBackend(ABC):
     """What the sidecar needs from a GPU library. Every method may raise GpuError."""

@@ -1,0 +1,116 @@
+"""The node agent's answers, and the Unix socket they go over.
+
+One JSON request a line, one JSON answer a line, at most MAX_LINE bytes each way in:
+
+    {"op": "read"}                                   -> {"gpus": [reading, ...], "simulated": b}
+    {"op": "range", "uuid": U}                       -> {"min": W, "max": W}
+    {"op": "set_power_limit", "uuid": U, "watts": W} -> {"watts": W in force}
+
+Every answer is for the caller's pod alone: the pod is found from the connection itself
+(identity.py), and a pod sees and caps only the GPUs the kubelet gave it (`assignments`:
+pod UID -> GPU UUIDs, from the kubelet's PodResources API). A GPU shared by several pods
+(time-slicing) is read by each but capped by none. A refusal is an answer
+(`{"error": ...}`); a line that is not JSON, or too long, closes the connection with one
+line in the log, and the agent serves on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socketserver
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from throttledjob.sidecar.gpu.backend import GpuBackend, GpuError, GpuReading
+
+from .caps import CapKeeper
+from .identity import peer_pod_uid
+
+MAX_LINE = 4096
+log = logging.getLogger("throttledjob.node")
+Assignments = Callable[[], Mapping[str, frozenset[str]]]
+
+
+class NodeAgent:
+    def __init__(self, backend: GpuBackend, keeper: CapKeeper, assignments: Assignments) -> None:
+        self.backend = backend
+        self.keeper = keeper
+        self.assignments = assignments
+
+    def answer(self, pod: str | None, request: Any) -> dict:
+        """The answer to one request from `pod` (None: not a pod's process)."""
+        if pod is None:
+            return {"error": "not a pod's process: the node agent answers pods only"}
+        if not isinstance(request, dict):
+            return {"error": "a request is a JSON object"}
+        assigned = self.assignments()
+        mine = assigned.get(pod, frozenset())
+        try:
+            readings = [r for r in self.backend.read() if r.uuid in mine]
+            op = request.get("op")
+            if op == "read":
+                return {"gpus": [r.as_json() for r in readings],
+                        "simulated": self.backend.simulated}
+            gpu = _one(readings, request.get("uuid"))
+            if op == "range":
+                span = self.backend.power_limit_range_watts(gpu.index)
+                return {"error": "no settable power limit"} if span is None \
+                    else {"min": span[0], "max": span[1]}
+            if op == "set_power_limit":
+                return self._set_limit(pod, gpu, request.get("watts"), assigned)
+            return {"error": f"unknown op {op!r}"}
+        except GpuError as e:
+            return {"error": str(e)}
+
+    def _set_limit(self, pod: str, gpu: GpuReading, watts: Any,
+                   assigned: Mapping[str, frozenset[str]]) -> dict:
+        if isinstance(watts, bool) or not isinstance(watts, (int, float)) or watts <= 0:
+            return {"error": "watts must be a positive number"}
+        if any(gpu.uuid in uuids for other, uuids in assigned.items() if other != pod):
+            return {"error": f"GPU {gpu.uuid} is shared with another pod: never capped"}
+        return {"watts": self.keeper.set_limit(gpu, pod, float(watts))}
+
+
+def _one(readings: list[GpuReading], uuid: Any) -> GpuReading:
+    for r in readings:
+        if r.uuid == uuid:
+            return r
+    raise GpuError(f"GPU {uuid!r} is not this pod's")
+
+
+class _Connection(socketserver.StreamRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        pod = peer_pod_uid(self.request, self.server.proc)
+        while line := self.rfile.readline(MAX_LINE + 1):
+            try:
+                if len(line) > MAX_LINE or not line.endswith(b"\n"):
+                    raise ValueError(f"a request over {MAX_LINE} bytes, or unterminated")
+                request = json.loads(line)
+            except ValueError as e:
+                log.warning("throttledjob node: closing a connection from pod %s: %s",
+                            pod, str(e).splitlines()[0][:200])
+                return
+            answer = self.server.agent.answer(pod, request)
+            self.wfile.write(json.dumps(answer).encode() + b"\n")
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str, agent: NodeAgent, proc: Path) -> None:
+        self.agent, self.proc = agent, proc
+        super().__init__(path, _Connection)
+
+
+def serve(path: Path, agent: NodeAgent, proc: Path = Path("/proc")) -> _Server:
+    """Listen on `path` (a stale socket file is replaced); the caller runs
+    `serve_forever`. Any uid may connect: who a caller is comes from its cgroup."""
+    path.unlink(missing_ok=True)
+    server = _Server(str(path), agent, proc)
+    os.chmod(path, 0o666)
+    return server
