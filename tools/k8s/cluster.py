@@ -315,9 +315,11 @@ class Cluster:
         state.update(values)
         (self.dir / "state.json").write_text(json.dumps(state))
 
-    def start_process(self, name: str, args: list[str], program: str | None = None) -> None:
-        """Start a component (a binary of the build, or `program`); `down` stops it."""
-        self._start(name, args, program)
+    def start_process(self, name: str, args: list[str], program: str | None = None,
+                      env: dict[str, str] | None = None) -> None:
+        """Start a component (a binary of the build, or `program`, in `env`); `down`
+        stops it."""
+        self._start(name, args, program, env)
 
     def stop_process(self, name: str) -> None:
         """Stop one component for good (SIGTERM, then SIGKILL); forgotten by `down`."""
@@ -362,11 +364,12 @@ class Cluster:
         """Poll `ready()` until true; fails early with the log of a component that died."""
         self._wait(ready, timeout, what)
 
-    def _start(self, name: str, args: list[str], program: str | None = None) -> None:
+    def _start(self, name: str, args: list[str], program: str | None = None,
+               env: dict[str, str] | None = None) -> None:
         log = open(self.dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen([program or str(self.bin / name), *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=self.dir)
+                                start_new_session=True, cwd=self.dir, env=env)
         log.close()
         state = json.loads((self.dir / "state.json").read_text())
         if state.get("cgroup"):
@@ -485,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in batch.COMPONENTS:
         parser.add_argument(f"--with-{name}", action="store_true",
                             help=f"also {name} (tools/k8s/batch.py), built on first use")
+    parser.add_argument("--with-fake-gpus", action="store_true",
+                        help="two fake nvidia.com/gpu on the real node, from a device "
+                             "plugin (tools/k8s/fake_gpus.py)")
     args = parser.parse_args(argv)
     components = [n for n in batch.COMPONENTS if getattr(args, f"with_{n}")]
     if args.action == "build":
@@ -503,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
             real = cluster.add_real_node(timeout=900)  # a cold start builds the images
             if args.with_torch:
                 real.load(images.torch_archive())
+            if args.with_fake_gpus:
+                real.start_fake_gpus()
         batch.start(cluster, components)
     except (RuntimeError, TimeoutError, OSError) as e:
         # A cluster that was already running keeps running (a failed node undoes itself).

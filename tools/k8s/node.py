@@ -37,6 +37,8 @@ from tools.k8s.images import PAUSE_IMAGE, pause_archive, product_archive
 
 HERE = Path(__file__).resolve().parent
 NODE_NAME = "real-node-0"
+# The fake GPUs' device plugin, as the cluster's process list names it.
+FAKE_GPUS = "fake-gpus"
 # Pods with no node selector land here (KWOK's node is tainted, cluster.KWOK_TAINT); a
 # test may still name this node by its label.
 LABELS = {"throttledjob.io/node": "real"}
@@ -284,6 +286,30 @@ class RealNode:
         with contextlib.suppress(urllib.error.HTTPError):
             self.cluster.request("DELETE", f"/api/v1/nodes/{NODE_NAME}")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        """The kubelet's PodResources API (what the GPU node agent reads)."""
+        return self.dir / "kubelet" / "pod-resources" / "kubelet.sock"
+
+    def start_fake_gpus(self, count: int = 2, timeout: float = 60.0) -> None:
+        """`count` fake nvidia.com/gpu on this node, from a device plugin
+        (tools/k8s/fake_gpus.py, the project's venv: it speaks gRPC); `down` stops it."""
+        root = HERE.parent.parent
+        python = root / ".venv" / "bin" / "python"
+        self.cluster.start_process(
+            FAKE_GPUS, ["-m", "tools.k8s.fake_gpus", "--count", str(count)],
+            program=str(python if python.exists() else sys.executable),
+            env={**os.environ, "PYTHONPATH": str(root)})
+        self.cluster.wait(lambda: self.allocatable("nvidia.com/gpu") == str(count), timeout,
+                          f"{count} fake GPUs allocatable on {NODE_NAME}")
+
+    def stop_fake_gpus(self) -> None:
+        self.cluster.stop_process(FAKE_GPUS)
+
+    def allocatable(self, resource: str) -> str | None:
+        node = self.cluster.request("GET", f"/api/v1/nodes/{NODE_NAME}")
+        return ((node.get("status") or {}).get("allocatable") or {}).get(resource)
 
     def load(self, archive: Path) -> None:
         """An image archive into this node's containerd (the kubelet never pulls here)."""

@@ -155,7 +155,7 @@ class FakeGpuBackend(GpuBackend):
         used = int(MEMORY_BYTES * min(cap, 0.1 + 0.6 * demand))
         reasons = {"sw_power_cap"} if capped else ({"gpu_idle"} if util < 0.01 else set())
         return GpuReading(
-            index=i, uuid=f"GPU-fake0000-0000-0000-0000-{i:012d}", name="Simulated GPU",
+            index=i, uuid=fake_uuid(i), name="Simulated GPU",
             utilization_ratio=round(util, 4), memory_used_bytes=used,
             memory_total_bytes=MEMORY_BYTES, power_watts=round(watts, 2),
             power_limit_watts=self.limits[i], temperature_celsius=round(self._temps[i], 2),
@@ -189,6 +189,12 @@ class FakeGpuBackend(GpuBackend):
             raise GpuError(f"power limit {watts} W outside [{MIN_LIMIT_WATTS}, {TDP_WATTS}]")
         self.limits[index] = watts
         self.limit_calls.append((index, watts))
+
+
+def fake_uuid(index: int) -> str:
+    """Simulated GPU `index`'s UUID: the test cluster's fake device plugin advertises the
+    same, so that the node agent's simulated board is keyed as the kubelet allocates."""
+    return f"GPU-fake0000-0000-0000-0000-{index:012d}"
 
 
 def _hold_back(load: SimulatedLoad) -> float:
