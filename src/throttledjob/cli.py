@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from throttledjob import __version__
 from throttledjob.contracts.names import GPU_BACKENDS
@@ -113,6 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("-v", "--verbose", action="store_true", help="log more")
     op.add_argument("--debug", action="store_true", help="log everything")
     op.set_defaults(func=_operator)
+    node = sub.add_parser("node", help="the GPU node agent (a DaemonSet on GPU nodes)",
+                          description=(
+                              "Read this node's GPUs and serve each pod's sidecar its own "
+                              "(a CSI volume in the pod), capping a GPU's power where its "
+                              "ThrottledJob allows it; every cap is put back."))
+    node.add_argument("--node-name", required=True, help="this node (NodeGetInfo)")
+    node.add_argument("--kubelet-dir", default="/var/lib/kubelet", metavar="DIR",
+                      help="the kubelet's --root-dir (default /var/lib/kubelet)")
+    node.add_argument("--state-dir", default="/var/lib/throttledjob/node", metavar="DIR",
+                      help="where the caps and volumes are kept across restarts")
+    node.add_argument("--gpu-backend", choices=("nvml", "fake"), default="nvml",
+                      help="fake: the simulated board (THROTTLEDJOB_FAKE_GPUS)")
+    node.set_defaults(func=_node)
     lib = sub.add_parser("inject-lib", help="copy the runtime library and its auto-hook to DIR",
                          description=(
                              "Lay out a self-contained copy of the runtime library and a "
@@ -263,6 +277,24 @@ def _sidecar(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                            gpu_power_limit=args.gpu_power_limit, root_pid=args.root_pid)
     except (ExporterError, GpuError) as e:
         return _fail(prog, str(e))
+
+
+def _node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    prog = "throttledjob node"
+    try:
+        from throttledjob.node.process import run_node
+        from throttledjob.sidecar.exporter import log_to_stderr
+        from throttledjob.sidecar.gpu import GpuError, open_backend
+    except ImportError as e:
+        return _fail(prog, f"needs the node extra ({e.name} is missing): "
+                           "pip install 'throttledjob[node]'")
+    log_to_stderr()
+    try:
+        backend, note = open_backend(args.gpu_backend)
+    except GpuError as e:
+        return _fail(prog, f"--gpu-backend {args.gpu_backend}: {e}")
+    sys.stderr.write(f"throttledjob node: {note}\n")
+    return run_node(backend, Path(args.kubelet_dir), args.node_name, Path(args.state_dir))
 
 
 def _guard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

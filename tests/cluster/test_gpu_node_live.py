@@ -72,7 +72,7 @@ def test_pods_get_the_fake_gpus_and_the_kubelet_says_which_pod_holds_which(
     assert "nvidia.com/gpu" in str(third["status"]["conditions"]), third["status"]
 
     held = gpus_by_pod(fake_gpus.pod_resources_socket)
-    mine = {name: held.get((namespace, name)) for name in names}
+    mine = {name: held.get(f"{namespace}/{name}") for name in names}
     assert {mine[names[0]], mine[names[1]]} == {frozenset({fake_uuid(0)}),
                                                 frozenset({fake_uuid(1)})}, held
     assert mine[names[2]] is None

@@ -24,7 +24,7 @@ log = logging.getLogger("throttledjob.node")
 @dataclass(frozen=True)
 class Cap:
     original_watts: float   # the GPU's limit before the first cap
-    pod: str                # the UID of the pod that asked
+    pod: str                # the pod that asked, "namespace/name"
 
 
 class CapKeeper:
@@ -64,6 +64,12 @@ class CapKeeper:
             log.info("throttledjob node: GPU %s back to %.0f W", uuid, cap.original_watts)
         del self.caps[uuid]
         self._save()
+
+    def restore_pod(self, pod: str) -> None:
+        """Put back every cap `pod` asked for (its volume went: the pod is ending)."""
+        for uuid, cap in list(self.caps.items()):
+            if cap.pod == pod:
+                self._restore_logged(uuid)
 
     def restore_gone(self, live_pods: set[str]) -> None:
         """Put back every cap whose pod no longer runs here."""

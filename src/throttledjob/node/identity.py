@@ -1,4 +1,8 @@
-"""Who is asking: the pod of the process at the other end of a Unix socket.
+"""Who is asking. Each pod reaches the node agent through a socket of its own, made in the
+pod's CSI volume (node/csi.py): the kubelet tells the agent the pod's namespace, name and
+UID when it asks for the volume, and mounts it into that pod alone. A second check, from
+the connection itself, refuses a caller whose cgroup names another pod (a socket passed
+on, or a path reached some other way).
 
 The kernel says which process connected (SO_PEERCRED: its pid, as the agent sees it,
 which is the host's pid where the agent runs with `hostPID`), and that process's cgroup
@@ -19,9 +23,22 @@ from __future__ import annotations
 import re
 import socket
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def key(self) -> str:
+        """How the kubelet's PodResources names it."""
+        return f"{self.namespace}/{self.name}"
 
 
 def pod_uid_of_cgroup(cgroup_file: str) -> str | None:

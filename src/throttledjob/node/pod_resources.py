@@ -29,16 +29,16 @@ def gpu_uuid(device_id: str) -> str:
 
 
 def gpus_by_pod(socket: Path = SOCKET, resource: str = GPU_RESOURCE,
-                timeout_seconds: float = 5.0) -> Mapping[tuple[str, str], frozenset[str]]:
-    """(namespace, name) -> the UUIDs of the GPUs its containers were allocated; pods
+                timeout_seconds: float = 5.0) -> Mapping[str, frozenset[str]]:
+    """"namespace/name" -> the UUIDs of the GPUs its containers were allocated; pods
     with none are left out. Raises grpc.RpcError where the kubelet does not answer."""
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         listed = rpc.PodResourcesListerStub(channel).List(pb.ListPodResourcesRequest(),
                                                           timeout=timeout_seconds)
-    out: dict[tuple[str, str], frozenset[str]] = {}
+    out: dict[str, frozenset[str]] = {}
     for pod in listed.pod_resources:
         gpus = frozenset(gpu_uuid(d) for c in pod.containers for dev in c.devices
                          if dev.resource_name == resource for d in dev.device_ids)
         if gpus:
-            out[(pod.namespace, pod.name)] = gpus
+            out[f"{pod.namespace}/{pod.name}"] = gpus
     return out

@@ -6,10 +6,11 @@ One JSON request a line, one JSON answer a line, at most MAX_LINE bytes each way
     {"op": "range", "uuid": U}                       -> {"min": W, "max": W}
     {"op": "set_power_limit", "uuid": U, "watts": W} -> {"watts": W in force}
 
-Every answer is for the caller's pod alone: the pod is found from the connection itself
+Every answer is for the caller's pod alone: each pod has a socket of its own (node/csi.py
+makes it in the pod's volume), a caller whose cgroup names another pod is refused
 (identity.py), and a pod sees and caps only the GPUs the kubelet gave it (`assignments`:
-pod UID -> GPU UUIDs, from the kubelet's PodResources API). A GPU shared by several pods
-(time-slicing) is read by each but capped by none. A refusal is an answer
+"namespace/name" -> GPU UUIDs, from the kubelet's PodResources API). A GPU shared by
+several pods (time-slicing) is read by each but capped by none. A refusal is an answer
 (`{"error": ...}`); a line that is not JSON, or too long, closes the connection with one
 line in the log, and the agent serves on.
 """
@@ -27,10 +28,11 @@ from typing import Any
 from throttledjob.sidecar.gpu.backend import GpuBackend, GpuError, GpuReading
 
 from .caps import CapKeeper
-from .identity import peer_pod_uid
+from .identity import PodRef, peer_pod_uid
 
 MAX_LINE = 4096
 log = logging.getLogger("throttledjob.node")
+# "namespace/name" -> the UUIDs of its GPUs (node/pod_resources.py).
 Assignments = Callable[[], Mapping[str, frozenset[str]]]
 
 
@@ -40,14 +42,12 @@ class NodeAgent:
         self.keeper = keeper
         self.assignments = assignments
 
-    def answer(self, pod: str | None, request: Any) -> dict:
-        """The answer to one request from `pod` (None: not a pod's process)."""
-        if pod is None:
-            return {"error": "not a pod's process: the node agent answers pods only"}
+    def answer(self, pod: PodRef, request: Any) -> dict:
+        """The answer to one request from `pod`."""
         if not isinstance(request, dict):
             return {"error": "a request is a JSON object"}
         assigned = self.assignments()
-        mine = assigned.get(pod, frozenset())
+        mine = assigned.get(pod.key, frozenset())
         try:
             readings = [r for r in self.backend.read() if r.uuid in mine]
             op = request.get("op")
@@ -65,13 +65,13 @@ class NodeAgent:
         except GpuError as e:
             return {"error": str(e)}
 
-    def _set_limit(self, pod: str, gpu: GpuReading, watts: Any,
+    def _set_limit(self, pod: PodRef, gpu: GpuReading, watts: Any,
                    assigned: Mapping[str, frozenset[str]]) -> dict:
         if isinstance(watts, bool) or not isinstance(watts, (int, float)) or watts <= 0:
             return {"error": "watts must be a positive number"}
-        if any(gpu.uuid in uuids for other, uuids in assigned.items() if other != pod):
+        if any(gpu.uuid in uuids for other, uuids in assigned.items() if other != pod.key):
             return {"error": f"GPU {gpu.uuid} is shared with another pod: never capped"}
-        return {"watts": self.keeper.set_limit(gpu, pod, float(watts))}
+        return {"watts": self.keeper.set_limit(gpu, pod.key, float(watts))}
 
 
 def _one(readings: list[GpuReading], uuid: Any) -> GpuReading:
@@ -85,7 +85,13 @@ class _Connection(socketserver.StreamRequestHandler):
     server: _Server
 
     def handle(self) -> None:
-        pod = peer_pod_uid(self.request, self.server.proc)
+        pod = self.server.pod
+        caller = peer_pod_uid(self.request, self.server.proc)
+        if caller is not None and caller != pod.uid:
+            log.warning("throttledjob node: refused pod %s on the socket of pod %s",
+                        caller, pod.key)
+            self.wfile.write(b'{"error": "this socket is another pod\'s"}\n')
+            return
         while line := self.rfile.readline(MAX_LINE + 1):
             try:
                 if len(line) > MAX_LINE or not line.endswith(b"\n"):
@@ -93,7 +99,7 @@ class _Connection(socketserver.StreamRequestHandler):
                 request = json.loads(line)
             except ValueError as e:
                 log.warning("throttledjob node: closing a connection from pod %s: %s",
-                            pod, str(e).splitlines()[0][:200])
+                            pod.key, str(e).splitlines()[0][:200])
                 return
             answer = self.server.agent.answer(pod, request)
             self.wfile.write(json.dumps(answer).encode() + b"\n")
@@ -102,15 +108,15 @@ class _Connection(socketserver.StreamRequestHandler):
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
-    def __init__(self, path: str, agent: NodeAgent, proc: Path) -> None:
-        self.agent, self.proc = agent, proc
+    def __init__(self, path: str, agent: NodeAgent, pod: PodRef, proc: Path) -> None:
+        self.agent, self.pod, self.proc = agent, pod, proc
         super().__init__(path, _Connection)
 
 
-def serve(path: Path, agent: NodeAgent, proc: Path = Path("/proc")) -> _Server:
-    """Listen on `path` (a stale socket file is replaced); the caller runs
-    `serve_forever`. Any uid may connect: who a caller is comes from its cgroup."""
+def serve(path: Path, agent: NodeAgent, pod: PodRef, proc: Path = Path("/proc")) -> _Server:
+    """Listen on `path` for `pod` (a stale socket file is replaced); the caller runs
+    `serve_forever`. Any uid may connect: the socket is in that pod's volume alone."""
     path.unlink(missing_ok=True)
-    server = _Server(str(path), agent, proc)
+    server = _Server(str(path), agent, pod, proc)
     os.chmod(path, 0o666)
     return server

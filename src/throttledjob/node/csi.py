@@ -1,0 +1,104 @@
+"""How a pod's sidecar reaches the node agent: a CSI ephemeral volume in the pod
+(`csi: {driver: node.throttledjob.io}`), for which the agent is the driver.
+
+When the kubelet sets up such a volume it calls NodePublishVolume with the pod's
+namespace, name and UID (the CSIDriver asks for them: `podInfoOnMount`) and a directory;
+the agent makes that pod's socket there and the kubelet mounts the directory into that
+pod's containers alone. When the pod goes, NodeUnpublishVolume: the socket is closed and
+the pod's caps put back. Unlike a hostPath, a CSI volume is allowed under Pod Security
+"restricted". The kubelet finds the driver through its plugin watcher: a registration
+socket in `<kubelet root>/plugins_registry` (the kubelet's pluginregistration API).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from throttledjob import __version__
+
+from .identity import PodRef
+from .kubelet import csi_pb2 as csi
+from .kubelet import csi_pb2_grpc as csi_rpc
+from .kubelet import pluginregistration_pb2 as reg
+from .kubelet import pluginregistration_pb2_grpc as reg_rpc
+
+DRIVER = "node.throttledjob.io"
+SOCKET_NAME = "agent.sock"   # in each pod's volume
+POD_INFO = "csi.storage.k8s.io/pod."
+log = logging.getLogger("throttledjob.node")
+
+
+class _Plugin(csi_rpc.IdentityServicer, csi_rpc.NodeServicer, reg_rpc.RegistrationServicer):
+    def __init__(self, node_name: str, endpoint: Path,
+                 publish: Callable[[Path, PodRef], None],
+                 unpublish: Callable[[Path], None]) -> None:
+        self.node_name, self.endpoint = node_name, endpoint
+        self.publish, self.unpublish = publish, unpublish
+
+    # The kubelet's plugin watcher (pluginregistration v1).
+    def GetInfo(self, request, context):
+        return reg.PluginInfo(type="CSIPlugin", name=DRIVER, endpoint=str(self.endpoint),
+                              supported_versions=["1.0.0"])
+
+    def NotifyRegistrationStatus(self, request, context):
+        if not request.plugin_registered:
+            log.error("throttledjob node: the kubelet refused the CSI driver: %s", request.error)
+        return reg.RegistrationStatusResponse()
+
+    # CSI Identity.
+    def GetPluginInfo(self, request, context):
+        return csi.GetPluginInfoResponse(name=DRIVER, vendor_version=__version__)
+
+    def GetPluginCapabilities(self, request, context):
+        return csi.GetPluginCapabilitiesResponse()   # a node plugin only
+
+    def Probe(self, request, context):
+        return csi.ProbeResponse()
+
+    # CSI Node.
+    def NodeGetCapabilities(self, request, context):
+        return csi.NodeGetCapabilitiesResponse()
+
+    def NodeGetInfo(self, request, context):
+        return csi.NodeGetInfoResponse(node_id=self.node_name)
+
+    def NodePublishVolume(self, request, context):
+        info = request.volume_context
+        pod = PodRef(info.get(POD_INFO + "namespace", ""), info.get(POD_INFO + "name", ""),
+                     info.get(POD_INFO + "uid", ""))
+        if not (pod.namespace and pod.name and pod.uid):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"no pod information: the CSIDriver {DRIVER} needs podInfoOnMount")
+        target = Path(request.target_path)
+        target.mkdir(parents=True, exist_ok=True)
+        self.publish(target, pod)
+        return csi.NodePublishVolumeResponse()
+
+    def NodeUnpublishVolume(self, request, context):
+        self.unpublish(Path(request.target_path))
+        return csi.NodeUnpublishVolumeResponse()
+
+
+def serve_csi(kubelet_dir: Path, node_name: str, publish: Callable[[Path, PodRef], None],
+              unpublish: Callable[[Path], None]) -> grpc.Server:
+    """Serve the driver (`<kubelet root>/plugins/<driver>/csi.sock`) and its registration
+    (`<kubelet root>/plugins_registry/<driver>-reg.sock`); the kubelet then calls
+    `publish(directory, pod)` for each pod's volume and `unpublish(directory)`."""
+    endpoint = kubelet_dir / "plugins" / DRIVER / "csi.sock"
+    registration = kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock"
+    plugin = _Plugin(node_name, endpoint, publish, unpublish)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    csi_rpc.add_IdentityServicer_to_server(plugin, server)
+    csi_rpc.add_NodeServicer_to_server(plugin, server)
+    reg_rpc.add_RegistrationServicer_to_server(plugin, server)
+    for path in (endpoint, registration):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        server.add_insecure_port(f"unix://{path}")
+    server.start()
+    return server

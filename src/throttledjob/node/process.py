@@ -1,0 +1,130 @@
+"""`throttledjob node`: the node agent's process, wiring the parts together.
+
+- GPUs: NVML (`--gpu-backend nvml`), or the simulated board (`fake`, the test cluster's
+  fake GPUs: its UUIDs are the fake device plugin's).
+- Who holds which GPU: the kubelet's PodResources API (pod_resources.py), read at most
+  once a second.
+- Each pod's socket: made when the kubelet publishes the pod's CSI volume (csi.py), closed
+  when it unpublishes it, which also puts the pod's caps back. The volumes published are
+  kept in the state directory beside the caps, so a restarted agent serves them again.
+- Every TIDY_SECONDS, and at start: caps whose pods the kubelet no longer lists are put
+  back. SIGTERM or SIGINT: every cap is put back, then the agent exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import grpc
+
+from throttledjob.runtime.files import read_json_bounded, write_json_atomic
+from throttledjob.sidecar.gpu.backend import GpuBackend
+
+from .caps import CapKeeper
+from .csi import SOCKET_NAME, serve_csi
+from .identity import PodRef
+from .pod_resources import gpus_by_pod
+from .server import NodeAgent, serve
+
+TIDY_SECONDS = 5.0
+ASSIGNMENTS_TTL_SECONDS = 1.0
+log = logging.getLogger("throttledjob.node")
+
+
+class Node:
+    def __init__(self, backend: GpuBackend, kubelet_dir: Path, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.pod_resources = kubelet_dir / "pod-resources" / "kubelet.sock"
+        self.volumes_path = state_dir / "volumes.json"
+        self.keeper = CapKeeper(backend, state_dir / "caps.json")
+        self.agent = NodeAgent(backend, self.keeper, self.assignments)
+        self.listeners: dict[Path, tuple[object, PodRef]] = {}
+        self._lock = threading.Lock()
+        self._assigned: tuple[float, Mapping[str, frozenset[str]]] = (-1e9, {})
+
+    def assignments(self) -> Mapping[str, frozenset[str]]:
+        """Who holds which GPU, as the kubelet last said (empty when it does not answer:
+        then no pod sees a GPU, and nothing is restored on that account)."""
+        at, assigned = self._assigned
+        if time.monotonic() - at > ASSIGNMENTS_TTL_SECONDS:
+            try:
+                assigned = gpus_by_pod(self.pod_resources)
+            except grpc.RpcError as e:
+                log.warning("throttledjob node: the kubelet's PodResources did not answer: %s",
+                            e.code())
+                return {}
+            self._assigned = (time.monotonic(), assigned)
+        return assigned
+
+    def publish(self, directory: Path, pod: PodRef) -> None:
+        with self._lock:
+            if directory in self.listeners:   # the kubelet may publish a volume again
+                return
+            server = serve(directory / SOCKET_NAME, self.agent, pod)
+            threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
+            self.listeners[directory] = (server, pod)
+            self._save_volumes()
+        log.info("throttledjob node: serving pod %s", pod.key)
+
+    def unpublish(self, directory: Path) -> None:
+        with self._lock:
+            server, pod = self.listeners.pop(directory, (None, None))
+            self._save_volumes()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        (directory / SOCKET_NAME).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+        if pod is not None:
+            self.keeper.restore_pod(pod.key)
+            log.info("throttledjob node: pod %s gone", pod.key)
+
+    def resume(self) -> None:
+        """Serve again the volumes published before a restart, where they still are."""
+        if not self.volumes_path.exists():
+            return
+        for path, p in read_json_bounded(str(self.volumes_path)).items():
+            if Path(path).is_dir():
+                self.publish(Path(path), PodRef(p["namespace"], p["name"], p["uid"]))
+
+    def tidy(self) -> None:
+        """Put back the caps of pods the kubelet no longer lists (it answered)."""
+        try:
+            live = set(gpus_by_pod(self.pod_resources))
+        except grpc.RpcError:
+            return
+        self.keeper.restore_gone(live)
+
+    def stop(self) -> None:
+        self.keeper.restore_all()
+        for server, _ in list(self.listeners.values()):
+            server.shutdown()
+
+    def _save_volumes(self) -> None:
+        write_json_atomic(str(self.volumes_path), {
+            str(d): {"namespace": p.namespace, "name": p.name, "uid": p.uid}
+            for d, (_, p) in self.listeners.items()})
+
+
+def run_node(backend: GpuBackend, kubelet_dir: Path, node_name: str, state_dir: Path) -> int:
+    node = Node(backend, kubelet_dir, state_dir)
+    node.tidy()
+    node.resume()
+    csi = serve_csi(kubelet_dir, node_name, node.publish, node.unpublish)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    log.info("throttledjob node: %s; the CSI driver registered with the kubelet", node_name)
+    while not stopping.wait(TIDY_SECONDS):
+        node.tidy()
+    csi.stop(grace=2).wait()
+    node.stop()
+    backend.close()
+    return 0
