@@ -6,16 +6,24 @@ node/pod_resources.py)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from testing.cluster_cli import Kubectl, wait_json
+from testing.paths import VENV_BIN
 from throttledjob.node.pod_resources import gpus_by_pod
-from throttledjob.sidecar.gpu.fake import fake_uuid
+from throttledjob.sidecar.gpu.fake import TDP_WATTS, fake_uuid
 from tools.k8s import images
+from tools.k8s import node as node_mod
 
 pytestmark = pytest.mark.timeout(600)
 POD_TIMEOUT = 120.0
@@ -40,6 +48,7 @@ def gpu_pod(namespace: str) -> dict[str, Any]:
         "metadata": {"name": f"gpu-{uuid.uuid4().hex[:6]}", "namespace": namespace},
         "spec": {
             "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,   # python as PID 1 ignores SIGTERM
             "securityContext": {"runAsNonRoot": True,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
@@ -81,3 +90,107 @@ def test_pods_get_the_fake_gpus_and_the_kubelet_says_which_pod_holds_which(
         assert told == sorted(mine[name]), (name, told)
     for name in names:
         kubectl("delete", "pod", "-n", namespace, name, "--wait=false")
+
+
+# What a pod's process says to the node agent, in the protocol's own words (stdlib only:
+# node/server.py): its GPUs, then a cap of its own GPU and one of the other GPU.
+ASK_AGENT = """
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect("/run/throttledjob/node/agent.sock")
+f = s.makefile("rb")
+def ask(request):
+    s.sendall(json.dumps(request).encode() + b"\\n")
+    return json.loads(f.readline())
+mine = [g["uuid"] for g in ask({"op": "read"})["gpus"]]
+other = next(u for u in sys.argv[1:] if u not in mine)
+print(json.dumps({"mine": mine,
+                  "cap": ask({"op": "set_power_limit", "uuid": mine[0], "watts": 150}),
+                  "other": ask({"op": "set_power_limit", "uuid": other, "watts": 150})}),
+      flush=True)
+time.sleep(300)
+"""
+CSI_DRIVER = {
+    "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+    "metadata": {"name": "node.throttledjob.io"},
+    "spec": {"attachRequired": False, "podInfoOnMount": True,
+             "volumeLifecycleModes": ["Ephemeral"], "fsGroupPolicy": "None"},
+}
+
+
+@pytest.fixture
+def node_agent(fake_gpus: Any, kubectl: Kubectl, tmp_path: Path) -> Iterator[Any]:
+    """`throttledjob node` on the real node, as the chart's DaemonSet runs it: the
+    simulated board with the fake device plugin's UUIDs; its CSI driver registered."""
+    kubectl.apply(CSI_DRIVER)
+    agent = NodeAgentProcess(fake_gpus.dir / "kubelet", tmp_path / "state", tmp_path / "log")
+    yield agent
+    agent.stop()
+
+
+class NodeAgentProcess:
+    def __init__(self, kubelet_dir: Path, state_dir: Path, log: Path) -> None:
+        self.args = [str(VENV_BIN / "throttledjob"), "node", "--gpu-backend", "fake",
+                     "--node-name", node_mod.NODE_NAME, "--kubelet-dir", str(kubelet_dir),
+                     "--state-dir", str(state_dir)]
+        self.state, self.log = state_dir, log
+        self.start()
+
+    def start(self) -> None:
+        env = {**os.environ, "THROTTLEDJOB_FAKE_GPUS": "2",
+               "THROTTLEDJOB_FAKE_GPU_TRACE": "steady"}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.args, env=env, stdout=out, stderr=out)
+
+    def caps(self) -> dict[str, Any]:
+        path = self.state / "caps.json"
+        return json.loads(path.read_text())["caps"] if path.exists() else {}
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=30)
+
+
+def agent_pod(namespace: str) -> dict[str, Any]:
+    pod = gpu_pod(namespace)
+    (container,) = pod["spec"]["containers"]
+    container["command"] = ["python", "-c", ASK_AGENT, fake_uuid(0), fake_uuid(1)]
+    container["volumeMounts"] = [{"name": "node-agent", "mountPath": "/run/throttledjob/node"}]
+    pod["spec"]["volumes"] = [{"name": "node-agent", "csi": {"driver": CSI_DRIVER["metadata"]
+                                                             ["name"]}}]
+    return pod
+
+
+def said(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    def line() -> str:
+        return kubectl("logs", "-n", namespace, name, check=False).stdout.strip()
+    deadline = time.monotonic() + POD_TIMEOUT
+    while not line() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return json.loads(line())
+
+
+def test_a_pod_reads_and_caps_its_own_gpu_through_its_csi_volume_and_the_cap_goes_with_it(
+        node_agent: Any, kubectl: Kubectl, namespace: str) -> None:
+    """Under Pod Security "restricted": the pod reaches the agent through its CSI volume,
+    sees its own GPU and no other, caps it (kept in the agent's state with the original
+    limit), is refused the other GPU; the agent SIGKILLed while the cap is in force and
+    started again serves the pod on; when the pod is deleted, the cap is put back."""
+    pod = agent_pod(namespace)
+    kubectl.apply(pod)
+    name = pod["metadata"]["name"]
+    answers = said(kubectl, namespace, name)
+    (gpu,) = answers["mine"]
+    assert gpu in (fake_uuid(0), fake_uuid(1))
+    assert answers["cap"] == {"watts": 150}
+    assert "not this pod's" in answers["other"]["error"], answers
+    assert node_agent.caps() == {gpu: {"original_watts": TDP_WATTS, "pod": f"{namespace}/{name}"}}
+
+    node_agent.stop(signal.SIGKILL)   # the cap stays in force; its record on disk
+    node_agent.start()
+    kubectl("delete", "pod", "-n", namespace, name, "--wait=true", "--timeout=90s")
+    deadline = time.monotonic() + 60
+    while node_agent.caps() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert node_agent.caps() == {}, node_agent.log.read_text()[-2000:]
+    assert f"GPU {gpu} back to {TDP_WATTS:.0f} W" in node_agent.log.read_text()

@@ -117,6 +117,13 @@ def serve(path: Path, agent: NodeAgent, pod: PodRef, proc: Path = Path("/proc"))
     """Listen on `path` for `pod` (a stale socket file is replaced); the caller runs
     `serve_forever`. Any uid may connect: the socket is in that pod's volume alone."""
     path.unlink(missing_ok=True)
-    server = _Server(str(path), agent, pod, proc)
+    # A socket's path must fit in 108 bytes, and a pod's volume on a node is
+    # /var/lib/kubelet/pods/<uid>/volumes/kubernetes.io~csi/<volume>/mount/ (about 100):
+    # bind through the directory's descriptor, a short path to the same place.
+    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        server = _Server(f"/proc/self/fd/{directory}/{path.name}", agent, pod, proc)
+    finally:
+        os.close(directory)
     os.chmod(path, 0o666)
     return server
