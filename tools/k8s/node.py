@@ -294,7 +294,10 @@ class RealNode:
 
     def start_fake_gpus(self, count: int = 2, timeout: float = 60.0) -> None:
         """`count` fake nvidia.com/gpu on this node, from a device plugin
-        (tools/k8s/fake_gpus.py, the project's venv: it speaks gRPC); `down` stops it."""
+        (tools/k8s/fake_gpus.py, the project's venv: it speaks gRPC); `down` stops it.
+        Nothing to do where it runs already."""
+        if FAKE_GPUS in self.cluster.state["pids"]:
+            return
         root = HERE.parent.parent
         python = root / ".venv" / "bin" / "python"
         self.cluster.start_process(
