@@ -158,6 +158,26 @@ def test_pod_meets_restricted_and_gets_no_token_by_default() -> None:
     assert pod["initContainers"][0]["securityContext"]["runAsUser"] == 1000
 
 
+@pytest.mark.parametrize("node_agent, gpus, mounted", [
+    (True, 1, True), (True, 0, False), (False, 1, False)])
+def test_the_sidecar_of_a_gpu_pod_gets_the_node_agents_volume_where_it_runs(
+        node_agent: bool, gpus: int, mounted: bool) -> None:
+    """With the chart's node agent on, a pod that requests a GPU: the agent's CSI volume
+    in the sidecar alone (its socket answers for this pod's GPUs), still "restricted"."""
+    tj = make_tj(throttle={"targets": {"cpu": {"peak": 1}}, "enforcement": "Signals"})
+    _container_set(tj, resources={"limits": {"nvidia.com/gpu": gpus}} if gpus else {})
+    doc = validate(owned(tj))
+    pod = pod_of(build_child(owned(tj), doc, OperatorSettings(node_agent=node_agent)))
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert (volumes.get(names.NODE_AGENT_VOLUME) == {
+        "name": names.NODE_AGENT_VOLUME, "csi": {"driver": "node.throttledjob.io"}}) is mounted
+    mounts = {c["name"]: [m["mountPath"] for m in c.get("volumeMounts", [])]
+              for c in [*pod["initContainers"], *pod["containers"]]}
+    assert [c for c, paths in mounts.items() if "/run/throttledjob/node" in paths] == (
+        [names.SIDECAR_CONTAINER] if mounted else [])
+    assert restricted_violations(pod) == []
+
+
 def test_users_token_choice_is_kept() -> None:
     job, _ = built(make_tj(automountServiceAccountToken=True))
     assert pod_of(job)["automountServiceAccountToken"] is True

@@ -34,7 +34,12 @@ GUARD_PROCESS_NAME = "tj-guard"
 # else none (auto); the node agent, NVML, simulated GPUs, none. Here so that the command
 # line offers them without importing the sidecar's GPU half.
 GPU_BACKENDS = ("auto", "node", "nvml", "fake", "none")
-# Where the node agent (`throttledjob node`) listens, on the node and in the sidecar
-# (a hostPath volume), unless THROTTLEDJOB_NODE_SOCKET says otherwise.
-NODE_SOCKET = "/run/throttledjob/node/agent.sock"
+# Where the sidecar finds the node agent (`throttledjob node`): its socket in the pod's
+# CSI volume of the agent's driver (node/csi.py), unless THROTTLEDJOB_NODE_SOCKET says
+# otherwise.
+NODE_CSI_DRIVER = "node.throttledjob.io"
+# The extended resource a pod's GPUs are requested as (NVIDIA's device plugin's).
+GPU_RESOURCE = "nvidia.com/gpu"
+NODE_SOCKET_DIR = "/run/throttledjob/node"
+NODE_SOCKET = f"{NODE_SOCKET_DIR}/agent.sock"
 ENV_NODE_SOCKET = "THROTTLEDJOB_NODE_SOCKET"

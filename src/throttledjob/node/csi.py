@@ -20,6 +20,8 @@ from pathlib import Path
 import grpc
 
 from throttledjob import __version__
+from throttledjob.contracts.names import NODE_CSI_DRIVER as DRIVER
+from throttledjob.contracts.names import NODE_SOCKET
 
 from .identity import PodRef
 from .kubelet import csi_pb2 as csi
@@ -27,8 +29,7 @@ from .kubelet import csi_pb2_grpc as csi_rpc
 from .kubelet import pluginregistration_pb2 as reg
 from .kubelet import pluginregistration_pb2_grpc as reg_rpc
 
-DRIVER = "node.throttledjob.io"
-SOCKET_NAME = "agent.sock"   # in each pod's volume
+SOCKET_NAME = Path(NODE_SOCKET).name   # in each pod's volume
 POD_INFO = "csi.storage.k8s.io/pod."
 log = logging.getLogger("throttledjob.node")
 

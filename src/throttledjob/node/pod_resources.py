@@ -15,10 +15,11 @@ from pathlib import Path
 
 import grpc
 
+from throttledjob.contracts.names import GPU_RESOURCE
+
 from .kubelet import podresources_pb2 as pb
 from .kubelet import podresources_pb2_grpc as rpc
 
-GPU_RESOURCE = "nvidia.com/gpu"
 # Where the kubelet serves it by default (its --root-dir is /var/lib/kubelet).
 SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 

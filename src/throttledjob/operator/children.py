@@ -16,6 +16,9 @@ from throttledjob.contracts.names import (
     ENV_CPU_LIMIT,
     ENV_DIR,
     ENV_USER_PYTHONPATH,
+    GPU_RESOURCE,
+    NODE_CSI_DRIVER,
+    NODE_SOCKET_DIR,
 )
 
 from . import child, cpu_limits, job_split
@@ -27,6 +30,7 @@ from .names import (
     INJECT_CONTAINER,
     INJECT_VOLUME,
     KIND,
+    NODE_AGENT_VOLUME,
     POLICY_VOLUME,
     SHARED_VOLUME,
     SIDECAR_CONTAINER,
@@ -287,8 +291,22 @@ def inject_pod(pod_template: dict[str, Any], body: Mapping[str, Any],
             inject_pythonpath(c)
             c["volumeMounts"].append({"name": INJECT_VOLUME, "mountPath": INJECT_DIR,
                                       "readOnly": True})
+    if settings.node_agent and requests_gpus(pod):
+        volumes.append(node_agent_volume(sidecar))
     pod["initContainers"] = [*ours, *(pod.get("initContainers") or [])]
     pod.setdefault("volumes", []).extend(volumes)
+
+
+def requests_gpus(pod: Mapping[str, Any]) -> bool:
+    return any((c.get("resources") or {}).get("limits", {}).get(GPU_RESOURCE)
+               for c in [*pod["containers"], *(pod.get("initContainers") or [])])
+
+
+def node_agent_volume(sidecar: dict[str, Any]) -> dict[str, Any]:
+    """The GPU node agent's CSI volume, mounted in the sidecar alone: its socket answers
+    for this pod's GPUs (node/csi.py). A CSI volume is allowed under "restricted"."""
+    sidecar["volumeMounts"].append({"name": NODE_AGENT_VOLUME, "mountPath": NODE_SOCKET_DIR})
+    return {"name": NODE_AGENT_VOLUME, "csi": {"driver": NODE_CSI_DRIVER}}
 
 
 def build_child(body: Mapping[str, Any], policy_doc: Mapping[str, Any],

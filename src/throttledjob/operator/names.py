@@ -24,6 +24,7 @@ GUARD_CONTAINER = "throttledjob-guard"
 SHARED_VOLUME = "throttledjob-shared"
 POLICY_VOLUME = "throttledjob-policy"
 INJECT_VOLUME = "throttledjob-python"
+NODE_AGENT_VOLUME = "throttledjob-node-agent"
 RESERVED_CONTAINERS = (SIDECAR_CONTAINER, GUARD_CONTAINER, INJECT_CONTAINER)
 INJECT_MODES = ["Auto", "None"]
 # Opt-in: the init container and PYTHONPATH change every pod, and only Python programs

@@ -33,6 +33,9 @@ class OperatorSettings:
     # Run ThrottledJobs of a JobSet (spec.jobSetTemplate): watch JobSets, which needs the
     # chart's jobset.enabled grants (without them kopf's watch would be refused).
     jobsets: bool = False
+    # The GPU node agent runs on the GPU nodes (the chart's gpu.nodeAgent.enabled): the
+    # sidecar of a pod that requests GPUs gets the agent's CSI volume.
+    node_agent: bool = False
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -55,6 +58,8 @@ class OperatorSettings:
             values["allow_host_access"] = env["THROTTLEDJOB_ALLOW_HOST_ACCESS"] == "true"
         if env.get("THROTTLEDJOB_JOBSETS"):
             values["jobsets"] = env["THROTTLEDJOB_JOBSETS"] == "true"
+        if env.get("THROTTLEDJOB_NODE_AGENT"):
+            values["node_agent"] = env["THROTTLEDJOB_NODE_AGENT"] == "true"
         if env.get("THROTTLEDJOB_HANDLER_THREADS"):
             values["handler_threads"] = int(env["THROTTLEDJOB_HANDLER_THREADS"])
         return cls(**values)
