@@ -21,7 +21,7 @@ COPY src/ src/
 # the versions the suite ran. Dependencies come as wheels only, so no compiler is needed
 # (and none is in either stage).
 RUN /opt/throttledjob/bin/pip install --no-cache-dir --only-binary=:all: \
-        --constraint requirements-dev.txt ".[sidecar,operator]" \
+        --constraint requirements-dev.txt ".[sidecar,operator,node]" \
     && /opt/throttledjob/bin/pip check
 
 # --- final: the same base (the venv's interpreter path), the venv, a non-root user --------

@@ -17,7 +17,8 @@ ALL_ON = {"monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "
                          "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
                          "dashboard": {"enabled": True, "namespace": "grafana",
                                        "annotations": {"grafana_folder": "Batch"}}},
-          "networkPolicy": {"enabled": True, "namespaces": ["ml"]}}
+          "networkPolicy": {"enabled": True, "namespaces": ["ml"]},
+          "gpu": {"nodeAgent": {"enabled": True, "powerCap": True}}}
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
