@@ -123,6 +123,9 @@ def node_agent(fake_gpus: Any, kubectl: Kubectl, tmp_path: Path) -> Iterator[Any
     agent = NodeAgentProcess(fake_gpus.dir / "kubelet", tmp_path / "state", tmp_path / "log")
     yield agent
     agent.stop()
+    # Cluster-wide: the chart's node agent (tests/cluster/test_gpu_operator_live.py)
+    # installs its own.
+    kubectl("delete", "csidriver", CSI_DRIVER["metadata"]["name"])
 
 
 class NodeAgentProcess:

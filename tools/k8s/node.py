@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 NODE_NAME = "real-node-0"
 # The fake GPUs' device plugin, as the cluster's process list names it.
 FAKE_GPUS = "fake-gpus"
+GPU_NODE_LABEL = "nvidia.com/gpu.present"
 # Pods with no node selector land here (KWOK's node is tainted, cluster.KWOK_TAINT); a
 # test may still name this node by its label.
 LABELS = {"throttledjob.io/node": "real"}
@@ -306,6 +307,11 @@ class RealNode:
             env={**os.environ, "PYTHONPATH": str(root)})
         self.cluster.wait(lambda: self.allocatable("nvidia.com/gpu") == str(count), timeout,
                           f"{count} fake GPUs allocatable on {NODE_NAME}")
+        # As NVIDIA's GPU feature discovery labels a GPU node (the chart's node agent
+        # selects nodes by it).
+        self.cluster.request("PATCH", f"/api/v1/nodes/{NODE_NAME}",
+                             {"metadata": {"labels": {GPU_NODE_LABEL: "true"}}},
+                             content_type="application/merge-patch+json")
 
     def stop_fake_gpus(self) -> None:
         self.cluster.stop_process(FAKE_GPUS)

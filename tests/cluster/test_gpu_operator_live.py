@@ -1,0 +1,133 @@
+"""A GPU ThrottledJob on the real node, end to end, as a cluster with the chart's node
+agent runs it: the fake device plugin's two GPUs (tools/k8s/fake_gpus.py), the chart with
+`gpu.nodeAgent` on (its DaemonSet on the simulated board, keyed by the same UUIDs, and
+its CSIDriver), Pod Security "restricted". The pod's sidecar reaches the agent through
+the CSI volume the operator gave it: its /status shows its GPU and no other, the power
+target is held by the board's cap (levers.gpuPowerLimit: Allow), which the agent keeps on
+the node with the original limit and puts back when the pod ends."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testing.cluster_cli import Kubectl, helm, wait_json
+from testing.manifests import make_tj
+from testing.paths import CHART, ROOT
+from throttledjob.sidecar.gpu.fake import TDP_WATTS, fake_uuid
+from tools.k8s import images
+
+pytestmark = pytest.mark.timeout(900)
+ONE_MACHINE_VALUES = ROOT / "examples/one-machine/values.yaml"
+TARGET_WATTS = 200.0
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster(cluster: Any, kubectl: Kubectl, real_node: Any,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The chart with the node agent on the fake GPUs; yields the watched namespace and
+    the agent's state directory on the node."""
+    real_node.start_fake_gpus(2)
+    release = f"gpu-{uuid.uuid4().hex[:6]}"
+    system, watched = f"{release}-system", f"{release}-jobs"
+    state = tmp_path_factory.mktemp("node-agent")
+    for ns in (system, watched):
+        kubectl("create", "namespace", ns)
+        kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    # The agent's namespace runs a privileged DaemonSet: "privileged" there, as any
+    # node agent's (the operator's pods keep "restricted" by their own spec).
+    kubectl("label", "--overwrite", "namespace", system,
+            "pod-security.kubernetes.io/enforce=privileged")
+    ours = tmp_path_factory.mktemp("values") / "values.yaml"
+    ours.write_text(json.dumps({
+        "watchNamespaces": [watched], "operator": {"statusIntervalSeconds": 2},
+        "gpu": {"nodeAgent": {"enabled": True, "backend": "fake", "powerCap": True,
+                              "kubeletDir": str(real_node.dir / "kubelet"),
+                              "stateDir": str(state)}}}))
+    try:
+        helm(cluster, "install", release, str(CHART), "-n", system, "-f",
+             str(ONE_MACHINE_VALUES), "-f", str(ours), "--wait", "--timeout", "180s")
+        yield watched, state
+    finally:
+        with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
+            helm(cluster, "uninstall", release, "-n", system, "--wait", "--timeout", "60s")
+        for ns in (system, watched):
+            kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def gpu_tj(name: str, namespace: str, seconds: int) -> dict[str, Any]:
+    tj = make_tj(name, throttle={"targets": {"gpu": {"peakPowerWatts": TARGET_WATTS}},
+                                 "levers": {"gpuPowerLimit": "Allow"},
+                                 "maxSlowdown": 2, "intervalSeconds": 1},
+                 terminationGracePeriodSeconds=1)
+    tj["metadata"]["namespace"] = namespace
+    (c,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    c.update(image=images.PRODUCT_IMAGE, imagePullPolicy="Never",
+             command=["python", "-c", f"import time; time.sleep({seconds})"],
+             resources={"limits": {"nvidia.com/gpu": 1, "cpu": "1", "memory": "128Mi"}})
+    return tj
+
+
+def caps(state: Path) -> dict[str, Any]:
+    path = state / "caps.json"
+    return json.loads(path.read_text())["caps"] if path.exists() else {}
+
+
+def sidecar_status(pod: dict[str, Any]) -> dict[str, Any]:
+    url = f"http://{pod['status']['podIP']}:9400/status"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_a_gpu_throttledjob_reads_its_own_gpu_and_its_power_target_is_held_by_the_cap(
+        gpu_cluster: tuple[str, Path], kubectl: Kubectl) -> None:
+    namespace, state = gpu_cluster
+    kubectl.apply(gpu_tj("capped", namespace, 15))
+    selector = "throttledjob.io/name=capped"
+    kubectl("wait", "--for=create", "job/capped", "-n", namespace, "--timeout=60s")
+
+    def capped_and_read() -> Any:
+        pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+        if not pods or not pods[0]["status"].get("podIP"):
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            status = sidecar_status(pods[0])
+            if status["telemetry"]["gpus"] and caps(state):
+                return pods[0], status
+        return None
+
+    deadline, got = time.monotonic() + 120, None
+    while got is None and time.monotonic() < deadline:
+        got = capped_and_read()
+        time.sleep(1)
+    assert got, f"no capped GPU read through the agent; caps {caps(state)}"
+    pod, status = got
+    (gpu,) = status["telemetry"]["gpus"]
+    assert gpu["UUID"] in (fake_uuid(0), fake_uuid(1)), status["telemetry"]
+    assert status["telemetry"]["gpu"] == "fake (simulated)"
+    key = f"{namespace}/{pod['metadata']['name']}"
+    assert caps(state) == {gpu["UUID"]: {"original_watts": TDP_WATTS, "pod": key}}
+    # Held by the cap: the board draws what the cap lets it (the controller's setpoint,
+    # 3% under the target), where unthrottled it drew its full 288 W.
+    time.sleep(3)
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9400/metrics",
+                                timeout=5) as r:
+        metrics = r.read().decode()
+    (power,) = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                if line.startswith("throttledjob_gpu_power_watts{")]
+    assert power == pytest.approx(TARGET_WATTS * 0.97, abs=1.0), power
+    wait_json(kubectl, lambda j: j["status"].get("succeeded") == 1, "job", "-n", namespace,
+              "capped", what="the job to complete", timeout=120)
+    deadline = time.monotonic() + 60
+    while caps(state) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert caps(state) == {}, "the cap outlived its pod"
