@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where the caps and volumes are kept across restarts")
     node.add_argument("--gpu-backend", choices=("nvml", "fake"), default="nvml",
                       help="fake: the simulated board (THROTTLEDJOB_FAKE_GPUS)")
+    node.add_argument("--metrics-port", type=int, default=9401,
+                      help="serve /metrics on this port (0: none; default 9401)")
     node.set_defaults(func=_node)
     lib = sub.add_parser("inject-lib", help="copy the runtime library and its auto-hook to DIR",
                          description=(
@@ -294,7 +296,8 @@ def _node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except GpuError as e:
         return _fail(prog, f"--gpu-backend {args.gpu_backend}: {e}")
     sys.stderr.write(f"throttledjob node: {note}\n")
-    return run_node(backend, Path(args.kubelet_dir), args.node_name, Path(args.state_dir))
+    return run_node(backend, Path(args.kubelet_dir), args.node_name, Path(args.state_dir),
+                    args.metrics_port)
 
 
 def _guard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -73,7 +73,7 @@ def test_the_validators_catch_a_broken_object(tmp_path) -> None:
     (deploy,) = by_kind(objs, "Deployment")
     deploy["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}
     assert k8s_errors(deploy)
-    (pm,) = by_kind(objs, "PodMonitor")
+    pm = sidecars_monitor(objs)
     pm["spec"]["podMetricsEndpoints"][0]["interval"] = "15 seconds"
     pm["spec"]["podMetricsEndpoints"][0]["prot"] = "metrics"
     assert len(list(jsonschema.Draft202012Validator(SCHEMAS["PodMonitor"]).iter_errors(pm))) == 2
@@ -192,9 +192,34 @@ def test_optional_parts_take_their_namespace_and_labels(tmp_path) -> None:
     assert json.loads(cm["data"][key])["uid"] == "throttledjob-overview"
 
 
+def sidecars_monitor(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (pm,) = [o for o in by_kind(objs, "PodMonitor") if o["metadata"]["name"].endswith("-sidecars")]
+    return pm
+
+
 def test_cluster_wide_podmonitor_watches_every_namespace(tmp_path) -> None:
-    (pm,) = by_kind(render(ALL_ON, tmp_path), "PodMonitor")
+    pm = sidecars_monitor(render(ALL_ON, tmp_path))
     assert pm["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_the_node_agents_are_scraped_where_they_run_and_nothing_else_reaches_them(
+        tmp_path) -> None:
+    objs = render(ALL_ON, tmp_path)
+    (ds,) = by_kind(objs, "DaemonSet")
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    (agents,) = [o for o in by_kind(objs, "PodMonitor")
+                 if o["metadata"]["name"].endswith("-node-agents")]
+    assert agents["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (port,) = ds["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert agents["spec"]["podMetricsEndpoints"][0]["port"] == port["name"] == "metrics"
+    (policy,) = [o for o in by_kind(objs, "NetworkPolicy")
+                 if o["metadata"]["name"].endswith("-node-agent")]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"protocol": "TCP", "port": port["containerPort"]}]}]
+    # The operator's Deployment does not select the agents' pods.
+    (deploy,) = by_kind(objs, "Deployment")
+    assert not deploy["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
 def test_notes_tell_the_user_what_to_do_next(tmp_path) -> None:

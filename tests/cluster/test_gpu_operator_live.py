@@ -64,16 +64,18 @@ def gpu_cluster(cluster: Any, kubectl: Kubectl, real_node: Any,
             kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
-def gpu_tj(name: str, namespace: str, seconds: int) -> dict[str, Any]:
-    tj = make_tj(name, throttle={"targets": {"gpu": {"peakPowerWatts": TARGET_WATTS}},
-                                 "levers": {"gpuPowerLimit": "Allow"},
-                                 "maxSlowdown": 2, "intervalSeconds": 1},
-                 terminationGracePeriodSeconds=1)
+def gpu_tj(name: str, namespace: str, seconds: int, cap: bool = True) -> dict[str, Any]:
+    throttle = {"targets": {"gpu": {"peakPowerWatts": TARGET_WATTS}},
+                "maxSlowdown": 2, "intervalSeconds": 1}
+    if cap:
+        throttle["levers"] = {"gpuPowerLimit": "Allow"}
+    tj = make_tj(name, throttle=throttle, terminationGracePeriodSeconds=1)
     tj["metadata"]["namespace"] = namespace
     (c,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     c.update(image=images.PRODUCT_IMAGE, imagePullPolicy="Never",
              command=["python", "-c", f"import time; time.sleep({seconds})"],
-             resources={"limits": {"nvidia.com/gpu": 1, "cpu": "1", "memory": "128Mi"}})
+             resources={"requests": {"cpu": "50m"},
+                        "limits": {"nvidia.com/gpu": 1, "memory": "128Mi"}})
     return tj
 
 
@@ -88,10 +90,24 @@ def sidecar_status(pod: dict[str, Any]) -> dict[str, Any]:
         return json.loads(r.read())
 
 
-def test_a_gpu_throttledjob_reads_its_own_gpu_and_its_power_target_is_held_by_the_cap(
+def read_gpus(kubectl: Kubectl, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The GPUs a pod's sidecar reads, once it reads one (within a minute)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+        with contextlib.suppress(OSError, ValueError, IndexError, KeyError):
+            gpus = sidecar_status(pods[0])["telemetry"]["gpus"]
+            if gpus:
+                return gpus
+        time.sleep(1)
+    raise AssertionError(f"{selector}: no GPU read within a minute")
+
+
+def test_gpu_throttledjobs_read_their_own_gpus_and_only_the_opted_in_one_is_capped(
         gpu_cluster: tuple[str, Path], kubectl: Kubectl) -> None:
     namespace, state = gpu_cluster
-    kubectl.apply(gpu_tj("capped", namespace, 15))
+    # Beside it, one on the other GPU without the opt-in: never capped.
+    kubectl.apply(gpu_tj("capped", namespace, 15), gpu_tj("uncapped", namespace, 15, cap=False))
     selector = "throttledjob.io/name=capped"
     kubectl("wait", "--for=create", "job/capped", "-n", namespace, "--timeout=60s")
 
@@ -116,17 +132,31 @@ def test_a_gpu_throttledjob_reads_its_own_gpu_and_its_power_target_is_held_by_th
     assert status["telemetry"]["gpu"] == "fake (simulated)"
     key = f"{namespace}/{pod['metadata']['name']}"
     assert caps(state) == {gpu["UUID"]: {"original_watts": TDP_WATTS, "pod": key}}
+    seen = read_gpus(kubectl, namespace, "throttledjob.io/name=uncapped")
+    assert [g["UUID"] for g in seen] == [u for u in (fake_uuid(0), fake_uuid(1))
+                                          if u != gpu["UUID"]], seen
     # Held by the cap: the board draws what the cap lets it (the controller's setpoint,
     # 3% under the target), where unthrottled it drew its full 288 W.
     time.sleep(3)
+    assert list(caps(state)) == [gpu["UUID"]]   # still not the other pod's
     with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9400/metrics",
                                 timeout=5) as r:
         metrics = r.read().decode()
     (power,) = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                 if line.startswith("throttledjob_gpu_power_watts{")]
     assert power == pytest.approx(TARGET_WATTS * 0.97, abs=1.0), power
-    wait_json(kubectl, lambda j: j["status"].get("succeeded") == 1, "job", "-n", namespace,
-              "capped", what="the job to complete", timeout=120)
+    # The agent's own /metrics says the same: the cap, the original, the pod.
+    (agent,) = kubectl.json("get", "pods", "-A", "-l",
+                            "app.kubernetes.io/component=node-agent")["items"]
+    with urllib.request.urlopen(f"http://{agent['status']['podIP']}:9401/metrics",
+                                timeout=5) as r:
+        text = r.read().decode()
+    labels = f'UUID="{gpu["UUID"]}",namespace="{namespace}",pod="{pod["metadata"]["name"]}"'
+    assert f"throttledjob_node_gpu_original_power_limit_watts{{{labels}}} {TDP_WATTS}" in text
+    assert f"throttledjob_node_gpu_pod_info{{{labels}}} 1.0" in text
+    for name in ("capped", "uncapped"):
+        wait_json(kubectl, lambda j: j["status"].get("succeeded") == 1, "job", "-n",
+                  namespace, name, what=f"job {name} to complete", timeout=120)
     deadline = time.monotonic() + 60
     while caps(state) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -9,6 +9,8 @@
   kept in the state directory beside the caps, so a restarted agent serves them again.
 - Every TIDY_SECONDS, and at start: caps whose pods the kubelet no longer lists are put
   back. SIGTERM or SIGINT: every cap is put back, then the agent exits.
+- `/metrics` on `--metrics-port` (metrics.py): each GPU's limit, the original of a capped
+  one, the pod holding it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -38,9 +40,13 @@ log = logging.getLogger("throttledjob.node")
 
 
 class Node:
-    def __init__(self, backend: GpuBackend, kubelet_dir: Path, state_dir: Path) -> None:
+    def __init__(self, backend: GpuBackend, kubelet_dir: Path, state_dir: Path,
+                 list_gpus: Callable[[], Mapping[str, frozenset[str]]] | None = None) -> None:
+        """`list_gpus`: who holds which GPU (default: the kubelet's PodResources under
+        `kubelet_dir`); raises grpc.RpcError where it cannot tell."""
         state_dir.mkdir(parents=True, exist_ok=True)
-        self.pod_resources = kubelet_dir / "pod-resources" / "kubelet.sock"
+        socket = kubelet_dir / "pod-resources" / "kubelet.sock"
+        self.list_gpus = list_gpus or (lambda: gpus_by_pod(socket))
         self.volumes_path = state_dir / "volumes.json"
         self.keeper = CapKeeper(backend, state_dir / "caps.json")
         self.agent = NodeAgent(backend, self.keeper, self.assignments)
@@ -54,7 +60,7 @@ class Node:
         at, assigned = self._assigned
         if time.monotonic() - at > ASSIGNMENTS_TTL_SECONDS:
             try:
-                assigned = gpus_by_pod(self.pod_resources)
+                assigned = self.list_gpus()
             except grpc.RpcError as e:
                 log.warning("throttledjob node: the kubelet's PodResources did not answer: %s",
                             e.code())
@@ -97,7 +103,7 @@ class Node:
     def tidy(self) -> None:
         """Put back the caps of pods the kubelet no longer lists (it answered)."""
         try:
-            live = set(gpus_by_pod(self.pod_resources))
+            live = set(self.list_gpus())
         except grpc.RpcError:
             return
         self.keeper.restore_gone(live)
@@ -113,10 +119,17 @@ class Node:
             for d, (_, p) in self.listeners.items()})
 
 
-def run_node(backend: GpuBackend, kubelet_dir: Path, node_name: str, state_dir: Path) -> int:
+def run_node(backend: GpuBackend, kubelet_dir: Path, node_name: str, state_dir: Path,
+             metrics_port: int = 0) -> int:
     node = Node(backend, kubelet_dir, state_dir)
     node.tidy()
     node.resume()
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        from .metrics import make_registry
+
+        start_http_server(metrics_port, registry=make_registry(node))
     csi = serve_csi(kubelet_dir, node_name, node.publish, node.unpublish)
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
