@@ -154,6 +154,25 @@ def test_power_limit_lever_is_applied_and_restored():
     assert gpu.limits == [300.0, 300.0]
 
 
+def test_a_cap_someone_put_back_is_set_again_at_the_next_cycle():
+    """The node agent puts every cap back at its SIGTERM (a DaemonSet rolled while pods
+    run); an admin may too. The limit read over the one set: the cap is set again, and a
+    limit under it (something tighter) is left alone."""
+    gpu = FakeGpuBackend(1, "steady")
+    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=200, gpu_power_limit="allow"))
+    agent.cycle(1.0, 0.0, [])
+    assert gpu.limits == [194.0]
+    gpu.set_power_limit_watts(0, 300.0)   # put back behind the sidecar's back
+    agent.cycle(1.0, 0.0, [])
+    assert gpu.limits == [194.0]
+    gpu.set_power_limit_watts(0, 150.0)   # tighter than ours: not ours to lift
+    calls = len(gpu.limit_calls)
+    agent.cycle(1.0, 0.0, [])
+    assert gpu.limits == [150.0] and len(gpu.limit_calls) == calls
+    agent.close()
+    assert gpu.limits == [300.0]
+
+
 def test_a_policy_edit_that_denies_the_power_limit_puts_every_gpu_back_at_once():
     """The lever is the policy's alone: an edit to Deny restores the boards' own limits
     then and there, and the target is held back from the next cycle on."""

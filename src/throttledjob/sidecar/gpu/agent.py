@@ -181,8 +181,10 @@ class GpuAgent:
         seen = self._measure(elapsed, visible)
         if seen is None:   # the read failed: the last duty, until the GPU counts as lost
             return self.decision.duty if self.decision and not self.error_lost else None
-        if self.cap and (self._limits_stale or self.cap.unsaved(self.readings)):
-            self._apply_power_limits()   # first read, a policy edit, or a GPU newly watched
+        if self.cap and (self._limits_stale or self.cap.unsaved(self.readings)
+                         or self.cap.lifted(self.readings)):
+            # First read, a policy edit, a GPU newly watched, or a cap someone put back.
+            self._apply_power_limits()
         self.decision = self._decide(seen, elapsed, pause_fraction, steps)
         return self.decision.duty if self.decision else None
 

@@ -9,6 +9,7 @@ one small object: what it needs, how it is applied, how it is put back.
   each GPU had before is kept the first time it is capped.
 - Restored: every GPU it capped, to the limit it had (on exit, when the GPU is lost, when
   the policy no longer allows it). The cap outlives the process that set it otherwise.
+- Kept: a limit found over the one set (put back by someone else) is set again.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class PowerCap:
     def __init__(self, backend: GpuBackend) -> None:
         self.backend = backend
         self.saved: dict[int, float] = {}  # GPU index -> its limit before the first cap
+        self.applied: dict[int, float] = {}  # GPU index -> the limit last set
         self.holds = False    # the caps hold the limit asked on every watched GPU
         self.capping = False  # a cap under a board's own limit is in force
         self.error: str | None = None
@@ -33,6 +35,12 @@ class PowerCap:
     def unsaved(self, readings: list[GpuReading]) -> bool:
         """A watched GPU not capped yet (first read, or a GPU newly watched)."""
         return any(r.index not in self.saved for r in readings)
+
+    def lifted(self, readings: list[GpuReading]) -> bool:
+        """A GPU's limit is over the one set (someone put it back: the node agent at its
+        SIGTERM, an admin): the cap is to be set again."""
+        return any(r.index in self.applied and r.power_limit_watts is not None
+                   and r.power_limit_watts > self.applied[r.index] + 0.5 for r in readings)
 
     def apply(self, readings: list[GpuReading], limit: float | None) -> None:
         """Cap every GPU of `readings` at `limit` (None: back to its own limit)."""
@@ -50,6 +58,7 @@ class PowerCap:
                 holds = holds and wanted <= limit
                 capping = capping or wanted < original
                 self.backend.set_power_limit_watts(r.index, wanted)
+                self.applied[r.index] = wanted
             except GpuError as e:
                 self.error = f"cannot set the GPU power limit: {e}"
                 log.warning("throttledjob: %s", self.error)
@@ -68,4 +77,5 @@ class PowerCap:
                 log.warning("throttledjob: could not restore the power limit of GPU %d: %s",
                             index, e)
         self.saved.clear()
+        self.applied.clear()
         self.capping = self.holds = False
