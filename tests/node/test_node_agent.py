@@ -161,6 +161,20 @@ def test_a_gpu_shared_by_two_pods_is_read_by_both_and_capped_by_neither(node, po
     assert board.limit_calls == []
 
 
+def test_a_pod_the_kubelet_lists_no_gpu_for_is_told_so(node):
+    """A pod with the agent's volume but no GPU allocated (or one the kubelet has not
+    listed): its sidecar's reads fail with why, and after three it runs CPU-only, saying
+    it in /status."""
+    board, _, assigned, _, sockets = node
+    del assigned[POD_A.key]
+    agent = GpuAgent(NodeAgentBackend(sockets[POD_A]), Policy(gpu_peak_power_watts=200))
+    for _ in range(3):
+        agent.cycle(1.0, 0.0, [])
+    assert agent.error_lost
+    assert f"the kubelet lists no GPU of pod {POD_A.key}" in agent.error
+    assert board.limit_calls == []
+
+
 def test_caps_of_pods_gone_are_restored_even_by_an_agent_restarted_after_a_kill(tmp_path):
     board = FakeGpuBackend(2, "steady")
     a, b = board.read()
