@@ -77,8 +77,9 @@ def test_probes() -> None:
 
 def test_gpu_frontier(tmp_path: Path) -> None:
     out = run_benchmark("gpu_frontier", "--intervals", "30", "--json", str(tmp_path / "g.json"))
-    # Five simulated workloads at three targets each.
+    # Five simulated workloads at three targets each, against the oracle and a locked clock.
     assert len(table_rows(out, "| workload | peak W |")) == 15
+    assert len(table_rows(out, "| workload | target W | cap slowdown |")) == 15
 
 
 def test_gpu_real_on_the_simulated_board(tmp_path: Path) -> None:
