@@ -55,16 +55,17 @@ class Node:
         self._assigned: tuple[float, Mapping[str, frozenset[str]]] = (-1e9, {})
 
     def assignments(self) -> Mapping[str, frozenset[str]]:
-        """Who holds which GPU, as the kubelet last said (empty when it does not answer:
-        then no pod sees a GPU, and nothing is restored on that account)."""
+        """Who holds which GPU, as the kubelet last said. While it does not answer (it
+        restarts), its last answer stands: no allocation changes meanwhile, and a pod's
+        sidecar told "no GPU of this pod" would give its GPUs up for good."""
         at, assigned = self._assigned
         if time.monotonic() - at > ASSIGNMENTS_TTL_SECONDS:
             try:
                 assigned = self.list_gpus()
             except grpc.RpcError as e:
-                log.warning("throttledjob node: the kubelet's PodResources did not answer: %s",
-                            e.code())
-                return {}
+                log.warning("throttledjob node: the kubelet's PodResources did not answer "
+                            "(%s); keeping its last answer", e.code())
+                return assigned
             self._assigned = (time.monotonic(), assigned)
         return assigned
 

@@ -1,9 +1,11 @@
-"""The node agent's /metrics: what promtool accepts, and each GPU's limit, a capped GPU's
-original and its pod, as the agent holds them."""
+"""The node agent's process (node/process.py) on one machine: its /metrics (what promtool
+accepts, each GPU's limit, a capped GPU's original and its pod) and what it does while
+the kubelet does not answer."""
 
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 from prometheus_client import generate_latest
@@ -11,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from testing.helpers import require_tool
 from throttledjob.node.metrics import make_registry
-from throttledjob.node.process import Node
+from throttledjob.node.process import ASSIGNMENTS_TTL_SECONDS, Node
 from throttledjob.sidecar.gpu.fake import TDP_WATTS, FakeGpuBackend, fake_uuid
 
 
@@ -35,3 +37,31 @@ def test_the_agents_metrics_say_each_gpus_limit_and_who_holds_it(tmp_path: Path)
     check = subprocess.run([require_tool("promtool"), "check", "metrics"], input=text,
                            capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_while_the_kubelet_does_not_answer_its_last_answer_stands(tmp_path: Path) -> None:
+    """A kubelet restart: PodResources does not answer for a while. The pods keep their
+    GPUs (a sidecar told "no GPU of this pod" would give them up for good), and no cap is
+    put back on that account."""
+    import grpc
+
+    class Down(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAVAILABLE
+
+    answers: list = [{"team/train-a": frozenset({fake_uuid(0)})}]
+
+    def list_gpus():
+        if not answers:
+            raise Down()
+        return answers[0]
+
+    board = FakeGpuBackend(1, "steady")
+    node = Node(board, tmp_path, tmp_path / "state", list_gpus=list_gpus)
+    assert node.assignments() == {"team/train-a": frozenset({fake_uuid(0)})}
+    node.keeper.set_limit(board.read()[0], "team/train-a", 150.0)
+    answers.clear()
+    time.sleep(ASSIGNMENTS_TTL_SECONDS + 0.1)   # past the last answer's freshness
+    assert node.assignments() == {"team/train-a": frozenset({fake_uuid(0)})}
+    node.tidy()
+    assert board.limits == [150.0]
