@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -22,8 +23,9 @@ import pytest
 from throttledjob.contracts.policy import Policy
 from throttledjob.node.caps import CapKeeper
 from throttledjob.node.identity import PodRef, pod_uid_of_cgroup
-from throttledjob.node.server import NodeAgent, serve
+from throttledjob.node.server import MAX_CONNECTIONS, NodeAgent, serve
 from throttledjob.sidecar.gpu.agent import GpuAgent
+from throttledjob.sidecar.gpu.backend import GpuError
 from throttledjob.sidecar.gpu.fake import MIN_LIMIT_WATTS, TDP_WATTS, FakeGpuBackend
 from throttledjob.sidecar.gpu.node_backend import NodeAgentBackend
 
@@ -210,6 +212,30 @@ def test_malformed_requests_close_the_connection_and_the_agent_serves_on(node, c
         assert answer == b"" or b'"error"' in answer
     assert [r.index for r in NodeAgentBackend(sock).read()] == [0]   # still serving
     assert any("closing a connection" in r.message for r in caplog.records)
+
+
+def test_a_pod_holding_sockets_open_gets_a_few_and_each_for_a_while(tmp_path):
+    """A workload that opens connections and says nothing: its pod gets MAX_CONNECTIONS
+    at once, each closed after the idle time; the agent serves it again after that."""
+    board = FakeGpuBackend(1, "steady")
+    agent = NodeAgent(board, CapKeeper(board, tmp_path / "caps.json"),
+                      lambda: {POD_A.key: frozenset({board.read()[0].uuid})})
+    server = serve(tmp_path / "agent.sock", agent, POD_A, idle_seconds=1.0)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        held = []
+        for _ in range(MAX_CONNECTIONS):
+            held.append(socket.socket(socket.AF_UNIX))
+            held[-1].connect(str(tmp_path / "agent.sock"))
+        time.sleep(0.2)
+        with pytest.raises(GpuError, match="too many connections"):
+            NodeAgentBackend(tmp_path / "agent.sock").read()
+        time.sleep(1.5)   # past the idle time: the silent ones were closed
+        assert all(s.recv(1) == b"" for s in held)
+        assert [r.index for r in NodeAgentBackend(tmp_path / "agent.sock").read()] == [0]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_sidecar_with_no_agent_answering_runs_cpu_only_and_says_why(tmp_path):

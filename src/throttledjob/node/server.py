@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import socketserver
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,11 @@ from .caps import CapKeeper
 from .identity import PodRef, peer_pod_uid
 
 MAX_LINE = 4096
+# Per pod: connections at once (its sidecar keeps one), and how long one may stay silent
+# (the sidecar asks every interval): a workload holding sockets open costs the agent at
+# most these threads, and for at most that long.
+MAX_CONNECTIONS = 4
+IDLE_SECONDS = 30.0
 log = logging.getLogger("throttledjob.node")
 # "namespace/name" -> the UUIDs of its GPUs (node/pod_resources.py).
 Assignments = Callable[[], Mapping[str, frozenset[str]]]
@@ -87,13 +93,27 @@ class _Connection(socketserver.StreamRequestHandler):
     server: _Server
 
     def handle(self) -> None:
+        slot = self.server.slots.acquire(blocking=False)
+        try:
+            self.request.settimeout(self.server.idle_seconds)
+            if slot:
+                self._serve()
+            else:   # its one request answered with the refusal, then closed
+                self.rfile.readline(MAX_LINE + 1)
+                self.wfile.write(b'{"error": "too many connections from this pod"}\n')
+        except OSError:   # silent past the idle time, or gone
+            pass
+        finally:
+            if slot:
+                self.server.slots.release()
+
+    def _serve(self) -> None:
         pod = self.server.pod
         caller = peer_pod_uid(self.request, self.server.proc)
-        if caller is not None and caller != pod.uid:
+        refused = caller is not None and caller != pod.uid
+        if refused:
             log.warning("throttledjob node: refused pod %s on the socket of pod %s",
                         caller, pod.key)
-            self.wfile.write(b'{"error": "this socket is another pod\'s"}\n')
-            return
         while line := self.rfile.readline(MAX_LINE + 1):
             try:
                 if len(line) > MAX_LINE or not line.endswith(b"\n"):
@@ -103,19 +123,26 @@ class _Connection(socketserver.StreamRequestHandler):
                 log.warning("throttledjob node: closing a connection from pod %s: %s",
                             pod.key, str(e).splitlines()[0][:200])
                 return
-            answer = self.server.agent.answer(pod, request)
+            answer = {"error": "this socket is another pod's"} if refused \
+                else self.server.agent.answer(pod, request)
             self.wfile.write(json.dumps(answer).encode() + b"\n")
+            if refused:   # its one request answered, then closed
+                return
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
-    def __init__(self, path: str, agent: NodeAgent, pod: PodRef, proc: Path) -> None:
+    def __init__(self, path: str, agent: NodeAgent, pod: PodRef, proc: Path,
+                 idle_seconds: float) -> None:
         self.agent, self.pod, self.proc = agent, pod, proc
+        self.idle_seconds = idle_seconds
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(path, _Connection)
 
 
-def serve(path: Path, agent: NodeAgent, pod: PodRef, proc: Path = Path("/proc")) -> _Server:
+def serve(path: Path, agent: NodeAgent, pod: PodRef, proc: Path = Path("/proc"),
+          idle_seconds: float = IDLE_SECONDS) -> _Server:
     """Listen on `path` for `pod` (a stale socket file is replaced); the caller runs
     `serve_forever`. Any uid may connect: the socket is in that pod's volume alone."""
     path.unlink(missing_ok=True)
@@ -124,7 +151,8 @@ def serve(path: Path, agent: NodeAgent, pod: PodRef, proc: Path = Path("/proc"))
     # bind through the directory's descriptor, a short path to the same place.
     directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
     try:
-        server = _Server(f"/proc/self/fd/{directory}/{path.name}", agent, pod, proc)
+        server = _Server(f"/proc/self/fd/{directory}/{path.name}", agent, pod, proc,
+                         idle_seconds)
     finally:
         os.close(directory)
     os.chmod(path, 0o666)
