@@ -168,6 +168,11 @@ def _fail(prog: str, message: str) -> int:
     return EXIT_USAGE
 
 
+def _missing_extra(prog: str, extra: str, e: ImportError) -> int:
+    return _fail(prog, f"needs the {extra} extra ({e.name} is missing): "
+                       f"pip install 'throttledjob[{extra}]'")
+
+
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     prog = "throttledjob run"
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -183,8 +188,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from throttledjob.sidecar.exporter import ExporterError
         from throttledjob.sidecar.local import run_local
     except ImportError as e:
-        return _fail(prog, f"needs the sidecar extra ({e.name} is missing): "
-                           "pip install 'throttledjob[sidecar]'")
+        return _missing_extra(prog, "sidecar", e)
     try:
         base = load_policy_file(args.policy) if args.policy else Policy()
         policy = base.with_overrides(
@@ -224,8 +228,7 @@ def _operator(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         import kopf  # noqa: F401
     except ImportError as e:
-        return _fail("throttledjob operator", f"needs the operator extra ({e.name} is "
-                                              "missing): pip install 'throttledjob[operator]'")
+        return _missing_extra("throttledjob operator", "operator", e)
     from throttledjob.operator.main import run_operator
 
     return run_operator(args)
@@ -271,8 +274,7 @@ def _sidecar(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from throttledjob.sidecar.gpu import GpuError
         from throttledjob.sidecar.pod import run_sidecar
     except ImportError as e:
-        return _fail(prog, f"needs the sidecar extra ({e.name} is missing): "
-                           "pip install 'throttledjob[sidecar]'")
+        return _missing_extra(prog, "sidecar", e)
     try:
         return run_sidecar(args.policy, args.shared_dir, host=args.metrics_host,
                            port=args.metrics_port, gpu_backend=args.gpu_backend,
@@ -288,8 +290,7 @@ def _node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from throttledjob.sidecar.exporter import log_to_stderr
         from throttledjob.sidecar.gpu import GpuError, open_backend
     except ImportError as e:
-        return _fail(prog, f"needs the node extra ({e.name} is missing): "
-                           "pip install 'throttledjob[node]'")
+        return _missing_extra(prog, "node", e)
     log_to_stderr()
     try:
         backend, note = open_backend(args.gpu_backend)
