@@ -24,11 +24,11 @@ from pathlib import Path
 
 import grpc
 
+from throttledjob.contracts.names import GPU_RESOURCE as RESOURCE
 from throttledjob.sidecar.gpu.fake import fake_uuid
 from tools.k8s.kubelet import deviceplugin_pb2 as pb
 from tools.k8s.kubelet import deviceplugin_pb2_grpc as rpc
 
-RESOURCE = "nvidia.com/gpu"
 ENDPOINT = "throttledjob-fake-gpu.sock"
 PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
