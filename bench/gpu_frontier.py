@@ -108,18 +108,7 @@ def clock_lock(intervals: int) -> list[dict]:
     """A locked SM clock against a power cap for the same peak, on the simulated board's
     model (sidecar/gpu/fake.py): a cap lowers the clock only at the instants the power
     would pass it; a locked clock must fit the worst instant all the time."""
-    from throttledjob.sidecar.gpu.fake import (
-        IDLE_WATTS,
-        POWER_CLOCK_EXPONENT,
-        TDP_WATTS,
-        TRACES,
-    )
-
-    def fit(util: float, watts: float) -> float:   # the clock at which power fits
-        dynamic = (TDP_WATTS - IDLE_WATTS) * util
-        if IDLE_WATTS + dynamic <= watts:
-            return 1.0
-        return ((watts - IDLE_WATTS) / dynamic) ** (1 / POWER_CLOCK_EXPONENT)
+    from throttledjob.sidecar.gpu.fake import IDLE_WATTS, TDP_WATTS, TRACES, clock_within
 
     rows = []
     for name, (trace, sens) in WORKLOADS.items():
@@ -127,8 +116,8 @@ def clock_lock(intervals: int) -> list[dict]:
         peak = IDLE_WATTS + (TDP_WATTS - IDLE_WATTS) * max(demand)
         for frac in FRACTIONS:
             target = frac * peak
-            capped = sum(fit(u, target) ** sens for u in demand)
-            locked = fit(max(demand), target) ** sens * intervals
+            capped = sum(clock_within(target, u) ** sens for u in demand)
+            locked = clock_within(target, max(demand)) ** sens * intervals
             rows.append({"workload": name, "target W": round(target, 1),
                          "cap slowdown": round(intervals / capped, 3),
                          "locked clock slowdown": round(intervals / locked, 3),

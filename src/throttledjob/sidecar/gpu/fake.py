@@ -168,11 +168,7 @@ class FakeGpuBackend(GpuBackend):
         return min(1.0, max(0.0, self.trace(t) - 0.01 * i))
 
     def _clock(self, i: int, util: float) -> float:
-        """The SM clock, as a fraction of the maximum, at which the power fits the limit."""
-        dynamic = (TDP_WATTS - IDLE_WATTS) * util
-        if IDLE_WATTS + dynamic <= self.limits[i] + 1e-9:
-            return 1.0
-        return ((self.limits[i] - IDLE_WATTS) / dynamic) ** (1 / POWER_CLOCK_EXPONENT)
+        return clock_within(self.limits[i], util)
 
     def speed(self, index: int = 0) -> float:
         """The work the interval now running does (the next read reports it), as a
@@ -189,6 +185,15 @@ class FakeGpuBackend(GpuBackend):
             raise GpuError(f"power limit {watts} W outside [{MIN_LIMIT_WATTS}, {TDP_WATTS}]")
         self.limits[index] = watts
         self.limit_calls.append((index, watts))
+
+
+def clock_within(limit_watts: float, util: float) -> float:
+    """The SM clock, as a fraction of the maximum, at which a board this busy draws no
+    more than `limit_watts` (the model's power law)."""
+    dynamic = (TDP_WATTS - IDLE_WATTS) * util
+    if IDLE_WATTS + dynamic <= limit_watts + 1e-9:
+        return 1.0
+    return ((limit_watts - IDLE_WATTS) / dynamic) ** (1 / POWER_CLOCK_EXPONENT)
 
 
 def fake_uuid(index: int) -> str:
