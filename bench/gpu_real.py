@@ -173,10 +173,12 @@ class Board:
             # The hook in every case, so that the simulated board idles until the first
             # step, as a real one does until its feeder launches kernels.
             tool += ["--gpu-backend", "fake", "--metrics-port", str(self.port), "--inject"]
-        elif not options:
+        elif options:
+            tool += ["--inject"]
+        else:
             return []
         if options:
-            tool += [*(["--inject"] * (not self.simulated)), "--max-slowdown", "3", *options]
+            tool += ["--max-slowdown", "3", *options]
         return [*tool, "--"]
 
     def close(self) -> None:
