@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 
 import grpc
@@ -60,13 +61,19 @@ class Node:
         sidecar told "no GPU of this pod" would give its GPUs up for good."""
         at, assigned = self._assigned
         if time.monotonic() - at > ASSIGNMENTS_TTL_SECONDS:
-            try:
-                assigned = self.list_gpus()
-            except grpc.RpcError as e:
-                log.warning("throttledjob node: the kubelet's PodResources did not answer "
-                            "(%s); keeping its last answer", e.code())
-                return assigned
-            self._assigned = (time.monotonic(), assigned)
+            listed = self._listed()
+            return assigned if listed is None else listed
+        return assigned
+
+    def _listed(self) -> Mapping[str, frozenset[str]] | None:
+        """The kubelet's answer now, kept as the last one (None: it did not answer)."""
+        try:
+            assigned = self.list_gpus()
+        except grpc.RpcError as e:
+            log.warning("throttledjob node: the kubelet's PodResources did not answer (%s)",
+                        e.code())
+            return None
+        self._assigned = (time.monotonic(), assigned)
         return assigned
 
     def publish(self, directory: Path, pod: PodRef) -> None:
@@ -97,17 +104,15 @@ class Node:
         """Serve again the volumes published before a restart, where they still are."""
         if not self.volumes_path.exists():
             return
-        for path, p in read_json_bounded(str(self.volumes_path)).items():
+        for path, pod in read_json_bounded(str(self.volumes_path)).items():
             if Path(path).is_dir():
-                self.publish(Path(path), PodRef(p["namespace"], p["name"], p["uid"]))
+                self.publish(Path(path), PodRef(**pod))
 
     def tidy(self) -> None:
         """Put back the caps of pods the kubelet no longer lists (it answered)."""
-        try:
-            live = set(self.list_gpus())
-        except grpc.RpcError:
-            return
-        self.keeper.restore_gone(live)
+        live = self._listed()
+        if live is not None:
+            self.keeper.restore_gone(set(live))
 
     def stop(self) -> None:
         self.keeper.restore_all()
@@ -115,9 +120,8 @@ class Node:
             server.shutdown()
 
     def _save_volumes(self) -> None:
-        write_json_atomic(str(self.volumes_path), {
-            str(d): {"namespace": p.namespace, "name": p.name, "uid": p.uid}
-            for d, (_, p) in self.listeners.items()})
+        write_json_atomic(str(self.volumes_path),
+                          {str(d): asdict(pod) for d, (_, pod) in self.listeners.items()})
 
 
 def run_node(backend: GpuBackend, kubelet_dir: Path, node_name: str, state_dir: Path,
