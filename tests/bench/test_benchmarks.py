@@ -101,7 +101,8 @@ def test_sidecar_footprint(tmp_path: Path) -> None:
 
 @needs_cgroup
 def test_quota(tmp_path: Path) -> None:
-    out = run_benchmark("quota", "--workloads", "busy", "--units", "100", "--fractions", "0.5",
+    # 2.5 s unthrottled: 100 units ran 1.0 s on this CPU and raced the first 1-second sample.
+    out = run_benchmark("quota", "--workloads", "busy", "--units", "250", "--fractions", "0.5",
                         "--json", str(tmp_path / "q.json"))
     cases = [row[1] for row in table_rows(out, "| workload | case |")]
     assert cases == ["unthrottled", "50%: plain quota (limits.cpu)", "50%: throttledjob run",
