@@ -6,6 +6,7 @@ node/pod_resources.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,11 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from testing.cluster_cli import Kubectl, wait_json
 from testing.paths import VENV_BIN
 from throttledjob.node.pod_resources import gpus_by_pod
+from throttledjob.node.process import TIDY_SECONDS
 from throttledjob.sidecar.gpu.fake import TDP_WATTS, fake_uuid
 from tools.k8s import images
 from tools.k8s import node as node_mod
@@ -171,11 +174,12 @@ def said(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
 
 
 def test_a_pod_reads_and_caps_its_own_gpu_through_its_csi_volume_and_the_cap_goes_with_it(
-        node_agent: Any, kubectl: Kubectl, namespace: str) -> None:
+        node_agent: Any, fake_gpus: Any, kubectl: Kubectl, namespace: str) -> None:
     """Under Pod Security "restricted": the pod reaches the agent through its CSI volume,
     sees its own GPU and no other, caps it (kept in the agent's state with the original
-    limit), is refused the other GPU; the agent SIGKILLed while the cap is in force and
-    started again serves the pod on; when the pod is deleted, the cap is put back."""
+    limit), is refused the other GPU; neither the agent SIGKILLed while the cap is in
+    force and started again nor the kubelet restarted takes the cap off the running pod;
+    when the pod is deleted, the cap is put back, once."""
     pod = agent_pod(namespace)
     kubectl.apply(pod)
     name = pod["metadata"]["name"]
@@ -188,9 +192,23 @@ def test_a_pod_reads_and_caps_its_own_gpu_through_its_csi_volume_and_the_cap_goe
 
     node_agent.stop(signal.SIGKILL)   # the cap stays in force; its record on disk
     node_agent.start()
+    # The kubelet restarted under the agent: PodResources gone and back. The pod runs on,
+    # so its cap stays, past the agent's tidying passes; nothing is put back.
+    fake_gpus.cluster.restart("kubelet")
+    key = f"{namespace}/{name}"
+    deadline = time.monotonic() + POD_TIMEOUT
+    while time.monotonic() < deadline:
+        with contextlib.suppress(grpc.RpcError):
+            if key in gpus_by_pod(fake_gpus.pod_resources_socket):
+                break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("the restarted kubelet never listed the pod's GPU again")
+    time.sleep(2 * TIDY_SECONDS)
+    assert node_agent.caps() == {gpu: {"original_watts": TDP_WATTS, "pod": key}}
     kubectl("delete", "pod", "-n", namespace, name, "--wait=true", "--timeout=90s")
     deadline = time.monotonic() + 60
     while node_agent.caps() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert node_agent.caps() == {}, node_agent.log.read_text()[-2000:]
-    assert f"GPU {gpu} back to {TDP_WATTS:.0f} W" in node_agent.log.read_text()
+    assert node_agent.log.read_text().count(f"GPU {gpu} back to {TDP_WATTS:.0f} W") == 1

@@ -142,9 +142,22 @@ def test_gpu_throttledjobs_read_their_own_gpus_and_only_the_opted_in_one_is_capp
     with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9400/metrics",
                                 timeout=5) as r:
         metrics = r.read().decode()
-    (power,) = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                if line.startswith("throttledjob_gpu_power_watts{")]
+    def gauge(name: str) -> float:
+        (value,) = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                    if line.split("{")[0].split(" ")[0] == name]
+        return value
+
+    power = gauge("throttledjob_gpu_power_watts")
     assert power == pytest.approx(TARGET_WATTS * 0.97, abs=1.0), power
+    # The cap holds all of it: the workload is not held back as well.
+    assert gauge("throttledjob_gpu_duty_ratio") == 0.0, metrics
+    # The ThrottledJob's own status says what held it and what the GPU drew.
+    observed = wait_json(kubectl, lambda t: "gpu_power_limit" in
+                         t.get("status", {}).get("observed", {}).get("levers", []),
+                         "throttledjob", "-n", namespace, "capped",
+                         what="status.observed to name the power cap", timeout=30,
+                         )["status"]["observed"]
+    assert 0 < observed["gpuPeakPowerWatts"] <= 288.0, observed
     # The agent's own /metrics says the same: the cap, the original, the pod.
     (agent,) = kubectl.json("get", "pods", "-A", "-l",
                             "app.kubernetes.io/component=node-agent")["items"]
