@@ -158,6 +158,7 @@ def test_gpu_throttledjobs_read_their_own_gpus_and_only_the_opted_in_one_is_capp
                          what="status.observed to name the power cap", timeout=30,
                          )["status"]["observed"]
     assert 0 < observed["gpuPeakPowerWatts"] <= 288.0, observed
+    assert observed["gpus"] == [gpu["UUID"]], observed
     # The agent's own /metrics says the same: the cap, the original, the pod.
     (agent,) = kubectl.json("get", "pods", "-A", "-l",
                             "app.kubernetes.io/component=node-agent")["items"]

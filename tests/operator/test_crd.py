@@ -150,6 +150,19 @@ def test_each_observed_field_is_folded_over_the_pods_as_the_table_says() -> None
             assert observed[f.name] == 2 + 5, f.name
 
 
+def test_observed_gpus_are_the_pods_gpus_once_each_and_within_the_crds_bounds() -> None:
+    a, b = _observed_reports([0.25, 0.5])
+    a["telemetry"] = {"gpus": [{"gpu": 0, "UUID": "GPU-b"}, {"gpu": 1, "UUID": "GPU-a"}]}
+    b["telemetry"] = {"gpus": [{"gpu": 0, "UUID": "GPU-a"}, {"gpu": 1}, "junk"]}
+    assert aggregate_observed([a, b], [], NOW)["gpus"] == ["GPU-a", "GPU-b"]
+    assert aggregate_observed(_observed_reports([0.5]), [], NOW)["gpus"] is None
+    # A JobSet larger than the list: the API server still takes the status.
+    b["telemetry"] = {"gpus": [{"UUID": f"GPU-{i:03}" + "x" * 100} for i in range(200)]}
+    st = status_with_observed(status_job_created({}, "train", 1, NOW), [a, b], [], NOW)
+    assert len(st["observed"]["gpus"]) == 64
+    assert cr_errors({**make_tj(), "status": st}) == []
+
+
 def test_observed_figures_out_of_the_crds_bounds_are_kept_within_them() -> None:
     # A sidecar is another program: what it sends must not make the API server refuse
     # the whole status patch.

@@ -9,7 +9,7 @@ from typing import Any
 from throttledjob.contracts.status import LEVERS, OBSERVED, Aggregate, ObservedField
 
 from .job_split import JOB_WIDE_FIGURES, RANK_FIGURES
-from .names import MAX_RANKS, PHASES
+from .names import MAX_GPUS, MAX_RANKS, MAX_UUID_LENGTH, PHASES
 
 
 def condition_schema() -> dict[str, Any]:
@@ -82,6 +82,10 @@ def status_schema() -> dict[str, Any]:
                     "levers": {"type": "array", "maxItems": len(LEVERS),
                                "items": {"type": "string", "enum": list(LEVERS)},
                                "description": "What held the peak in any pod"},
+                    "gpus": {"type": "array", "nullable": True, "maxItems": MAX_GPUS,
+                             "items": {"type": "string", "maxLength": MAX_UUID_LENGTH},
+                             "description": "The GPUs the pods read, by UUID (as "
+                                            "`nvidia-smi -L` names them), sorted"},
                     "pods": {"type": "integer", "minimum": 0},
                     "lastReadTime": {"type": "string", "format": "date-time",
                                      "description": "When a read last changed the "

@@ -34,6 +34,9 @@ SCOPES = ["Pod", "Job"]
 DEFAULT_SCOPE = "Pod"
 # The most pods a job-wide target is split among (scope Job).
 MAX_RANKS = 64
+# status.observed.gpus: a JobSet of 8 nodes of 8 GPUs; a GPU UUID is 40 characters.
+MAX_GPUS = 64
+MAX_UUID_LENGTH = 64
 MAX_NAME_LENGTH = 63  # the Job is named after the ThrottledJob; Job names are label values
 PHASES = ["Pending", "Queued", "Suspended", "Running", "Succeeded", "Failed"]
 PARAMETER_TYPES = ["Integer", "Number", "Boolean", "String"]

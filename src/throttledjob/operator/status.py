@@ -23,6 +23,7 @@ from throttledjob.contracts.status import (
 
 from .job_split import Rank, job_wide, rank_status
 from .kueue import admission, queued_by_kueue
+from .names import MAX_GPUS, MAX_UUID_LENGTH
 
 # A sidecar read whose figures are all within OBSERVED_TOLERANCE of the written ones is
 # not written unless those are this old: a measured figure moves a little every
@@ -270,10 +271,20 @@ def aggregate_observed(reports: list[Mapping[str, Any]], failures: list[str],
         **{f.name: _fold(f, [obs.get(f.name) for obs in pods]) for f in OBSERVED
            if f.aggregate is not Aggregate.POD},
         "levers": [lever for lever in LEVERS if lever in used],
+        "gpus": _gpus(reports) or None,
         "pods": len(reports),
         "lastReadTime": now,
         "errors": [str(e)[:500] for e in errors][:16],
     }
+
+
+def _gpus(reports: list[Mapping[str, Any]]) -> list[str]:
+    """The UUIDs of the GPUs the pods read (in a pod, those the kubelet gave it: the node
+    agent answers for no other), sorted, at most MAX_GPUS."""
+    uuids = {g["UUID"] for r in reports
+             for g in (r.get("telemetry") or {}).get("gpus") or []
+             if isinstance(g, dict) and isinstance(g.get("UUID"), str)}
+    return sorted(u[:MAX_UUID_LENGTH] for u in uuids)[:MAX_GPUS]
 
 
 def close_to(written: Mapping[str, Any], read: Mapping[str, Any]) -> bool:
