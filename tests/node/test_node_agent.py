@@ -62,7 +62,7 @@ def node(tmp_path: Path):
     for pod in (POD_A, POD_B):
         (tmp_path / pod.name).mkdir()
         sockets[pod] = tmp_path / pod.name / "agent.sock"
-        servers.append(serve(sockets[pod], agent, pod))
+        servers.append(serve(sockets[pod], agent, pod, anonymous=True))
         threading.Thread(target=servers[-1].serve_forever, args=(0.05,), daemon=True).start()
     yield board, uuids, assigned, keeper, sockets
     for server in servers:
@@ -220,7 +220,7 @@ def test_a_pod_holding_sockets_open_gets_a_few_and_each_for_a_while(tmp_path):
     board = FakeGpuBackend(1, "steady")
     agent = NodeAgent(board, CapKeeper(board, tmp_path / "caps.json"),
                       lambda: {POD_A.key: frozenset({board.read()[0].uuid})})
-    server = serve(tmp_path / "agent.sock", agent, POD_A, idle_seconds=1.0)
+    server = serve(tmp_path / "agent.sock", agent, POD_A, idle_seconds=1.0, anonymous=True)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         held = []
@@ -243,3 +243,110 @@ def test_a_sidecar_with_no_agent_answering_runs_cpu_only_and_says_why(tmp_path):
     for _ in range(3):
         assert agent.cycle(1.0, 0.0, []) is None
     assert agent.error_lost and "node agent not reachable" in agent.error
+
+
+class SlowBoard(FakeGpuBackend):
+    """A board whose power-limit call takes a while, as NVML's does: the window in which
+    a restore from another thread could fall between a cap's record and its write."""
+
+    def set_power_limit_watts(self, index: int, watts: float) -> None:
+        time.sleep(0.01)
+        super().set_power_limit_watts(index, watts)
+
+
+def test_caps_and_restores_from_many_threads_never_lose_the_original(tmp_path):
+    board = SlowBoard(1, "steady")
+    keeper = CapKeeper(board, tmp_path / "caps.json")
+    gpu_uuid = board.read()[0].uuid
+
+    def cap() -> None:
+        for _ in range(30):
+            keeper.set_limit(board.read()[0], POD_A.key, 150.0)
+
+    def restore() -> None:
+        for _ in range(30):
+            keeper.restore(gpu_uuid)
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=f) for f in (cap, restore, cap, restore)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Capped now or not, the record holds the board's own limit, and putting it back
+    # gives the board its own limit again.
+    assert all(c.original_watts == TDP_WATTS for c in keeper.caps.values())
+    assert (board.limits == [TDP_WATTS]) == (keeper.caps == {})
+    keeper.restore_all()
+    assert board.limits == [TDP_WATTS] and CapKeeper(board, tmp_path / "caps.json").caps == {}
+
+
+def test_connections_over_the_limit_are_refused_without_a_thread_each(tmp_path):
+    board = FakeGpuBackend(1, "steady")
+    agent = NodeAgent(board, CapKeeper(board, tmp_path / "caps.json"),
+                      lambda: {POD_A.key: frozenset({board.read()[0].uuid})})
+    server = serve(tmp_path / "agent.sock", agent, POD_A, anonymous=True)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    before = threading.active_count()
+    held = []
+    try:
+        for _ in range(40):
+            held.append(socket.socket(socket.AF_UNIX))
+            held[-1].connect(str(tmp_path / "agent.sock"))
+        time.sleep(0.5)
+        assert threading.active_count() - before <= MAX_CONNECTIONS
+        held[-1].settimeout(5)
+        assert b"too many connections" in held[-1].recv(200)
+    finally:
+        for s in held:
+            s.close()
+        server.close()
+
+
+def test_a_process_of_no_pod_is_refused(tmp_path, caplog):
+    """A caller whose pod cannot be told (its cgroup names none, or it exited and left
+    its socket to a child) is not served: the check fails closed."""
+    board = FakeGpuBackend(1, "steady")
+    agent = NodeAgent(board, CapKeeper(board, tmp_path / "caps.json"),
+                      lambda: {POD_A.key: frozenset({board.read()[0].uuid})})
+    server = serve(tmp_path / "agent.sock", agent, POD_A)   # this test's process: no pod
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        with pytest.raises(GpuError, match="another pod's"):
+            NodeAgentBackend(tmp_path / "agent.sock").read()
+        assert any("a process of no pod" in r.message for r in caplog.records)
+    finally:
+        server.close()
+
+
+def test_a_cap_set_while_a_gpu_was_one_pods_is_put_back_once_it_is_shared(tmp_path):
+    from throttledjob.node.process import Node
+
+    board = FakeGpuBackend(1, "steady")
+    gpu = board.read()[0]
+    assigned = {POD_A.key: frozenset({gpu.uuid})}
+    node = Node(board, tmp_path, tmp_path / "state", list_gpus=lambda: assigned)
+    node.keeper.set_limit(gpu, POD_A.key, 150.0)
+    node.tidy()
+    assert board.limits == [150.0]
+    assigned[POD_B.key] = frozenset({gpu.uuid})   # time-sliced: pod B gets a replica
+    node.tidy()
+    assert board.limits == [TDP_WATTS] and node.keeper.caps == {}
+
+
+@pytest.mark.parametrize("watts", [float("nan"), float("inf"), 10**400, "150", True, -5])
+def test_a_limit_that_is_not_a_finite_positive_number_is_refused(node, watts):
+    board, uuids, _, keeper, _ = node
+    answer = NodeAgent(board, keeper, lambda: {POD_A.key: frozenset({uuids[0]})}).answer(
+        POD_A, {"op": "set_power_limit", "uuid": uuids[0], "watts": watts})
+    assert answer == {"error": "watts must be a positive number"}
+    assert board.limit_calls == []
+
+
+def test_a_state_file_that_cannot_be_read_is_set_aside_not_a_crash_at_every_start(tmp_path,
+                                                                                   caplog):
+    (tmp_path / "caps.json").write_text("")   # a crash before the rename reached the disk
+    keeper = CapKeeper(FakeGpuBackend(1, "steady"), tmp_path / "caps.json")
+    assert keeper.caps == {}
+    assert (tmp_path / "caps.bad").read_text() == "" and not (tmp_path / "caps.json").exists()
+    assert any("unreadable" in r.message for r in caplog.records)

@@ -37,6 +37,9 @@ from .server import NodeAgent, serve
 
 TIDY_SECONDS = 5.0
 ASSIGNMENTS_TTL_SECONDS = 1.0
+# Under the sidecar's own 2 s for an answer (node_backend.py): a kubelet slower than this
+# counts as not answering, and the last answer stands.
+KUBELET_TIMEOUT_SECONDS = 1.0
 log = logging.getLogger("throttledjob.node")
 
 
@@ -47,31 +50,37 @@ class Node:
         `kubelet_dir`); raises grpc.RpcError where it cannot tell."""
         state_dir.mkdir(parents=True, exist_ok=True)
         socket = kubelet_dir / "pod-resources" / "kubelet.sock"
-        self.list_gpus = list_gpus or (lambda: gpus_by_pod(socket))
+        self.list_gpus = list_gpus or (
+            lambda: gpus_by_pod(socket, timeout_seconds=KUBELET_TIMEOUT_SECONDS))
         self.volumes_path = state_dir / "volumes.json"
         self.keeper = CapKeeper(backend, state_dir / "caps.json")
         self.agent = NodeAgent(backend, self.keeper, self.assignments)
         self.listeners: dict[Path, tuple[object, PodRef]] = {}
         self._lock = threading.Lock()
+        self._listing = threading.Lock()
         self._assigned: tuple[float, Mapping[str, frozenset[str]]] = (-1e9, {})
 
     def assignments(self) -> Mapping[str, frozenset[str]]:
         """Who holds which GPU, as the kubelet last said. While it does not answer (it
         restarts), its last answer stands: no allocation changes meanwhile, and a pod's
         sidecar told "no GPU of this pod" would give its GPUs up for good."""
-        at, assigned = self._assigned
-        if time.monotonic() - at > ASSIGNMENTS_TTL_SECONDS:
+        with self._listing:   # one call to the kubelet at a time; the rest use its answer
+            at, assigned = self._assigned
+            if time.monotonic() - at <= ASSIGNMENTS_TTL_SECONDS:
+                return assigned
             listed = self._listed()
             return assigned if listed is None else listed
-        return assigned
 
     def _listed(self) -> Mapping[str, frozenset[str]] | None:
-        """The kubelet's answer now, kept as the last one (None: it did not answer)."""
+        """The kubelet's answer now, kept as the last one (None: it did not answer; the
+        last one is kept for another ASSIGNMENTS_TTL_SECONDS, not asked for again by every
+        request meanwhile)."""
         try:
             assigned = self.list_gpus()
         except grpc.RpcError as e:
             log.warning("throttledjob node: the kubelet's PodResources did not answer (%s)",
                         e.code())
+            self._assigned = (time.monotonic(), self._assigned[1])
             return None
         self._assigned = (time.monotonic(), assigned)
         return assigned
@@ -91,8 +100,7 @@ class Node:
             server, pod = self.listeners.pop(directory, (None, None))
             self._save_volumes()
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.close()
         (directory / SOCKET_NAME).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             directory.rmdir()
@@ -109,15 +117,24 @@ class Node:
                 self.publish(Path(path), PodRef(**pod))
 
     def tidy(self) -> None:
-        """Put back the caps of pods the kubelet no longer lists (it answered)."""
-        live = self._listed()
-        if live is not None:
-            self.keeper.restore_gone(set(live))
+        """Put back the caps of pods the kubelet no longer lists, and of GPUs it lists
+        for several pods (it answered). Never raises: the agent must outlive a bad pass."""
+        try:
+            with self._listing:
+                live = self._listed()
+            if live is not None:
+                seen = [u for uuids in live.values() for u in uuids]
+                shared = frozenset(u for u in seen if seen.count(u) > 1)
+                self.keeper.restore_gone(set(live), shared)
+        except Exception:   # logged whole, tried again at the next pass
+            log.exception("throttledjob node: a tidying pass failed")
 
     def stop(self) -> None:
-        self.keeper.restore_all()
+        """No pod is served any more, then every cap is put back (a request served
+        after the restore would cap a GPU again, with no agent left to restore it)."""
         for server, _ in list(self.listeners.values()):
-            server.shutdown()
+            server.close()
+        self.keeper.restore_all()
 
     def _save_volumes(self) -> None:
         write_json_atomic(str(self.volumes_path),

@@ -7,19 +7,23 @@ One JSON request a line, one JSON answer a line, at most MAX_LINE bytes each way
     {"op": "set_power_limit", "uuid": U, "watts": W} -> {"watts": W in force}
 
 Every answer is for the caller's pod alone: each pod has a socket of its own (node/csi.py
-makes it in the pod's volume), a caller whose cgroup names another pod is refused
-(identity.py), and a pod sees and caps only the GPUs the kubelet gave it (`assignments`:
+makes it in the pod's volume), a caller whose cgroup names another pod, or no pod, is
+refused (identity.py), and a pod sees and caps only the GPUs the kubelet gave it (`assignments`:
 "namespace/name" -> GPU UUIDs, from the kubelet's PodResources API). A GPU shared by
-several pods (time-slicing) is read by each but capped by none. A refusal is an answer
+several pods (time-slicing) is read by each but capped by none (a cap set while it had one
+pod is put back). A refusal is an answer
 (`{"error": ...}`); a line that is not JSON, or too long, closes the connection with one
 line in the log, and the agent serves on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
+import socket
 import socketserver
 import threading
 from collections.abc import Callable, Mapping
@@ -70,14 +74,19 @@ class NodeAgent:
             if op == "set_power_limit":
                 return self._set_limit(pod, gpu, request.get("watts"), assigned)
             return {"error": f"unknown op {op!r}"}
-        except GpuError as e:
+        except (GpuError, OSError) as e:   # OSError: the state file could not be written
             return {"error": str(e)}
 
     def _set_limit(self, pod: PodRef, gpu: GpuReading, watts: Any,
                    assigned: Mapping[str, frozenset[str]]) -> dict:
-        if isinstance(watts, bool) or not isinstance(watts, (int, float)) or watts <= 0:
+        try:
+            ok = not isinstance(watts, bool) and math.isfinite(watts) and watts > 0
+        except (TypeError, OverflowError):
+            ok = False
+        if not ok:
             return {"error": "watts must be a positive number"}
         if any(gpu.uuid in uuids for other, uuids in assigned.items() if other != pod.key):
+            self.keeper.restore(gpu.uuid)   # capped while it was one pod's
             return {"error": f"GPU {gpu.uuid} is shared with another pod: never capped"}
         return {"watts": self.keeper.set_limit(gpu, pod.key, float(watts))}
 
@@ -93,33 +102,23 @@ class _Connection(socketserver.StreamRequestHandler):
     server: _Server
 
     def handle(self) -> None:
-        slot = self.server.slots.acquire(blocking=False)
-        try:
-            self.request.settimeout(self.server.idle_seconds)
-            if slot:
-                self._serve()
-            else:   # its one request answered with the refusal, then closed
-                self.rfile.readline(MAX_LINE + 1)
-                self.wfile.write(b'{"error": "too many connections from this pod"}\n')
-        except OSError:   # silent past the idle time, or gone
-            pass
-        finally:
-            if slot:
-                self.server.slots.release()
+        self.request.settimeout(self.server.idle_seconds)
+        with contextlib.suppress(OSError):   # silent past the idle time, or gone
+            self._serve()
 
     def _serve(self) -> None:
         pod = self.server.pod
         caller = peer_pod_uid(self.request, self.server.proc)
-        refused = caller is not None and caller != pod.uid
+        refused = caller != pod.uid and not (caller is None and self.server.anonymous)
         if refused:
-            log.warning("throttledjob node: refused pod %s on the socket of pod %s",
-                        caller, pod.key)
+            log.warning("throttledjob node: refused %s on the socket of pod %s",
+                        f"pod {caller}" if caller else "a process of no pod", pod.key)
         while line := self.rfile.readline(MAX_LINE + 1):
             try:
                 if len(line) > MAX_LINE or not line.endswith(b"\n"):
                     raise ValueError(f"a request over {MAX_LINE} bytes, or unterminated")
                 request = json.loads(line)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 log.warning("throttledjob node: closing a connection from pod %s: %s",
                             pod.key, str(e).splitlines()[0][:200])
                 return
@@ -134,17 +133,51 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
     def __init__(self, path: str, agent: NodeAgent, pod: PodRef, proc: Path,
-                 idle_seconds: float) -> None:
+                 idle_seconds: float, anonymous: bool) -> None:
         self.agent, self.pod, self.proc = agent, pod, proc
-        self.idle_seconds = idle_seconds
+        self.idle_seconds, self.anonymous = idle_seconds, anonymous
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.open: set[socket.socket] = set()
+        self.open_lock = threading.Lock()
         super().__init__(path, _Connection)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Refused before a thread is started: a pod opening thousands of connections
+        # costs the agent MAX_CONNECTIONS threads, not thousands.
+        if not self.slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(b'{"error": "too many connections from this pod"}\n')
+            self.shutdown_request(request)
+            return
+        with self.open_lock:
+            self.open.add(request)
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.open_lock:
+                self.open.discard(request)
+            self.slots.release()
+
+    def close(self) -> None:
+        """Stop listening and close the connections open now (a pod that ends, or the
+        agent that stops, serves no request after this returns)."""
+        self.shutdown()
+        self.server_close()
+        with self.open_lock:
+            for conn in self.open:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
 
 
 def serve(path: Path, agent: NodeAgent, pod: PodRef, proc: Path = Path("/proc"),
-          idle_seconds: float = IDLE_SECONDS) -> _Server:
+          idle_seconds: float = IDLE_SECONDS, anonymous: bool = False) -> _Server:
     """Listen on `path` for `pod` (a stale socket file is replaced); the caller runs
-    `serve_forever`. Any uid may connect: the socket is in that pod's volume alone."""
+    `serve_forever`. Any uid may connect: the socket is in that pod's volume alone.
+    `anonymous`: also serve a caller whose pod cannot be told (the tests' own process,
+    in no pod's cgroup); a node agent never does."""
     path.unlink(missing_ok=True)
     # A socket's path must fit in 108 bytes, and a pod's volume on a node is
     # /var/lib/kubelet/pods/<uid>/volumes/kubernetes.io~csi/<volume>/mount/ (about 100):
@@ -152,7 +185,7 @@ def serve(path: Path, agent: NodeAgent, pod: PodRef, proc: Path = Path("/proc"),
     directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
     try:
         server = _Server(f"/proc/self/fd/{directory}/{path.name}", agent, pod, proc,
-                         idle_seconds)
+                         idle_seconds, anonymous)
     finally:
         os.close(directory)
     os.chmod(path, 0o666)

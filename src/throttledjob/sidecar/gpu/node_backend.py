@@ -10,6 +10,7 @@ a few, gives up on: CPU-only, the workload untouched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from pathlib import Path
@@ -59,7 +60,8 @@ class NodeAgentBackend(GpuBackend):
                 self._sock.settimeout(self.timeout_seconds)
                 self._sock.connect(str(self.path))
                 self._file = self._sock.makefile("rb")
-            self._sock.sendall(json.dumps(request).encode() + b"\n")
+            with contextlib.suppress(OSError):   # refused at once: its reason is to read
+                self._sock.sendall(json.dumps(request).encode() + b"\n")
             line = self._file.readline()
             if not line:
                 raise OSError("the node agent closed the connection")
