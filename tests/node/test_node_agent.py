@@ -312,7 +312,7 @@ def test_a_process_of_no_pod_is_refused(tmp_path, caplog):
     server = serve(tmp_path / "agent.sock", agent, POD_A)   # this test's process: no pod
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
-        with pytest.raises(GpuError, match="another pod's"):
+        with pytest.raises(GpuError, match="the caller's pod could not be told"):
             NodeAgentBackend(tmp_path / "agent.sock").read()
         assert any("a process of no pod" in r.message for r in caplog.records)
     finally:

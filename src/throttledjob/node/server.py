@@ -109,7 +109,12 @@ class _Connection(socketserver.StreamRequestHandler):
     def _serve(self) -> None:
         pod = self.server.pod
         caller = peer_pod_uid(self.request, self.server.proc)
-        refused = caller != pod.uid and not (caller is None and self.server.anonymous)
+        refused = None
+        if caller is None and not self.server.anonymous:
+            # Gone, in no pod, or the agent is not in the host's process namespace.
+            refused = "the caller's pod could not be told (the agent needs hostPID)"
+        elif caller is not None and caller != pod.uid:
+            refused = "this socket is another pod's"
         if refused:
             log.warning("throttledjob node: refused %s on the socket of pod %s",
                         f"pod {caller}" if caller else "a process of no pod", pod.key)
@@ -122,7 +127,7 @@ class _Connection(socketserver.StreamRequestHandler):
                 log.warning("throttledjob node: closing a connection from pod %s: %s",
                             pod.key, str(e).splitlines()[0][:200])
                 return
-            answer = {"error": "this socket is another pod's"} if refused \
+            answer = {"error": refused} if refused \
                 else self.server.agent.answer(pod, request)
             self.wfile.write(json.dumps(answer).encode() + b"\n")
             if refused:   # its one request answered, then closed
