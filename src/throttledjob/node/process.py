@@ -33,7 +33,7 @@ from .caps import CapKeeper
 from .csi import SOCKET_NAME, serve_csi
 from .identity import PodRef
 from .pod_resources import gpus_by_pod
-from .server import NodeAgent, serve
+from .server import NodeAgent, serve, shared_gpus
 
 TIDY_SECONDS = 5.0
 ASSIGNMENTS_TTL_SECONDS = 1.0
@@ -123,9 +123,7 @@ class Node:
             with self._listing:
                 live = self._listed()
             if live is not None:
-                seen = [u for uuids in live.values() for u in uuids]
-                shared = frozenset(u for u in seen if seen.count(u) > 1)
-                self.keeper.restore_gone(set(live), shared)
+                self.keeper.restore_gone(set(live), shared_gpus(live))
         except Exception:   # logged whole, tried again at the next pass
             log.exception("throttledjob node: a tidying pass failed")
 

@@ -26,6 +26,7 @@ import os
 import socket
 import socketserver
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -85,10 +86,16 @@ class NodeAgent:
             ok = False
         if not ok:
             return {"error": "watts must be a positive number"}
-        if any(gpu.uuid in uuids for other, uuids in assigned.items() if other != pod.key):
+        if gpu.uuid in shared_gpus(assigned):
             self.keeper.restore(gpu.uuid)   # capped while it was one pod's
             return {"error": f"GPU {gpu.uuid} is shared with another pod: never capped"}
         return {"watts": self.keeper.set_limit(gpu, pod.key, float(watts))}
+
+
+def shared_gpus(assigned: Mapping[str, frozenset[str]]) -> frozenset[str]:
+    """The GPUs the kubelet lists for more than one pod (time-slicing): capped by none."""
+    held = Counter(u for uuids in assigned.values() for u in uuids)
+    return frozenset(u for u, pods in held.items() if pods > 1)
 
 
 def _one(readings: list[GpuReading], uuid: Any) -> GpuReading:
