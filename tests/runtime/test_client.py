@@ -228,6 +228,35 @@ print(json.dumps(seen))
     assert lifted == lifted2 == before
 
 
+def test_a_lifted_cap_gives_back_the_count_the_script_set_after_importing_torch(tmp_path):
+    """The levers are applied when torch is imported (the autohook's refresh); the
+    script then sets its own count (a DDP rank: 1, where torch's default is 3 here). A
+    cap and its lift leave the script's 1, not torch's default."""
+    import subprocess
+
+    code = f"""
+import json, os, time, torch
+from throttledjob.runtime import Throttle
+from throttledjob.runtime.files import write_json_atomic
+from throttledjob.contracts.settings import SETTINGS_FILE, Settings
+torch.set_num_threads(3)  # torch's default on a 3-core machine
+t = Throttle({str(tmp_path)!r})
+t.refresh_levers()        # what the autohook does when torch is imported
+torch.set_num_threads(1)  # the script's own choice
+seen = []
+for seq, threads in enumerate([2, None], 1):
+    s = Settings(seq=seq, time=time.time(), threads=threads)
+    write_json_atomic(os.path.join({str(tmp_path)!r}, SETTINGS_FILE), s.to_dict())
+    t._watcher._next_check = t._next_tick = 0
+    t.step()
+    seen.append(torch.get_num_threads())
+print(json.dumps(seen))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(out) == [2, 1]
+
+
 def test_runtime_does_not_import_heavy_libraries(tmp_path):
     import subprocess
 

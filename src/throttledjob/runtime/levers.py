@@ -26,14 +26,20 @@ class ThreadCap:
         if threads == self.applied and not force:
             return
         torch = sys.modules.get("torch")
-        if torch is not None and hasattr(torch, "set_num_threads") \
-                and self._torch_default is None:
+        settable = torch is not None and hasattr(torch, "set_num_threads")
+        # The workload's own count is read at our first cap, not at torch's import (when
+        # the levers are first applied): a script that sets its count after the import
+        # (a DDP rank: 1) was "restored" to torch's default, 2 here, when a cap lifted,
+        # and its OpenMP threads spun through every allreduce (its CPU a step 1.7x).
+        if settable and threads is not None and self._torch_default is None:
             self._torch_default = torch.get_num_threads()
         # Pools first: threadpoolctl records the limits it will restore when it starts,
         # and torch's OpenMP pool is one of them, so torch must not be capped yet.
         self._apply_pools(threads)
-        if self._torch_default is not None:
+        if settable and self._torch_default is not None:
             torch.set_num_threads(threads or self._torch_default)
+            if threads is None:  # lifted: the next cap reads the workload's count again
+                self._torch_default = None
         self.applied = threads
 
     def _apply_pools(self, threads: int | None) -> None:
