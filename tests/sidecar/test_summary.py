@@ -232,6 +232,26 @@ def test_the_pace_and_cost_of_a_step_are_read_over_ten_seconds():
     assert last.cpu_seconds_per_step is None and last.steps_per_second == 0.0
 
 
+def test_a_ranks_start_before_its_first_step_is_not_charged_to_its_steps():
+    """A DDP rank imports torch and waits at the rendezvous for 6 s at about a core, then
+    steps 14 times a second at 0.05 CPU-seconds each. Two seconds into its steps its
+    cost reads 0.05, not the start's CPU spread over 28 steps (0.26)."""
+    from throttledjob.sidecar.measure import PaceWindow
+
+    window, cpu, steps = PaceWindow(), 0.0, 0
+    for second in range(1, 10):
+        if second <= 6:
+            cpu += 1.0
+        else:
+            steps, cpu = steps + 14, cpu + 14 * 0.05
+        pace = window.add(second, steps, cpu)
+        if second == 6:
+            assert pace.cpu_seconds_per_step is None  # no step yet
+    assert pace.cpu_seconds_per_step == pytest.approx(0.05, rel=0.01)
+    # The pace is still the window's: 42 steps over its 8 s.
+    assert pace.steps_per_second == pytest.approx(42 / 8)
+
+
 def test_a_process_leaving_the_tree_does_not_understate_the_cost_of_a_step():
     """The tree's CPU is its members' now: a DataLoader worker that exits takes 3 CPU
     seconds out of the sum. The window counts only rises, so the cost stays 0.05."""

@@ -54,12 +54,24 @@ class PaceWindow:
         points.append((now, steps, self._cpu))
         while len(points) > 2 and now - points[1][0] >= self.seconds:
             points.popleft()
-        (t0, steps0, cpu0) = points[0]
+        (t0, steps0, _) = points[0]
         if now > t0:
-            done = max(0, steps - steps0)
-            self._pace = Pace(done / (now - t0),
-                              (self._cpu - cpu0) / done if done else None)
+            self._pace = Pace(max(0, steps - steps0) / (now - t0), self._cost())
         return self._pace
+
+    def _cost(self) -> float | None:
+        """CPU seconds a step over the window, from where its steps begin: a window that
+        opens on no step (the workload's imports, its rendezvous, an eval phase) starts at
+        the first point that counts new steps. Charged to the steps, a DDP rank's start
+        read 2-3x its cost for the window's length, the two ranks' costs alike, and a
+        job-wide split that follows them held the even split 10 s longer."""
+        points = self._points
+        start = points[0]
+        if len(points) > 2 and points[1][1] == start[1]:
+            start = next((p for p in points if p[1] > start[1]), points[-1])
+        _, steps0, cpu0 = start
+        _, steps, cpu = points[-1]
+        return (cpu - cpu0) / (steps - steps0) if steps > steps0 else None
 
 
 # Processes whose steps are counted over a run (the meter keeps each one's last count):
