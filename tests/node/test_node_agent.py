@@ -245,6 +245,40 @@ def test_a_sidecar_with_no_agent_answering_runs_cpu_only_and_says_why(tmp_path):
     assert agent.error_lost and "node agent not reachable" in agent.error
 
 
+def test_a_sidecar_reads_and_caps_again_once_a_restarted_agent_answers(tmp_path):
+    """The agent stops (a DaemonSet roll: it puts the cap back at SIGTERM) and is gone
+    for longer than three reads: the sidecar runs CPU-only, holding nothing back, and
+    asks each cycle; the restarted agent answers, and the sidecar reads and caps again."""
+    board = FakeGpuBackend(1, "steady")
+    keeper = CapKeeper(board, tmp_path / "caps.json")
+    agent = NodeAgent(board, keeper, lambda: {POD_A.key: frozenset({board.read()[0].uuid})})
+    sock = tmp_path / "agent.sock"
+
+    def start():
+        server = serve(sock, agent, POD_A, anonymous=True)
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+        return server
+
+    server = start()
+    sidecar = GpuAgent(NodeAgentBackend(sock), Policy(gpu_peak_power_watts=200,
+                                                     gpu_power_limit="allow"))
+    sidecar.cycle(1.0, 0.0, [])
+    assert board.limits == [194.0]
+    server.close()                           # the old agent at its SIGTERM: no pod
+    keeper.restore_all()                     # served, then every cap put back
+    duties = [sidecar.cycle(1.0, 0.0, []) for _ in range(5)]
+    assert duties[-1] is None                # lost: nothing held back for the GPU
+    assert sidecar.error_lost and sidecar.readings == []
+    server = start()
+    try:
+        sidecar.cycle(1.0, 0.0, [])
+        assert not sidecar.error_lost and sidecar.error is None
+        assert [r.index for r in sidecar.readings] == [0]
+        assert board.limits == [194.0]           # capped again
+    finally:
+        server.close()
+
+
 class SlowBoard(FakeGpuBackend):
     """A board whose power-limit call takes a while, as NVML's does: the window in which
     a restore from another thread could fall between a cap's record and its write."""

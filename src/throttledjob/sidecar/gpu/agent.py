@@ -1,5 +1,6 @@
 """The GPU half of a control cycle: read the backend, keep peaks, decide a duty, and
-own the opt-in power-limit lever. Degrades to CPU-only when the GPUs go away.
+own the opt-in power-limit lever. Degrades to CPU-only when the GPUs go away (for good,
+unless the backend recovers: the node agent is asked again each cycle).
 
 With the lever, a power target is held by capping the board at the controller's setpoint
 (the prior: the cap changes nothing until the workload draws that much), and the hold-back
@@ -195,6 +196,10 @@ class GpuAgent:
             self.readings = select_gpus(self.backend.read(), visible)
             self._failed_reads = 0
             self.error = None
+            if self.error_lost:   # a backend that recovers answered again
+                log.warning("throttledjob: GPU telemetry back (%s)", self.backend.kind)
+                self.error_lost = False
+                self._limits_stale = True   # its caps may have been put back meanwhile
         except GpuError as e:
             self._read_failed(e)
             return None
@@ -255,7 +260,16 @@ class GpuAgent:
     def _read_failed(self, e: GpuError) -> None:
         self.read_errors += 1
         self._failed_reads += 1
-        if e.lost or self._failed_reads >= MAX_FAILED_READS:
+        if self.backend.recovers and not e.lost and self._failed_reads >= MAX_FAILED_READS:
+            # The node agent restarting: CPU-only (no GPU hold-back) until it answers.
+            if not self.error_lost:
+                log.warning("throttledjob: GPU telemetry lost (%s); running CPU-only until "
+                            "the %s answers", e, self.backend.kind)
+            self.error = f"GPU telemetry lost ({e}); running CPU-only until it answers"
+            self.error_lost = True
+            self.readings = []
+            self.decision = None
+        elif e.lost or self._failed_reads >= MAX_FAILED_READS:
             # Say it once, drop the GPU series, and keep controlling the CPU.
             self.error = f"GPU telemetry lost ({e}); running CPU-only"
             self.error_lost = True

@@ -72,6 +72,9 @@ class GpuBackend(ABC):
     kind: str = "none"
     #: True for readings that do not come from hardware.
     simulated: bool = False
+    #: True where an unreachable backend comes back on its own (the node agent, a
+    #: process the kubelet restarts): lost, it is asked again each cycle, not dropped.
+    recovers: bool = False
 
     @abstractmethod
     def read(self) -> list[GpuReading]:

@@ -4,8 +4,8 @@ In a pod the sidecar has no GPU device files: the device plugin gives them only 
 containers that request `nvidia.com/gpu`. The node agent reads every GPU of the node and
 answers each pod for its own GPUs (node/server.py: the protocol, and how it knows the
 pod). This backend is that conversation: a reading, a power limit range, a cap. An agent
-that does not answer is a failed read (GpuError), which the GPU agent retries and, after
-a few, gives up on: CPU-only, the workload untouched.
+that does not answer is a failed read (GpuError); after a few the GPU agent runs CPU-only,
+the workload untouched, and asks again each cycle until the agent answers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .backend import GpuBackend, GpuError, GpuReading
 
 class NodeAgentBackend(GpuBackend):
     kind = "node agent"
+    recovers = True   # a restarted agent (crash, DaemonSet roll) serves the pod again
 
     def __init__(self, path: Path, timeout_seconds: float = 2.0) -> None:
         self.path = path
