@@ -29,6 +29,10 @@ from tools.k8s import images
 pytestmark = pytest.mark.timeout(900)
 ONE_MACHINE_VALUES = ROOT / "examples/one-machine/values.yaml"
 TARGET_WATTS = 200.0
+# A node label no node has: the DaemonSet's pod leaves the node while its nodeSelector
+# names it, for longer than the sidecar's three failed reads (intervalSeconds 1).
+AWAY = "throttledjob.io/test-away"
+AWAY_SECONDS = 6
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +111,7 @@ def test_gpu_throttledjobs_read_their_own_gpus_and_only_the_opted_in_one_is_capp
         gpu_cluster: tuple[str, Path], kubectl: Kubectl) -> None:
     namespace, state = gpu_cluster
     # Beside it, one on the other GPU without the opt-in: never capped.
-    kubectl.apply(gpu_tj("capped", namespace, 15), gpu_tj("uncapped", namespace, 15, cap=False))
+    kubectl.apply(gpu_tj("capped", namespace, 45), gpu_tj("uncapped", namespace, 15, cap=False))
     selector = "throttledjob.io/name=capped"
     kubectl("wait", "--for=create", "job/capped", "-n", namespace, "--timeout=60s")
 
@@ -168,6 +172,30 @@ def test_gpu_throttledjobs_read_their_own_gpus_and_only_the_opted_in_one_is_capp
     labels = f'UUID="{gpu["UUID"]}",namespace="{namespace}",pod="{pod["metadata"]["name"]}"'
     assert f"throttledjob_node_gpu_original_power_limit_watts{{{labels}}} {TDP_WATTS}" in text
     assert f"throttledjob_node_gpu_pod_info{{{labels}}} 1.0" in text
+    # No agent on the node for a while (a roll whose new pod waits for its image, a node
+    # drained of it): the DaemonSet sent elsewhere, then back. The old agent puts the cap
+    # back at its SIGTERM; the pod's sidecar, CPU-only while no agent answers (more than
+    # three reads), reads its GPU and caps it again once the new agent serves its volume.
+    daemonset = ["daemonset", "-n", agent["metadata"]["namespace"],
+                 agent["metadata"]["ownerReferences"][0]["name"]]
+    def send(value: str | None) -> None:
+        kubectl("patch", *daemonset, "--type", "merge", "-p", json.dumps(
+            {"spec": {"template": {"spec": {"nodeSelector": {AWAY: value}}}}}))
+    send("elsewhere")
+    kubectl("wait", "--for=delete", "pod", "-n", agent["metadata"]["namespace"],
+            agent["metadata"]["name"], "--timeout=60s")
+    assert caps(state) == {}, "the agent left its cap behind"
+    time.sleep(AWAY_SECONDS)
+    away = sidecar_status(pod)
+    assert away["telemetry"]["gpus"] == [], away["telemetry"]
+    send(None)
+    capped_again = {gpu["UUID"]: {"original_watts": TDP_WATTS, "pod": key}}
+    deadline = time.monotonic() + 30   # the pod runs on for about 25 s more
+    while caps(state) != capped_again and time.monotonic() < deadline:
+        time.sleep(1)
+    assert caps(state) == capped_again, "not capped again once the agent was back"
+    again = sidecar_status(pod)
+    assert [g["UUID"] for g in again["telemetry"]["gpus"]] == [gpu["UUID"]], again
     for name in ("capped", "uncapped"):
         wait_json(kubectl, lambda j: j["status"].get("succeeded") == 1, "job", "-n",
                   namespace, name, what=f"job {name} to complete", timeout=120)
