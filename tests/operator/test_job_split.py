@@ -5,6 +5,7 @@ the target, and what the operator does with them (the poller, its API calls reco
 from __future__ import annotations
 
 import copy
+import datetime
 import random
 from typing import Any
 
@@ -110,6 +111,30 @@ def test_a_pods_limit_counts_at_the_larger_of_its_spec_and_what_the_kubelet_appl
     found = ranks([pod("a", "a", "500m", phase="Succeeded"), pod("b", "b", "500m", index=1),
                    pod("c", "c", "500m", phase="Pending", index=0)], {}, 0.05)
     assert [(r.name, r.index, r.movable) for r in found] == [("c", 0, False), ("b", 1, False)]
+
+
+def test_the_split_waits_until_every_ranks_workload_has_run_the_sidecars_window() -> None:
+    """While a rank starts (its workload waiting behind the sidecar, then importing, then
+    at the rendezvous) its use says nothing of its cost: no rank moves until every
+    workload has run PACE_WINDOW_SECONDS; then the split follows the costs."""
+    now = 1_800_000_000.0
+
+    def started(p: dict[str, Any], seconds_ago: float | None) -> dict[str, Any]:
+        state = {"waiting": {"reason": "PodInitializing"}} if seconds_ago is None else {
+            "running": {"startedAt": datetime.datetime.fromtimestamp(
+                now - seconds_ago, datetime.timezone.utc).isoformat()}}
+        p["status"]["containerStatuses"][0]["state"] = state
+        return p
+
+    # Rank 1 reads as if it cost nothing: waiting to start, then at the rendezvous.
+    reports = {"u0": {"observed": {"cpuCores": 0.5}}, "u1": {"observed": {"cpuCores": 0.01}}}
+    for ago in (None, 3.0, job_split.PACE_WINDOW_SECONDS - 1):
+        pods = [started(pod("a", "u0", "500m", "500m", index=0), 30.0),
+                started(pod("b", "u1", "500m", "500m", index=1), ago)]
+        assert shares(TARGET, ranks(pods, reports, 0.05, now=now)) == {}, ago
+    pods = [started(pod("a", "u0", "500m", "500m", index=0), 30.0),
+            started(pod("b", "u1", "500m", "500m", index=1), job_split.PACE_WINDOW_SECONDS)]
+    assert shares(TARGET, ranks(pods, reports, 0.05, now=now)) == {"u0": 0.95, "u1": 0.05}
 
 
 @settings(max_examples=200, deadline=None)

@@ -48,6 +48,12 @@ class ObservedField:
     default: float | None = None
 
 
+# The pace and the CPU cost of a step (stepsPerSecond, cpuSecondsPerStep) are the
+# sidecar's over this many seconds: over one interval, a count of steps written a few
+# times a second swung a DDP rank's cost by a third from read to read. The job-wide split
+# (operator/job_split.py) waits as long after a rank's workload starts before it moves.
+PACE_WINDOW_SECONDS = 10.0
+
 # The one list of what a run observed: the sidecar builds `observed` from it
 # (`observed_document`), `parse_status` reads it, the operator aggregates by it and the
 # CRD's schema of `status.observed` is generated from it. Samples are 1-second ones

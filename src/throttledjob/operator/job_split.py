@@ -6,6 +6,8 @@ straggler: the lighter ranks leave their share idle at the barrier. Here each ru
 gets a part of the target in proportion to its CPU cost of a step (its CPU over its
 steps in the sidecar's last 10 s), so every rank can keep the same pace; a pod that
 reports no steps is weighed by its measured use. Each part is at least the pod's floor.
+The split moves only once every rank's workload has run for the sidecar's 10 s: before,
+each keeps its even share.
 
 The kernel holds each part as the pod's CPU limit (in-place resize). The moves never let
 the sum of the limits in force pass the target: a pod's limit counts at the larger of
@@ -19,9 +21,12 @@ Pure functions over pods and their sidecars' reports.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from throttledjob.contracts.status import PACE_WINDOW_SECONDS
 
 from . import child, cpu_limits
 from .child import JOBSET_INDEX_LABEL
@@ -66,6 +71,9 @@ class Rank:
     # CPU seconds a step over the sidecar's last 10 s (None: no step in them, or a
     # sidecar from before the field)
     cost: float | None = None
+    # Every workload container has run for the sidecar's window: its figures are of its
+    # work, not of its start (see settled()).
+    settled: bool = True
 
     @property
     def movable(self) -> bool:
@@ -91,6 +99,29 @@ def applied_limit(pod: Mapping[str, Any]) -> float | None:
     return max(spec, running) if running is not None else spec
 
 
+def settled(pod: Mapping[str, Any], now: float) -> bool:
+    """Whether every workload container of the pod has been running for
+    PACE_WINDOW_SECONDS at `now` (Unix seconds). Weighed while it starts, a rank reads
+    its imports, or nothing (its sidecar up before it; a wait at the rendezvous): one DDP
+    run's split squeezed each rank in turn to 0.1 core while it loaded torch, and its Job
+    took 1.05x the even split's time. A status with no container state (not yet
+    reported) does not hold the split."""
+    names = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") not in names or "state" not in status:
+            continue
+        started = ((status["state"] or {}).get("running") or {}).get("startedAt")
+        if not started:
+            return False   # waiting, or ended
+        try:
+            since = datetime.datetime.fromisoformat(started).timestamp()
+        except ValueError:
+            return False
+        if now - since < PACE_WINDOW_SECONDS:
+            return False
+    return True
+
+
 def completion_index(pod: Mapping[str, Any]) -> int | None:
     meta = pod.get("metadata") or {}
     value = (meta.get("annotations") or {}).get(COMPLETION_INDEX)
@@ -113,9 +144,10 @@ def _number(value: Any) -> float | None:
 
 
 def ranks(pods: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, Any]],
-          floor: float, held: Sequence[str] = ()) -> list[Rank]:
+          floor: float, held: Sequence[str] = (), now: float | None = None) -> list[Rank]:
     """The Job's Pending and Running pods that have CPU limits, by completion index, with
-    their sidecars' reports (by pod uid) where read; `held`: uids that keep their limit."""
+    their sidecars' reports (by pod uid) where read; `held`: uids that keep their limit;
+    `now` (Unix seconds): whether each has settled (None: every one has)."""
     out = []
     for pod in pods:
         limit = applied_limit(pod)
@@ -130,7 +162,8 @@ def ranks(pods: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, 
                         _number(observed.get("stepsPerSecond")),
                         _number(observed.get("cpuPeakCores")), uid in held,
                         _label_int(pod, JOBSET_INDEX_LABEL),
-                        _number(observed.get("cpuSecondsPerStep"))))
+                        _number(observed.get("cpuSecondsPerStep")),
+                        now is None or settled(pod, now)))
     return sorted(out, key=lambda r: (r.job or 0, r.index is None, r.index or 0, r.name))
 
 
@@ -148,9 +181,10 @@ def weights(ranks: Sequence[Rank]) -> list[float]:
 
 def shares(target: float, ranks: Sequence[Rank]) -> dict[str, float]:
     """Each movable rank's part of the target (cores, by pod uid): what the others hold
-    stays theirs, the rest goes by weights(), none under its floor."""
+    stays theirs, the rest goes by weights(), none under its floor. None while a rank has
+    not settled: each keeps its limit."""
     movable = [r for r in ranks if r.movable]
-    if not movable:
+    if not movable or not all(r.settled for r in movable):
         return {}
     left = max(0.0, target - sum(r.limit for r in ranks if not r.movable))
     parts = cpu_limits.split(weights(movable), [r.floor for r in movable], left)

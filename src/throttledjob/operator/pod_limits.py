@@ -23,6 +23,7 @@ CPU than its node has, and a namespace's ResourceQuota on `limits.cpu` applies.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,23 +73,26 @@ def target_of(spec: Mapping[str, Any]) -> float | None:
 
 
 def job_ranks(spec: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Reports,
-              held: Sequence[str]) -> list[Rank]:
-    """scope Job: the Job's pods as the split sees them; `held` keep their limits."""
-    return ranks(pods, reports, rank_floor(child.containers(spec)), held)
+              held: Sequence[str], now: float | None = None) -> list[Rank]:
+    """scope Job: the Job's pods as the split sees them; `held` keep their limits; `now`
+    (Unix seconds) tells the ranks still starting (None: none is)."""
+    return ranks(pods, reports, rank_floor(child.containers(spec)), held, now)
 
 
 def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Reports | None,
-         refused: Mapping[str, float]) -> tuple[list[Resize], list[Rank]]:
+         refused: Mapping[str, float], now: float | None = None,
+         ) -> tuple[list[Resize], list[Rank]]:
     """The resizes that bring every pod to the limits it should have, in order (shrinks
     first under scope Job), and the ranks under scope Job. `reports`: the sidecars read
     (pod uid -> /status), None for a live edit, which reads none. `refused`: pod uid ->
-    a total the API server refused it, not asked for again."""
+    a total the API server refused it, not asked for again. `now` (Unix seconds): under
+    scope Job the split waits for ranks still starting (job_split.settled)."""
     spec = tj.get("spec") or {}
     target = target_of(spec)
     if target is None:
         return [], []
     if job_scoped(spec):
-        ranks_ = job_ranks(spec, pods, reports or {}, list(refused))
+        ranks_ = job_ranks(spec, pods, reports or {}, list(refused), now)
         by_uid = {_uid(p): p for p in pods}
         return [Resize(by_uid[r.uid], total, total,
                        cpu_limits.limits_by_name(by_uid[r.uid].get("spec") or {}), rank=r)
@@ -148,7 +152,7 @@ class PodLimits:
         # Kept in self while resizing, so a refusal is remembered even if a later one raises.
         refused = self.refused[key] = {
             uid: v for uid, v in self.refused.get(key, {}).items() if uid in live}
-        resizes, ranks_ = plan(tj, pods, reports, refused)
+        resizes, ranks_ = plan(tj, pods, reports, refused, time.time())
         template = child.containers(tj.get("spec") or {})
         moved = []
         for r in resizes:

@@ -12,18 +12,13 @@ import collections
 from dataclasses import dataclass, field
 
 from throttledjob.contracts.progress import MAX_PROGRESS_FILES, Progress
+from throttledjob.contracts.status import PACE_WINDOW_SECONDS
 from throttledjob.runtime.progress import read_progress
 
 from .cgroups.container_quota import ContainerQuota
 from .enforcer import Enforcer
 from .processes import ProcessTree, alive, own_cpu_seconds
 from .stats import PeakTracker
-
-# The workload's pace and its CPU cost of a step are read over this many seconds: over
-# one interval, a count of steps written a few times a second swung a DDP rank's cost by
-# a third from read to read, and a job-wide split that follows it (operator/job_split.py)
-# moved the ranks' limits back and forth, starving the slower rank in turns.
-PACE_WINDOW_SECONDS = 10.0
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class LastCycle:
     # In a pod: cores each workload container wanted in the last interval, by name; the
     # operator splits the pod's limit by it.
     cpu_demand_cores: dict[str, float] = field(default_factory=dict)
-    # The workload's pace and CPU cost of a step, over measure.PACE_WINDOW_SECONDS.
+    # The workload's pace and CPU cost of a step, over contracts.status.PACE_WINDOW_SECONDS.
     pace: Pace = field(default_factory=Pace)
 
 
