@@ -295,6 +295,21 @@ def test_nvml_adapter_averages_the_utilization_samples_since_its_last_read(monke
     assert third.utilization_ratio == pytest.approx(0.87)
 
 
+def test_nvml_utilization_is_averaged_since_each_readers_own_last_read(monkeypatch):
+    """The node agent reads one board for every pod and for its scrape: each reader's
+    utilization covers the time since its own last read, whoever read in between."""
+    buffer = [(1_000_000, 10), (2_000_000, 50)]
+    _patch_nvml(monkeypatch, samples=buffer)
+    backend = NvmlBackend()
+    backend.read_as("team/a")
+    backend.read_as("team/b")
+    buffer += [(2_500_000, 100), (3_000_000, 20)]
+    backend.read_as("metrics")                  # a scrape between the pods' reads
+    assert backend.read_as("team/a")[0].utilization_ratio == pytest.approx(0.6)
+    buffer += [(3_500_000, 0)]
+    assert backend.read_as("team/b")[0].utilization_ratio == pytest.approx(0.4)
+
+
 def test_nvml_adapter_drops_unsupported_counters(monkeypatch):
     _patch_nvml(monkeypatch, fail_power=pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
     (r,) = NvmlBackend().read()

@@ -32,7 +32,7 @@ class NodeCollector:
                                    "1 for each GPU and the pod the kubelet allocated it to.",
                                    labels=["UUID", "namespace", "pod"])
         try:
-            readings = self.node.keeper.backend.read()
+            readings = self.node.keeper.backend.read_as("metrics")
         except GpuError:
             readings = []
         for r in readings:

@@ -62,7 +62,7 @@ class NodeAgent:
         if not mine:   # said in the pod's /status, where its sidecar gives up on GPUs
             return {"error": f"the kubelet lists no GPU of pod {pod.key}"}
         try:
-            readings = [r for r in self.backend.read() if r.uuid in mine]
+            readings = [r for r in self.backend.read_as(pod.key) if r.uuid in mine]
             op = request.get("op")
             if op == "read":
                 return {"gpus": [r.as_json() for r in readings],

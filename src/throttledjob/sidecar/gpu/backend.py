@@ -80,6 +80,12 @@ class GpuBackend(ABC):
     def read(self) -> list[GpuReading]:
         """A reading of every GPU this backend sees."""
 
+    def read_as(self, reader: str) -> list[GpuReading]:
+        """read(), for one of several readers of the same GPUs (the node agent's pods, its
+        scrape): a figure averaged since the last read (NVML's utilization) is averaged
+        since this reader's last read, not anyone's."""
+        return self.read()
+
     def power_limit_range_watts(self, index: int) -> tuple[float, float] | None:
         """(min, max) power limit the device accepts, or None when it has no such lever."""
         return None

@@ -7,6 +7,7 @@ NVML units: power in milliwatts, clocks in MHz, memory in bytes, utilization in 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import sys
@@ -16,6 +17,8 @@ from typing import Any, TypeVar
 from .backend import GpuBackend, GpuError, GpuReading
 
 T = TypeVar("T")
+# Readers whose cursor into NVML's utilization samples is kept (the node agent's pods).
+MAX_READERS = 256
 
 
 def _translate(fn: Callable[..., T]) -> Callable[..., T]:
@@ -52,19 +55,29 @@ class NvmlBackend(GpuBackend):
         self._samples = True     # until the driver says it keeps no utilization samples
         self.device_count = pynvml.nvmlDeviceGetCount()
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.device_count)]
-        # Per GPU: the newest utilization sample read so far (NVML's microseconds).
-        self._seen = [0] * self.device_count
+        # Per reader, per GPU: the newest utilization sample it has read (NVML's
+        # microseconds). The oldest reader is forgotten past MAX_READERS (pods gone).
+        self._seen: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
+
+    def read(self) -> list[GpuReading]:
+        return self.read_as("")
 
     @_translate
-    def read(self) -> list[GpuReading]:
-        return [self._read_one(i, h) for i, h in enumerate(self._handles)]
+    def read_as(self, reader: str) -> list[GpuReading]:
+        # One agent serves every pod of a node: with one cursor, a pod's read covered
+        # only the time since any pod's read (1/8 of its interval with 8 pods reading).
+        seen = self._seen.pop(reader, None) or [0] * self.device_count
+        self._seen[reader] = seen
+        while len(self._seen) > MAX_READERS:
+            self._seen.popitem(last=False)
+        return [self._read_one(i, h, seen) for i, h in enumerate(self._handles)]
 
-    def _read_one(self, index: int, h: Any) -> GpuReading:
+    def _read_one(self, index: int, h: Any, seen: list[int]) -> GpuReading:
         n = self._nvml
         mem = self._memory(h)
         return GpuReading(
             index=index, uuid=n.nvmlDeviceGetUUID(h), name=n.nvmlDeviceGetName(h),
-            utilization_ratio=self._utilization(index, h),
+            utilization_ratio=self._utilization(index, h, seen),
             memory_used_bytes=int(mem.used), memory_total_bytes=int(mem.total),
             power_watts=self._optional(lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0),
             power_limit_watts=self._optional(
@@ -77,9 +90,10 @@ class NvmlBackend(GpuBackend):
             process_memory_bytes=self._processes(h),
         )
 
-    def _utilization(self, index: int, h: Any) -> float:
-        """The share of time a kernel ran since the last read: the mean of the samples
-        the driver kept since then (one per its sample period, 1/6 s to 1 s by board).
+    def _utilization(self, index: int, h: Any, seen: list[int]) -> float:
+        """The share of time a kernel ran since the reader's last read (`seen`: its
+        newest sample of each GPU): the mean of the samples the driver kept since then
+        (one per its sample period, 1/6 s to 1 s by board).
         nvmlDeviceGetUtilizationRates gives only the last period's, which over a 1-second
         interval of pauses and bursts reads whichever the period fell on. The first read
         takes the last second's samples; no new sample, or none kept: the last period's."""
@@ -87,16 +101,16 @@ class NvmlBackend(GpuBackend):
         if self._samples:
             try:
                 _, samples = n.nvmlDeviceGetSamples(h, n.NVML_GPU_UTILIZATION_SAMPLES,
-                                                    self._seen[index])
+                                                    seen[index])
             except n.NVMLError_NotFound:    # no sample since the last read
                 samples = []
             except (AttributeError, n.NVMLError_FunctionNotFound, n.NVMLError_NotSupported):
                 self._samples, samples = False, []
             if samples:
                 newest = max(s.timeStamp for s in samples)
-                since = self._seen[index] or newest - 1_000_000
+                since = seen[index] or newest - 1_000_000
                 recent = [s.sampleValue.uiVal for s in samples if s.timeStamp >= since]
-                self._seen[index] = newest
+                seen[index] = newest
                 return sum(recent) / len(recent) / 100.0
         return n.nvmlDeviceGetUtilizationRates(h).gpu / 100.0
 
