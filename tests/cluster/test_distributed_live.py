@@ -52,10 +52,11 @@ from tools.k8s import batch, images
 # split beyond one pair's noise (single pairs read 0.79-0.89x since the split follows a
 # 10-second cost; 0.94x before; no split at all is 1.0x).
 PAIRS = int(os.environ.get("THROTTLEDJOB_DDP_PAIRS", "1"))
-# One pair judges only "never slower than the even split": single pairs trained 0.77-0.94x
-# and once, under fresh-clone CI on 2026-11-28, 0.995x; the gain is bench.distributed's
-# figure (median of 3 pairs, docs/benchmarks.md). Three pairs judge the gain.
-TRAINING_BOUND = 1.0 if PAIRS == 1 else 0.92
+# Single pairs trained 0.77-0.94x and once, under fresh-clone CI, 0.995x: a probe's lifted
+# thread cap had put a rank at 2 threads, and the split weighed the ranks by their start
+# (docs/benchmarks.md). Both mended, single pairs trained 0.80x and 0.81x; one pair judges
+# 0.95, three the gain (bench.distributed, median of 3 pairs).
+TRAINING_BOUND = 0.95 if PAIRS == 1 else 0.92
 JOB_BOUND = 1.10 if PAIRS == 1 else 1.05
 pytestmark = pytest.mark.timeout(300 + 400 * PAIRS)
 RANKS = 2
