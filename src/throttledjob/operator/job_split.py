@@ -6,8 +6,9 @@ straggler: the lighter ranks leave their share idle at the barrier. Here each ru
 gets a part of the target in proportion to its CPU cost of a step (its CPU over its
 steps in the sidecar's last 10 s), so every rank can keep the same pace; a pod that
 reports no steps is weighed by its measured use. Each part is at least the pod's floor.
-The split moves only once every rank's workload has run for the sidecar's 10 s: before,
-each keeps its even share.
+The split moves by weight only once every rank's workload has run for the sidecar's 10 s:
+before, each keeps its limit, unless the limits in force pass the target (a pod replaced
+at its even share), which are then cut in proportion.
 
 The kernel holds each part as the pod's CPU limit (in-place resize). The moves never let
 the sum of the limits in force pass the target: a pod's limit counts at the larger of
@@ -105,19 +106,23 @@ def settled(pod: Mapping[str, Any], now: float) -> bool:
     its imports, or nothing (its sidecar up before it; a wait at the rendezvous): one DDP
     run's split squeezed each rank in turn to 0.1 core while it loaded torch, and its Job
     took 1.05x the even split's time. A status with no container state (not yet
-    reported) does not hold the split."""
+    reported), a container that has ended and a start time that cannot be read do not
+    hold the split. The age is the node's clock against the operator's; and a start
+    longer than the window (a dataset read before the first step) is still weighed by
+    its use once the window has passed."""
     names = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") not in names or "state" not in status:
-            continue
-        started = ((status["state"] or {}).get("running") or {}).get("startedAt")
+        state = status.get("state") or {}
+        if status.get("name") not in names or not state or "terminated" in state:
+            continue   # no state reported yet, or a container that has done its part
+        started = (state.get("running") or {}).get("startedAt")
         if not started:
-            return False   # waiting, or ended
-        try:
-            since = datetime.datetime.fromisoformat(started).timestamp()
+            return False   # waiting to start (behind the sidecar, or to restart)
+        try:   # Kubernetes writes UTC as "...Z", which Python 3.10 does not parse
+            since = datetime.datetime.fromisoformat(started.replace("Z", "+00:00"))
         except ValueError:
-            return False
-        if now - since < PACE_WINDOW_SECONDS:
+            continue   # unreadable: it does not hold the split
+        if now - since.timestamp() < PACE_WINDOW_SECONDS:
             return False
     return True
 
@@ -181,13 +186,19 @@ def weights(ranks: Sequence[Rank]) -> list[float]:
 
 def shares(target: float, ranks: Sequence[Rank]) -> dict[str, float]:
     """Each movable rank's part of the target (cores, by pod uid): what the others hold
-    stays theirs, the rest goes by weights(), none under its floor. None while a rank has
-    not settled: each keeps its limit."""
+    stays theirs, the rest goes by weights(), none under its floor. While a rank has not
+    settled, none is weighed by its figures: each keeps its limit, or where the limits in
+    force pass the target, each is cut in proportion to its limit."""
     movable = [r for r in ranks if r.movable]
-    if not movable or not all(r.settled for r in movable):
+    if not movable:
         return {}
+    weighed = weights(movable)
+    if not all(r.settled for r in movable):
+        if sum(r.limit for r in ranks) <= target:
+            return {}
+        weighed = [r.limit for r in movable]
     left = max(0.0, target - sum(r.limit for r in ranks if not r.movable))
-    parts = cpu_limits.split(weights(movable), [r.floor for r in movable], left)
+    parts = cpu_limits.split(weighed, [r.floor for r in movable], left)
     # Millicores, rounded down: the sum never passes what was split.
     return {r.uid: int(p * 1000 + 1e-6) / 1000 for r, p in zip(movable, parts, strict=True)}
 
@@ -196,10 +207,13 @@ def moves(target: float, ranks: Sequence[Rank], wanted: Mapping[str, float],
           step: float = SPLIT_STEP) -> list[tuple[Rank, float]]:
     """The resizes to make, in order: every shrink, then the grows, each grow cut to the
     room the others leave at the limits in force (a shrink just asked for still counts at
-    its old limit). A move within `step` of a pod's limit is left out."""
+    its old limit). A move within `step` of a pod's limit is left out, except a shrink
+    while the limits in force pass the target (a cut target, a pod replaced at its even
+    share)."""
     held = {r.uid: r.limit for r in ranks}
+    shrink_step = 0.0 if sum(held.values()) > target + 1e-9 else step
     shrinks = [(r, wanted[r.uid]) for r in ranks
-               if r.uid in wanted and wanted[r.uid] < r.limit * (1 - step)]
+               if r.uid in wanted and wanted[r.uid] < r.limit * (1 - shrink_step)]
     out: list[tuple[Rank, float]] = list(shrinks)
     for r in ranks:
         if r.uid not in wanted or wanted[r.uid] <= r.limit * (1 + step):
