@@ -221,7 +221,8 @@ def test_the_pace_and_cost_of_a_step_are_read_over_ten_seconds():
         cpu += 14 * cost
         costs.append(one_second.add(second, steps, cpu).cpu_seconds_per_step)
         windowed.append(window.add(second, steps, cpu))
-    assert max(costs[1:20]) / min(costs[1:20]) > 1.5   # (the first has no span yet)
+    # (none for the first two: no span yet, then the interval of the run's first steps)
+    assert max(costs[2:20]) / min(costs[2:20]) > 1.5
     assert all(abs(p.cpu_seconds_per_step / 0.05 - 1) < 0.06 for p in windowed[12:20])
     assert all(abs(p.cpu_seconds_per_step / 0.08 - 1) < 0.06 for p in windowed[32:])
     assert windowed[19].steps_per_second == pytest.approx(14.0, rel=0.06)
@@ -250,6 +251,17 @@ def test_a_ranks_start_before_its_first_step_is_not_charged_to_its_steps():
     assert pace.cpu_seconds_per_step == pytest.approx(0.05, rel=0.01)
     # The pace is still the window's: 42 steps over its 8 s.
     assert pace.steps_per_second == pytest.approx(42 / 8)
+    # Only the start: later, a window that opens on an eval phase (4 s at a core, no
+    # step) is read whole, its CPU over its steps.
+    for second in range(10, 30):
+        if 18 <= second < 22:
+            cpu += 1.0
+        else:
+            steps, cpu = steps + 14, cpu + 14 * 0.05
+        pace = window.add(second, steps, cpu)
+        if second == 25:
+            # The window from 15 s: 6 stepping seconds and 4 of eval after it.
+            assert pace.cpu_seconds_per_step == pytest.approx((6 * 0.7 + 4.0) / (6 * 14))
 
 
 def test_a_process_leaving_the_tree_does_not_understate_the_cost_of_a_step():

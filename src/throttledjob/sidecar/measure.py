@@ -29,7 +29,8 @@ class Pace:
 
 class PaceWindow:
     """Steps per second and CPU seconds per step over the last PACE_WINDOW_SECONDS,
-    from the run's running counts."""
+    from the run's running counts; the cost over the part of the window after the run's
+    first step."""
 
     def __init__(self, seconds: float = PACE_WINDOW_SECONDS) -> None:
         self.seconds = seconds
@@ -37,6 +38,7 @@ class PaceWindow:
         self._pace = Pace()
         self._read: float | None = None   # the tree's CPU as last read
         self._cpu = 0.0                   # its rises since the first read, summed
+        self._first_step_at: float | None = None   # the point that first counted steps
 
     def add(self, now: float, steps: int, cpu_seconds: float) -> Pace:
         points = self._points
@@ -46,6 +48,8 @@ class PaceWindow:
         # Only the rises count, so a drop does not understate a cost for the whole window.
         self._cpu += max(0.0, cpu_seconds - self._read) if self._read is not None else 0.0
         self._read = cpu_seconds
+        if self._first_step_at is None and points and steps > points[-1][1]:
+            self._first_step_at = now
         points.append((now, steps, self._cpu))
         while len(points) > 2 and now - points[1][0] >= self.seconds:
             points.popleft()
@@ -55,15 +59,17 @@ class PaceWindow:
         return self._pace
 
     def _cost(self) -> float | None:
-        """CPU seconds a step over the window, from where its steps begin: a window that
-        opens on no step (the workload's imports, its rendezvous, an eval phase) starts at
-        the first point that counts new steps. Charged to the steps, a DDP rank's start
-        read 2-3x its cost for the window's length, the two ranks' costs alike, and a
-        job-wide split that follows them held the even split 10 s longer."""
+        """CPU seconds a step over the window; while the window still holds the time
+        before the run's first step (its imports, its rendezvous), from the point that
+        first counted steps. Charged to the steps, a DDP rank's start read 2-3x its cost
+        for the window's length, the two ranks' costs alike, and a job-wide split that
+        follows them held the even split 10 s longer. Only the start: a window opening
+        mid-run on no step (slow steps, an eval phase) is read whole, as a start on a
+        step boundary would read slow steps high (a 4-s step 1.3x)."""
         points = self._points
         start = points[0]
-        if len(points) > 2 and points[1][1] == start[1]:
-            start = next((p for p in points if p[1] > start[1]), points[-1])
+        if self._first_step_at is not None and start[0] < self._first_step_at:
+            start = next(p for p in points if p[0] >= self._first_step_at)
         _, steps0, cpu0 = start
         _, steps, cpu = points[-1]
         return (cpu - cpu0) / (steps - steps0) if steps > steps0 else None
