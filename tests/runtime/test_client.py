@@ -231,7 +231,8 @@ print(json.dumps(seen))
 def test_a_lifted_cap_gives_back_the_count_the_script_set_after_importing_torch(tmp_path):
     """The levers are applied when torch is imported (the autohook's refresh); the
     script then sets its own count (a DDP rank: 1, where torch's default is 3 here). A
-    cap and its lift leave the script's 1, not torch's default."""
+    cap and its lift leave the script's 1, not torch's default; a cap never raises the
+    count; a count the script sets under a cap stands when the cap lifts."""
     import subprocess
 
     code = f"""
@@ -244,17 +245,23 @@ t = Throttle({str(tmp_path)!r})
 t.refresh_levers()        # what the autohook does when torch is imported
 torch.set_num_threads(1)  # the script's own choice
 seen = []
-for seq, threads in enumerate([2, None], 1):
+def publish(seq, threads):
     s = Settings(seq=seq, time=time.time(), threads=threads)
     write_json_atomic(os.path.join({str(tmp_path)!r}, SETTINGS_FILE), s.to_dict())
     t._watcher._next_check = t._next_tick = 0
     t.step()
     seen.append(torch.get_num_threads())
+publish(1, 2)             # a cap over the script's count does not raise it
+publish(2, None)
+torch.set_num_threads(2)  # the script's own choice changes
+publish(3, 1)
+torch.set_num_threads(3)  # and again, under our cap: a lift leaves it
+publish(4, None)
 print(json.dumps(seen))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
-    assert json.loads(out) == [2, 1]
+    assert json.loads(out) == [1, 1, 1, 3]
 
 
 def test_runtime_does_not_import_heavy_libraries(tmp_path):

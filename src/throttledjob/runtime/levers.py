@@ -19,7 +19,8 @@ class ThreadCap:
 
     def __init__(self) -> None:
         self.applied: int | None = None
-        self._torch_default: int | None = None
+        self._torch_default: int | None = None   # the workload's count before our cap
+        self._torch_set: int | None = None       # the count our cap set
         self._pool_limiter: Any = None
 
     def apply(self, threads: int | None, force: bool = False) -> None:
@@ -33,13 +34,21 @@ class ThreadCap:
         # and its OpenMP threads spun through every allreduce (its CPU a step 1.7x).
         if settable and threads is not None and self._torch_default is None:
             self._torch_default = torch.get_num_threads()
+        current = torch.get_num_threads() if settable else None   # before the pools move
         # Pools first: threadpoolctl records the limits it will restore when it starts,
         # and torch's OpenMP pool is one of them, so torch must not be capped yet.
         self._apply_pools(threads)
         if settable and self._torch_default is not None:
-            torch.set_num_threads(threads or self._torch_default)
-            if threads is None:  # lifted: the next cap reads the workload's count again
-                self._torch_default = None
+            if threads is not None:
+                # A cap never raises the count (a 1-thread rank probed at 4 would spin).
+                self._torch_set = min(threads, self._torch_default)
+                torch.set_num_threads(self._torch_set)
+            else:
+                # Lifted: the workload's count back, or the one it has set since our cap;
+                # the next cap reads its count again.
+                torch.set_num_threads(self._torch_default if current == self._torch_set
+                                      else current)
+                self._torch_default = self._torch_set = None
         self.applied = threads
 
     def _apply_pools(self, threads: int | None) -> None:
