@@ -24,7 +24,7 @@ from throttledjob.contracts.policy import Policy
 from throttledjob.node.caps import CapKeeper
 from throttledjob.node.identity import PodRef, pod_uid_of_cgroup
 from throttledjob.node.server import MAX_CONNECTIONS, NodeAgent, serve
-from throttledjob.sidecar.gpu.agent import GpuAgent
+from throttledjob.sidecar.gpu.agent import LOST_RETRY_SECONDS, GpuAgent
 from throttledjob.sidecar.gpu.backend import GpuError
 from throttledjob.sidecar.gpu.fake import MIN_LIMIT_WATTS, TDP_WATTS, FakeGpuBackend
 from throttledjob.sidecar.gpu.node_backend import NodeAgentBackend
@@ -269,9 +269,13 @@ def test_a_sidecar_reads_and_caps_again_once_a_restarted_agent_answers(tmp_path)
     duties = [sidecar.cycle(1.0, 0.0, []) for _ in range(5)]
     assert duties[-1] is None                # lost: nothing held back for the GPU
     assert sidecar.error_lost and sidecar.readings == []
+    assert not sidecar.state().capping       # the agent put the cap back
     server = start()
     try:
-        sidecar.cycle(1.0, 0.0, [])
+        cycles = 0
+        while sidecar.error_lost and cycles < LOST_RETRY_SECONDS:   # asked every 5 s
+            sidecar.cycle(1.0, 0.0, [])
+            cycles += 1
         assert not sidecar.error_lost and sidecar.error is None
         assert [r.index for r in sidecar.readings] == [0]
         assert board.limits == [194.0]           # capped again

@@ -73,6 +73,19 @@ def test_an_actuator_that_delivers_more_or_less_than_asked_still_settles_at_the_
     assert max(p for _, p, *_ in rows[8:]) <= 200.0 * 1.05
 
 
+def test_a_duty_asked_while_the_gpu_went_unread_is_not_learnt_as_the_actuators_gain():
+    """Holding back 0.5 when the GPU's agent went away: nothing was applied while it was
+    unread. Back, the controller starts from no hold-back with the gain it had, not one
+    learnt from "0.5 asked, 0 delivered" (which asked 0.667 next, past the budget)."""
+    ctl = GpuController(0.5, max_duty=0.6)
+    ctl.update(GpuObservation(1.0, None, 0.0))
+    assert ctl.asked() == pytest.approx(0.5, abs=0.02)
+    ctl.stand_down()
+    decision = ctl.update(GpuObservation(1.0, None, 0.0))
+    assert ctl.gain == 1.0
+    assert decision.duty <= 0.6
+
+
 def test_spike_is_clipped_after_its_first_sample_and_released_later():
     rows = replay("spike", util=0.7, samples=40)
     spike = [u for u, *_ in rows[10:13]]

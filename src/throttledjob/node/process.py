@@ -63,7 +63,7 @@ class Node:
     def assignments(self) -> Mapping[str, frozenset[str]]:
         """Who holds which GPU, as the kubelet last said. While it does not answer (it
         restarts), its last answer stands: no allocation changes meanwhile, and a pod's
-        sidecar told "no GPU of this pod" would give its GPUs up for good."""
+        sidecar told "no GPU of this pod" would run CPU-only until it asked again."""
         with self._listing:   # one call to the kubelet at a time; the rest use its answer
             at, assigned = self._assigned
             if time.monotonic() - at <= ASSIGNMENTS_TTL_SECONDS:

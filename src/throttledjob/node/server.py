@@ -59,7 +59,7 @@ class NodeAgent:
             return {"error": "a request is a JSON object"}
         assigned = self.assignments()
         mine = assigned.get(pod.key, frozenset())
-        if not mine:   # said in the pod's /status, where its sidecar gives up on GPUs
+        if not mine:   # said in the pod's /status; its sidecar runs CPU-only meanwhile
             return {"error": f"the kubelet lists no GPU of pod {pod.key}"}
         try:
             readings = [r for r in self.backend.read_as(pod.key) if r.uuid in mine]

@@ -1,6 +1,6 @@
 """The GPU half of a control cycle: read the backend, keep peaks, decide a duty, and
 own the opt-in power-limit lever. Degrades to CPU-only when the GPUs go away (for good,
-unless the backend recovers: the node agent is asked again each cycle).
+unless the backend recovers: the node agent is asked again every 5 s).
 
 With the lever, a power target is held by capping the board at the controller's setpoint
 (the prior: the cap changes nothing until the workload draws that much), and the hold-back
@@ -28,6 +28,9 @@ log = logging.getLogger("throttledjob.sidecar")
 TRACK_INTERVALS = 8
 # Consecutive failed reads before transient errors count as a lost GPU.
 MAX_FAILED_READS = 3
+# A lost backend that recovers (the node agent) is asked again this often: an agent that
+# accepts and never answers costs a read's timeout (2 s) at most this often, not each cycle.
+LOST_RETRY_SECONDS = 5.0
 # A GPU this little busy draws its floor: the least any hold-back can bring it to.
 IDLE_UTILIZATION = 0.05
 
@@ -91,6 +94,7 @@ class GpuAgent:
         self.read_errors = 0
         self.error_lost = False
         self._failed_reads = 0
+        self._retry_in = 0.0   # lost, of a backend that recovers: seconds to the next ask
         self._limits_stale = True
         self.explorer: PowerLimitExplorer | None = None
         self._tracking = 0   # intervals left in which the duty tracks the law both ways
@@ -177,6 +181,11 @@ class GpuAgent:
         what it reported done over the interval."""
         if isinstance(self.backend, NullGpuBackend):
             return None
+        if self.error_lost:   # a backend that recovers: asked again every few seconds
+            self._retry_in -= elapsed
+            if self._retry_in > 0:
+                return None
+            self._retry_in = LOST_RETRY_SECONDS
         # What the simulated board reads (gpu/simulate.py).
         self.hold_back, self.steps_seen = pause_fraction, self.steps_seen + steps
         seen = self._measure(elapsed, visible)
@@ -269,6 +278,10 @@ class GpuAgent:
             self.error_lost = True
             self.readings = []
             self.decision = None
+            self.controller.stand_down()
+            if self.cap is not None:   # the agent puts caps back as it stops
+                self.cap.capping = self.cap.holds = False
+            self._retry_in = LOST_RETRY_SECONDS
         elif e.lost or self._failed_reads >= MAX_FAILED_READS:
             # Say it once, drop the GPU series, and keep controlling the CPU.
             self.error = f"GPU telemetry lost ({e}); running CPU-only"

@@ -73,7 +73,7 @@ class GpuBackend(ABC):
     #: True for readings that do not come from hardware.
     simulated: bool = False
     #: True where an unreachable backend comes back on its own (the node agent, a
-    #: process the kubelet restarts): lost, it is asked again each cycle, not dropped.
+    #: process the kubelet restarts): lost, it is asked again every few seconds, not dropped.
     recovers: bool = False
 
     @abstractmethod

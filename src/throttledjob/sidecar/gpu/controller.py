@@ -119,6 +119,12 @@ class GpuController:
         return GpuDecision(self.asked(), self.duty > 0.0, budget_exhausted,
                            binding if self.duty > 0.0 else None)
 
+    def stand_down(self) -> None:
+        """Nothing held back while the GPU is not read (its agent away): the next update
+        starts from no hold-back, and does not learn the actuator's gain from a duty
+        that was asked but never applied."""
+        self.duty = self._asked = 0.0
+
     def asked(self) -> float:
         """The duty to ask of the actuator for the hold-back wanted."""
         self._asked = min(0.99, self.duty / self.gain) if self.duty > 0.0 else 0.0

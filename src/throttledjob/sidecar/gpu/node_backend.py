@@ -5,7 +5,7 @@ containers that request `nvidia.com/gpu`. The node agent reads every GPU of the 
 answers each pod for its own GPUs (node/server.py: the protocol, and how it knows the
 pod). This backend is that conversation: a reading, a power limit range, a cap. An agent
 that does not answer is a failed read (GpuError); after a few the GPU agent runs CPU-only,
-the workload untouched, and asks again each cycle until the agent answers.
+the workload untouched, and asks again every 5 s until the agent answers.
 """
 
 from __future__ import annotations
