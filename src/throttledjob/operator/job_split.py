@@ -192,11 +192,12 @@ def shares(target: float, ranks: Sequence[Rank]) -> dict[str, float]:
     movable = [r for r in ranks if r.movable]
     if not movable:
         return {}
-    weighed = weights(movable)
-    if not all(r.settled for r in movable):
-        if sum(r.limit for r in ranks) <= target:
-            return {}
+    if all(r.settled for r in movable):
+        weighed = weights(movable)
+    elif sum(r.limit for r in ranks) > target:
         weighed = [r.limit for r in movable]
+    else:
+        return {}
     left = max(0.0, target - sum(r.limit for r in ranks if not r.movable))
     parts = cpu_limits.split(weighed, [r.floor for r in movable], left)
     # Millicores, rounded down: the sum never passes what was split.

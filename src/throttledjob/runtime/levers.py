@@ -32,9 +32,9 @@ class ThreadCap:
         # the levers are first applied): a script that sets its count after the import
         # (a DDP rank: 1) was "restored" to torch's default, 2 here, when a cap lifted,
         # and its OpenMP threads spun through every allreduce (its CPU a step 1.7x).
-        if settable and threads is not None and self._torch_default is None:
-            self._torch_default = torch.get_num_threads()
         current = torch.get_num_threads() if settable else None   # before the pools move
+        if threads is not None and self._torch_default is None:
+            self._torch_default = current
         # Pools first: threadpoolctl records the limits it will restore when it starts,
         # and torch's OpenMP pool is one of them, so torch must not be capped yet.
         self._apply_pools(threads)

@@ -269,31 +269,28 @@ class GpuAgent:
     def _read_failed(self, e: GpuError) -> None:
         self.read_errors += 1
         self._failed_reads += 1
-        if self.backend.recovers and not e.lost and self._failed_reads >= MAX_FAILED_READS:
-            # The node agent restarting: CPU-only (no GPU hold-back) until it answers.
-            if not self.error_lost:
-                log.warning("throttledjob: GPU telemetry lost (%s); running CPU-only until "
-                            "the %s answers", e, self.backend.kind)
-            self.error = f"GPU telemetry lost ({e}); running CPU-only until it answers"
-            self.error_lost = True
-            self.readings = []
-            self.decision = None
+        if not (e.lost or self._failed_reads >= MAX_FAILED_READS):
+            self.error = f"GPU read failed ({e}); keeping the last duty"
+            return
+        # Lost: drop the GPU series and keep controlling the CPU, said once. A backend
+        # that recovers (the node agent restarting) is kept and asked again later.
+        recovers = self.backend.recovers and not e.lost
+        self.error = f"GPU telemetry lost ({e}); running CPU-only" + (
+            " until it answers" if recovers else "")
+        if not self.error_lost:
+            log.warning("throttledjob: %s", self.error)
+        self.error_lost = True
+        self.readings = []
+        self.decision = None
+        if recovers:
             self.controller.stand_down()
             if self.cap is not None:   # the agent puts caps back as it stops
                 self.cap.capping = self.cap.holds = False
             self._retry_in = LOST_RETRY_SECONDS
-        elif e.lost or self._failed_reads >= MAX_FAILED_READS:
-            # Say it once, drop the GPU series, and keep controlling the CPU.
-            self.error = f"GPU telemetry lost ({e}); running CPU-only"
-            self.error_lost = True
-            log.warning("throttledjob: %s", self.error)
-            self.readings = []
-            self.decision = None
+        else:
             self._restore_power_limits()   # best effort: the board may still be there
             self.backend.close()
             self.backend = _LostBackend(self.backend)
-        else:
-            self.error = f"GPU read failed ({e}); keeping the last duty"
 
     def _record(self, elapsed: float, util: float | None, power: float | None) -> None:
         # An unreadable series counts as 0 in the window, which makes a sample only if the
