@@ -8,6 +8,8 @@ import copy
 import dataclasses
 import datetime
 import random
+import threading
+import time
 from typing import Any
 
 import kopf
@@ -15,12 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testing.fake_sidecar import FakeSidecar
 from testing.manifests import make_tj
 from throttledjob.operator import job_split
 from throttledjob.operator.children import build_child
 from throttledjob.operator.job_split import Rank, moves, ranks, shares
 from throttledjob.operator.kube import ApiError
-from throttledjob.operator.poller import OperatorState, job_view
+from throttledjob.operator.names import SIDECAR_CONTAINER
+from throttledjob.operator.poller import OperatorState, job_view, read_sidecars
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.sidecar_status import HttpStatusReader
 from throttledjob.operator.status import status_with_split
@@ -308,6 +312,78 @@ def test_the_operator_moves_the_split_and_says_so(monkeypatch: pytest.MonkeyPatc
     kubelet.pods["train-0"]["status"]["phase"] = "Succeeded"
     tick({"u1": report(0.666, 3.0)})
     assert kubelet.calls[-1] == ("train-1", "1000m")
+
+
+class Cluster(Kubelet):
+    """The poller's other calls too: the Job's pods, each with a real sidecar server on
+    127.0.0.1, and the ThrottledJob's status in a dict. Every resize is checked against
+    the promise: the limits in force never sum past the target."""
+
+    def __init__(self, tj: dict[str, Any], sidecars: list[FakeSidecar]) -> None:
+        pods = [pod(f"train-{i}", f"u{i}", "500m", "500m", index=i) for i in range(2)]
+        for p, sidecar in zip(pods, sidecars, strict=True):
+            p["metadata"]["ownerReferences"] = [{"uid": "job-uid"}]
+            p["status"]["podIP"] = "127.0.0.1"
+            p["spec"]["initContainers"] = [{"name": SIDECAR_CONTAINER, "ports": [
+                {"name": "metrics", "containerPort": sidecar.port}]}]
+        super().__init__(pods)
+        self.tj = tj
+
+    def get(self, path: str) -> None:
+        return None
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self.listed()
+
+    def update_status(self, namespace: str, name: str, mutate: Any) -> Any:
+        old = dict(self.tj.get("status") or {})
+        self.tj["status"] = new = mutate(dict(old), self.tj)
+        return self.tj, old, new
+
+    def resize_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        out = super().resize_pod(namespace, name, patch)
+        assert sum(job_split.applied_limit(p) or 0 for p in self.listed()) <= TARGET + 1e-9
+        return out
+
+    def apply(self, name: str) -> None:
+        """The kubelet applies the pod's deferred resize."""
+        (c,) = self.pods[name]["status"]["containerStatuses"]
+        c["resources"]["limits"]["cpu"] = self.pods[name]["spec"]["containers"][0][
+            "resources"]["limits"]["cpu"]
+
+
+@pytest.mark.parametrize("applied_after", [0.2, None])
+def test_a_grow_follows_its_shrink_as_soon_as_the_kubelet_has_applied_it(
+        monkeypatch: pytest.MonkeyPatch, applied_after: float | None) -> None:
+    """One read of the sidecars: rank 1 costs twice rank 0 a step. Rank 0 shrinks; once
+    the kubelet has applied that, rank 1 grows in the same read, not one status interval
+    later. A shrink the kubelet has not applied by half the interval leaves the grow to
+    the next read (the sum of the limits in force never passes the target)."""
+    monkeypatch.setattr(kopf, "info", lambda *a, **k: None)
+    sidecars = [FakeSidecar(), FakeSidecar()]
+    for sidecar, cost in zip(sidecars, (0.125, 0.25), strict=True):
+        sidecar.doc = {"observed": {"cpuCores": cost * 2, "stepsPerSecond": 2.0,
+                                    "cpuSecondsPerStep": cost}}
+    tj = indexed()
+    tj["metadata"]["namespace"] = "ml"
+    cluster = Cluster(tj, sidecars)
+    state = OperatorState(OperatorSettings(status_interval_seconds=4.0), cluster,  # type: ignore[arg-type]
+                          HttpStatusReader(1))
+    state.job_uids[("ml", tj["metadata"]["name"])] = "job-uid"
+    cluster.defer = True
+    if applied_after is not None:
+        threading.Timer(applied_after, cluster.apply, ["train-0"]).start()
+    began = time.monotonic()
+    read_sidecars(state, "ml", tj["metadata"]["name"])
+    took = time.monotonic() - began
+    for sidecar in sidecars:
+        sidecar.close()
+    if applied_after is None:
+        assert cluster.calls == [("train-0", "333m")]
+        assert took < 3.0  # half the status interval (2 s), and the read
+    else:
+        assert cluster.calls == [("train-0", "333m"), ("train-1", "666m")]
+        assert took < 1.5  # not held to the end of the wait
 
 
 def test_a_rank_the_api_server_will_not_resize_holds_its_limit_and_the_others_do_not_grow(

@@ -33,7 +33,16 @@ import kopf
 from throttledjob.contracts.policy import PolicyError
 
 from . import child, cpu_limits
-from .job_split import Rank, job_scoped, moves, rank_floor, ranks, shares, split_message
+from .job_split import (
+    Rank,
+    applied_limit,
+    job_scoped,
+    moves,
+    rank_floor,
+    ranks,
+    shares,
+    split_message,
+)
 from .kube import ApiError, Kube
 from .kueue import queued_tj
 from .status import Reason
@@ -124,6 +133,17 @@ def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Repo
     return out, []
 
 
+def shrunk_applied(pods: Sequence[Mapping[str, Any]], shrunk: Sequence[str]) -> bool:
+    """Whether the kubelet has applied the shrinks of `shrunk` (pod uids) among `pods`: no
+    limit it runs them at is over their spec's (a pod gone has given its part back)."""
+    for pod in pods:
+        if _uid(pod) in shrunk:
+            spec = cpu_limits.total_limit(pod.get("spec") or {})
+            if spec is None or (applied_limit(pod) or 0.0) > spec + 1e-9:
+                return False
+    return True
+
+
 def limit_for(target_cores: float, wanted_cores: float | None,
               ceiling_cores: float | None = None) -> float:
     """The pod's summed limit: the sidecar's where the budget needs more than the target,
@@ -142,10 +162,11 @@ class PodLimits:
     refused: dict[TjKey, dict[str, float]] = field(default_factory=dict)
 
     def reconcile(self, tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
-                  reports: Reports | None = None) -> None:
+                  reports: Reports | None = None) -> list[str]:
         """Every pod of `pods` (the Job's own) to the limits it should have; `reports`
-        as for plan (None: a live edit). Raises ApiError where a failure may pass (the
-        caller retries)."""
+        as for plan (None: a live edit). Returns the uids of the ranks it shrank (scope
+        Job): their room is the grows' once the kubelet has applied them (shrunk_applied).
+        Raises ApiError where a failure may pass (the caller retries)."""
         meta = tj.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         live = {_uid(p) for p in pods}
@@ -166,6 +187,7 @@ class PodLimits:
             self.refused.pop(key, None)
         if moved:
             kopf.info(tj, reason=Reason.SPLIT_CHANGED, message=split_message(moved, ranks_))
+        return [r.uid for r, total in moved if total < r.limit]
 
     def forget(self, key: TjKey) -> None:
         """The ThrottledJob is gone."""

@@ -27,7 +27,7 @@ from .children import LABEL_NAME, job_owner_name, sidecar_endpoint
 from .job_split import Rank, job_scoped
 from .kube import Kube
 from .kueue import active_patch, queued_by_kueue, workloads_path
-from .pod_limits import PodLimits, job_ranks, target_of
+from .pod_limits import PodLimits, job_ranks, shrunk_applied, target_of
 from .settings import OperatorSettings
 from .sidecar_status import StatusReader, StatusReadError
 from .status import (
@@ -47,6 +47,10 @@ from .status import (
 # Threads reading sidecars and Jobs. A read holds one for at most the read deadline per
 # pod, so a slow sidecar takes one thread, not the tick.
 POLL_THREADS = 8
+# After a shrink of a job-wide split, how long the grows it makes room for wait for the
+# kubelet to apply it, and how often they look (grow_into_shrinks).
+SHRINK_WAIT_SECONDS = 5.0
+SHRINK_CHECK_SECONDS = 0.25
 
 TjKey = tuple[str, str]  # (namespace, name)
 
@@ -180,7 +184,27 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         if (is_.get("reason") == Reason.BUDGET_EXHAUSTED
                 and was.get("reason") != Reason.BUDGET_EXHAUSTED):
             kopf.warn(tj, reason=Reason.TARGET_UNREACHABLE, message=is_.get("message", ""))
-        state.limits.reconcile(tj, pods, by_uid)
+        shrunk = state.limits.reconcile(tj, pods, by_uid)
+        if shrunk:
+            grow_into_shrinks(state, tj, job_uid, by_uid, shrunk)
+
+
+def grow_into_shrinks(state: OperatorState, tj: Mapping[str, Any], job_uid: str,
+                      reports: Mapping[str, Mapping[str, Any]], shrunk: list[str]) -> None:
+    """Once the kubelet has applied the split's shrinks (`shrunk`, pod uids), make the
+    grows they leave room for, with the same reports; until then the grows cannot fit
+    under the target. Waits up to SHRINK_WAIT_SECONDS (half the status interval at most):
+    left to the next read, a grow came a whole status interval after its shrink, the
+    rank it was for held back meanwhile."""
+    meta = tj.get("metadata") or {}
+    namespace, name = meta.get("namespace", ""), meta.get("name", "")
+    deadline = time.monotonic() + min(SHRINK_WAIT_SECONDS,
+                                      state.settings.status_interval_seconds / 2)
+    while time.monotonic() < deadline and not state.stop.wait(SHRINK_CHECK_SECONDS):
+        pods = job_pods(state.kube, namespace, name, job_uid)
+        if shrunk_applied(pods, shrunk):
+            state.limits.reconcile(tj, pods, reports)
+            return
 
 
 def job_view(state: OperatorState, tj: Mapping[str, Any], pods: list[dict[str, Any]],
