@@ -25,7 +25,7 @@ WORKLOADS = {
     # cpulimit limits each process on its own (-m starts one limiter per child, each at
     # the full limit), so the side-by-side with it is one process at half a core.
     "saturating-1proc": (["--inline"], 150, "signals", 0.5),
-    # Both (the default): signals until the program calls step(), then pacing.
+    # Both: signals until the program calls step(), then pacing.
     "cooperative": (["--cooperative"], 250, "both", TARGET),
     "bursty": (["--pattern", "bursty"], 180, "both", TARGET),
     "under-target": (["--workers", "1", "--pattern", "light"], 150, "both", TARGET),

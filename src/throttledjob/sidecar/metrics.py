@@ -109,7 +109,8 @@ def _targets(s: Snapshot) -> Iterator[Metric]:
     p = s.result.policy
     yield from _gauge("cpu_target_cores", "CPU peak target, in cores.", p.cpu_peak_cores)
     # Named before "rate" took over from "quota" in the code (the kernel's quota is
-    # throttledjob_kernel_*); kept for the dashboards and alerts that read it.
+    # throttledjob_cpu_periods_total, _cpu_throttled_periods_total and
+    # _cpu_throttled_seconds_total); kept for the dashboards and alerts that read it.
     yield from _gauge("cpu_quota_cores", "CPU rate the pacing and signals hold the workload "
                       "to now (the controller's setpoint), in cores.", s.result.last.rate_cores)
     yield from _gauge("gpu_utilization_target_ratio", "GPU peak utilization target per GPU, "
