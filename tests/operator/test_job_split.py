@@ -89,9 +89,13 @@ def test_shrinks_go_first_and_a_grow_takes_only_the_room_left_now() -> None:
     assert moves(TARGET, ranks_, shares(TARGET, ranks_)) == [(ranks_[0], 0.333)]
     after = [rank("r0", 0.333, 0.25, 2.0), ranks_[1]]
     assert moves(TARGET, after, {"r0": 0.333, "r1": 0.666}) == [(after[1], 0.666)]
-    # Moves within SPLIT_STEP of the limit are not made.
+    # Moves within SPLIT_STEP of the limit are not made...
     there = [after[0], rank("r1", 0.666, 0.6, 2.0)]
     assert moves(TARGET, there, {"r0": 0.35, "r1": 0.65}) == []
+    # ...except a shrink whose room a grow past the step needs (a DDP run's split stood
+    # 32 s with rank 0 pinned at 0.304 core, wanting 0.354, and rank 1 at 0.695).
+    pinned = [rank("r0", 0.304, 0.30, 10.0), rank("r1", 0.695, 0.55, 10.0)]
+    assert moves(TARGET, pinned, {"r0": 0.354, "r1": 0.645}) == [(pinned[1], 0.645)]
 
 
 def pod(name: str, uid: str, spec_limit: str, applied: str | None = None,

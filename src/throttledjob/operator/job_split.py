@@ -210,9 +210,12 @@ def moves(target: float, ranks: Sequence[Rank], wanted: Mapping[str, float],
     room the others leave at the limits in force (a shrink just asked for still counts at
     its old limit). A move within `step` of a pod's limit is left out, except a shrink
     while the limits in force pass the target (a cut target, a pod replaced at its even
-    share)."""
+    share) or while a grow past `step` is wanted: its room is the small shrinks' (a DDP
+    rank pinned at 0.304 core wanted 0.354, the other's shrink from 0.695 to 0.645 was
+    within the step, and the split stood 32 s at the rank's limit)."""
     held = {r.uid: r.limit for r in ranks}
-    shrink_step = 0.0 if sum(held.values()) > target + 1e-9 else step
+    growing = any(wanted[r.uid] > r.limit * (1 + step) for r in ranks if r.uid in wanted)
+    shrink_step = 0.0 if growing or sum(held.values()) > target + 1e-9 else step
     shrinks = [(r, wanted[r.uid]) for r in ranks
                if r.uid in wanted and wanted[r.uid] < r.limit * (1 - shrink_step)]
     out: list[tuple[Rank, float]] = list(shrinks)
