@@ -191,6 +191,88 @@ def test_operator_rides_out_an_api_server_restart(
     assert len(jobs_of(kubectl, namespace, "after")) == 1
 
 
+def test_a_job_is_made_once_and_never_again(
+        kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
+    """A Job gone after it finished (its TTL) is not made again when the operator
+    resumes: that would run the work twice. One deleted while it ran, with the operator
+    down or up, fails its ThrottledJob (JobDeleted), and is not made again either."""
+    real_operator.start()
+    kubectl.apply(tj_manifest("done", namespace, run_for="1s"),
+                  *(tj_manifest(n, namespace, run_for="1h") for n in ("cut", "cut-live")))
+    wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Succeeded",
+              "tj", "-n", namespace, "done", what="phase Succeeded")
+    for n in ("cut", "cut-live"):
+        wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Running",
+                  "tj", "-n", namespace, n, what=f"{n} Running")
+    assert real_operator.stop() == 0
+    kubectl("delete", "job", "-n", namespace, "done", "cut")
+    real_operator.start()
+    wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Failed",
+              "tj", "-n", namespace, "cut", what="cut Failed")
+    kubectl("delete", "job", "-n", namespace, "cut-live")
+    wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Failed",
+              "tj", "-n", namespace, "cut-live", what="cut-live Failed")
+    for n in ("cut", "cut-live"):
+        failed = tj_condition(kubectl, namespace, n, "Failed")
+        assert (failed["status"], failed["reason"]) == ("True", "JobDeleted"), failed
+        assert tj_condition(kubectl, namespace, n, "Ready")["status"] == "False"
+        assert ("Warning", "JobDeleted") in tj_events(kubectl, namespace, n)
+    time.sleep(3)   # a resync or a retry that would make one has had its chance
+    assert {n: len(jobs_of(kubectl, namespace, n)) for n in ("done", "cut", "cut-live")} \
+        == {"done": 0, "cut": 0, "cut-live": 0}
+    assert kubectl.json("get", "tj", "-n", namespace, "done")["status"]["phase"] == "Succeeded"
+    assert real_operator.stop() == 0
+
+
+def test_a_job_the_api_server_refuses_fails_the_throttledjob_once(
+        kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
+    """A template field the operator's checks do not read, which the Job's own validation
+    refuses: the ThrottledJob fails in the API server's words, and is not asked again
+    (a create the server refuses would be refused again, forever)."""
+    real_operator.start()
+    tj = tj_manifest("refused", namespace)
+    tj["spec"]["jobTemplate"]["spec"]["backoffLimit"] = -1
+    kubectl.apply(tj)
+    wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Failed",
+              "tj", "-n", namespace, "refused", what="phase Failed")
+    failed = tj_condition(kubectl, namespace, "refused", "Failed")
+    assert failed["reason"] == "InvalidJobTemplate" and "backoffLimit" in failed["message"]
+    assert ("Warning", "InvalidJobTemplate") in tj_events(kubectl, namespace, "refused")
+    time.sleep(4)   # kopf's retries of a temporary error come at 1, 2, 4 s
+    assert real_operator.full_log().count("HTTP 422") == 1
+    assert jobs_of(kubectl, namespace, "refused") == []
+
+
+def test_a_throttledjob_made_anew_waits_for_its_predecessors_job(
+        kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
+    """Deleted and made anew under its name (what JobTemplateImmutable asks of a user):
+    while the garbage collector has yet to remove the old Job (a finalizer holds it
+    here), the new ThrottledJob waits and says so, and is not refused the name for good;
+    then it gets a Job of its own, which the old Job's events do not touch."""
+    real_operator.start()
+    kubectl.apply(tj_manifest("again", namespace, run_for="1h"))
+    (old,) = wait_for(lambda: jobs_of(kubectl, namespace, "again"), TIMEOUT, what="the Job")
+    hold = '{"metadata":{"finalizers":["throttledjob.io/test-hold"]}}'
+    kubectl("patch", "job", "-n", namespace, "again", "--type=merge", "-p", hold)
+    kubectl("delete", "tj", "-n", namespace, "again")
+    wait_json(kubectl, lambda o: o["metadata"].get("deletionTimestamp"), "job", "-n",
+              namespace, "again", what="the old Job being deleted")
+    kubectl.apply(tj_manifest("again", namespace, run_for="1h"))
+    wait_for(lambda: tj_condition(kubectl, namespace, "again", "Ready").get("reason")
+             == "WaitingForOldJob", TIMEOUT, what="Ready=False WaitingForOldJob")
+    kubectl("patch", "job", "-n", namespace, "again", "--type=merge",
+            "-p", '{"metadata":{"finalizers":null}}')
+    (new,) = wait_for(lambda: [j for j in jobs_of(kubectl, namespace, "again")
+                               if j["metadata"]["uid"] != old["metadata"]["uid"]],
+                      TIMEOUT, what="the new ThrottledJob's own Job")
+    tj = wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Running",
+                   "tj", "-n", namespace, "again", what="phase Running")
+    assert owned_by(new, tj["metadata"]["uid"])
+    assert tj_condition(kubectl, namespace, "again", "Ready")["status"] == "True"
+    assert tj_condition(kubectl, namespace, "again", "Failed").get("status") != "True"
+    assert real_operator.stop() == 0
+
+
 def audited_calls(cluster: Any, user: str, namespace: str,
                   since: int) -> tuple[set[tuple[str, str, str]], list[str]]:
     """(group, resource[/subresource], verb) of every call `user` made in `namespace` or
@@ -213,8 +295,14 @@ def audited_calls(cluster: Any, user: str, namespace: str,
 
 def exercise(kubectl: Kubectl, op: OperatorProcess, namespace: str) -> None:
     """A ThrottledJob's whole life: create, run, edit (under Quota: the running pod's
-    limits are resized), suspend and resume, restart the operator, complete."""
+    limits are resized), suspend and resume, restart the operator, complete; and one
+    whose ConfigMap's name is taken (read, and refused)."""
     op.start()
+    kubectl.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "taken-throttle", "namespace": namespace}})
+    kubectl.apply(tj_manifest("taken", namespace))
+    wait_for(lambda: tj_condition(kubectl, namespace, "taken", "Failed").get("reason")
+             == "ConfigMapNameTaken", TIMEOUT, what="Failed ConfigMapNameTaken")
     kubectl.apply(tj_manifest("rbac", namespace, run_for="10s", throttle={
         "targets": {"cpu": {"peak": "1500m"}}, "enforcement": "Quota"}))
     wait_json(kubectl, lambda o: (o.get("status") or {}).get("observed"),

@@ -40,6 +40,7 @@ from throttledjob.operator.status import (
     status_from_job,
     status_invalid,
     status_job_created,
+    status_job_gone,
     status_with_observed,
 )
 from throttledjob.operator.validation import (
@@ -542,6 +543,37 @@ def test_invalid_then_created_clears_the_spec_failure() -> None:
     assert st["phase"] == "Pending" and st["observedGeneration"] == 2
     assert condition(st, "Failed")["status"] == "False"
     assert condition(st, "Ready")["status"] == "True"
+
+
+def test_a_jobs_own_failure_is_not_cleared_as_a_fixed_spec() -> None:
+    """Only a refusal's Failed is the spec's to clear: a Job that failed by its deadline
+    stays failed, its lastTransitionTime as it was."""
+    st = status_from_job({}, {"status": {"conditions": [{"type": "Failed", "status": "True",
+                                                          "reason": "DeadlineExceeded"}]}},
+                         {}, "2026-01-01T00:00:00Z")
+    st = status_job_created(st, "train", 1, NOW)
+    assert (condition(st, "Failed")["status"], condition(st, "Failed")["reason"],
+            condition(st, "Failed")["lastTransitionTime"]) == (
+        "True", "DeadlineExceeded", "2026-01-01T00:00:00Z")
+
+
+@pytest.mark.parametrize(("phase", "gone"), [("Running", True), ("Suspended", True),
+                                             ("Succeeded", False), ("Failed", False)])
+def test_a_job_gone_before_it_finished_fails_its_throttledjob(phase: str, gone: bool) -> None:
+    st = status_job_created({}, "train", 1, NOW)
+    st = {**status_from_job(st, {"status": {"active": 1}}, {}, NOW), "phase": phase}
+    after = status_job_gone(st, "train", NOW)
+    if not gone:   # its TTL, after it finished: nothing changes
+        assert after == st
+        return
+    assert after["phase"] == "Failed"
+    for type_ in ("Failed", "Ready"):
+        c = condition(after, type_)
+        assert (c["status"], c["reason"]) == ("True" if type_ == "Failed" else "False",
+                                              "JobDeleted")
+        assert "re-create the ThrottledJob" in c["message"]
+    # Another Job's name (one made anew for a ThrottledJob of the same name): not ours.
+    assert status_job_gone(st, "train-old", NOW) == st
 
 
 def test_sidecar_endpoint_from_the_pod() -> None:

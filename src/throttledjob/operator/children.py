@@ -341,13 +341,25 @@ def build_child(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
     }
 
 
-def job_owner_name(job: Mapping[str, Any]) -> str | None:
-    """The ThrottledJob that owns this Job, from its controller owner reference."""
-    for ref in job.get("metadata", {}).get("ownerReferences") or []:
+def owner_reference(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference of the ThrottledJob that owns this Job or ConfigMap."""
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(
                 API_VERSION.split("/")[0] + "/"):
-            return ref.get("name")
+            return ref
     return None
+
+
+def job_owner_name(job: Mapping[str, Any]) -> str | None:
+    """The name of the ThrottledJob that owns this Job."""
+    return (owner_reference(job) or {}).get("name")
+
+
+def left_by_predecessor(obj: Mapping[str, Any], name: str, uid: str) -> bool:
+    """Whether `obj` is owned by an earlier ThrottledJob of this name (deleted and made
+    anew): the garbage collector is still to remove it."""
+    ref = owner_reference(obj) or {}
+    return ref.get("name") == name and ref.get("uid") not in (None, uid)
 
 
 def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:

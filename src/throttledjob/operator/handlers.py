@@ -12,22 +12,36 @@ import contextvars
 import dataclasses
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import kopf
 
 from . import child
-from .children import LABEL_NAME, build_child, build_configmap, job_owner_name, owned_by
+from .children import (
+    LABEL_NAME,
+    build_child,
+    build_configmap,
+    left_by_predecessor,
+    owned_by,
+    owner_reference,
+)
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
 from .login import LoginError, connection_info
 from .names import DEFAULT_INJECT, GROUP, PLURAL, VERSION
-from .poller import POLL_THREADS, OperatorState, job_pods, poll, set_workload_active
+from .poller import (
+    POLL_THREADS,
+    OperatorState,
+    job_pods,
+    poll,
+    set_workload_active,
+    sync_from_job,
+)
 from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
 from .status import (
     Condition,
-    Phase,
     Reason,
     now_iso,
     set_condition,
@@ -45,6 +59,8 @@ from .validation import (
 )
 
 RESOURCE = (GROUP, VERSION, PLURAL)
+# How often a ThrottledJob made anew looks again for its predecessor's Job to be gone.
+PREDECESSOR_RETRY_SECONDS = 2
 
 
 @kopf.on.startup()
@@ -132,11 +148,31 @@ def _set_condition(kube: Kube, body: kopf.Body, type_: Condition, ok: bool, reas
                                                     message, now, generation)})
 
 
+def _wait_for_predecessor(kube: Kube, body: kopf.Body, obj: Mapping[str, Any],
+                          kind: str) -> None:
+    """An object of our child's name left by an earlier ThrottledJob of this name (deleted,
+    and made anew: what JobTemplateImmutable tells the user to do): wait for the garbage
+    collector, and say so, rather than refuse the name for good."""
+    if not left_by_predecessor(obj, body.meta.name or "", body.meta.uid or ""):
+        return
+    message = (f"{kind} {obj['metadata']['name']} of the ThrottledJob deleted before this "
+               "one is still being removed by the garbage collector")
+    _set_condition(kube, body, Condition.READY, False, Reason.PREDECESSOR_PENDING, message)
+    raise kopf.TemporaryError(message, delay=PREDECESSOR_RETRY_SECONDS)
+
+
 def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> None:
     """Create the ConfigMap and the Job when absent; idempotent, so a restart at any
     point (between the two creates, before the status) ends with exactly one of each."""
     kube, ns, name = state.kube, body.meta.namespace or "", body.meta.name or ""
     generation = body.meta.get("generation")
+    made = (body.status or {}).get("jobName")
+    if made:
+        # Made once (the operator resumes): never again. Gone after it finished (its
+        # TTL) or deleted while it ran, a Job made anew would run the work a second time.
+        sync_from_job(state, ns, name, made,
+                      kube.get(child.path(ns, made, child.is_jobset(body.spec))))
+        return
     try:
         doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
@@ -147,6 +183,7 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     if kube.create(cm_path, cm) is None:
         existing = kube.get(f"{cm_path}/{cm['metadata']['name']}") or {}
         if not owned_by(existing, body.meta.uid or ""):
+            _wait_for_predecessor(kube, body, existing, "ConfigMap")
             _refuse(kube, body, SpecError(Refusal.CONFIG_MAP_NAME_TAKEN, f"ConfigMap "
                     f"{cm['metadata']['name']} exists and is not ours"), generation)
         kube.merge_patch(f"{cm_path}/{cm['metadata']['name']}", {"data": cm["data"]})
@@ -163,6 +200,15 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     try:
         current = kube.create(jobs_path, job)
     except ApiError as e:
+        if e.status in (400, 422):
+            # Invalid as the API server reads it (a field our checks do not read, such
+            # as backoffLimit: -1): asked again, it would be refused again, forever.
+            _refuse(kube, body, SpecError(Refusal.INVALID_JOB_TEMPLATE, f"the API server "
+                    f"refused the {kind}: {e}"), generation)
+        if e.status == 403:
+            # An admission policy or a quota: retried with backoff, and said meanwhile.
+            _set_condition(kube, body, Condition.READY, False, Reason.CHILD_FORBIDDEN,
+                           f"cannot create the {kind}: {e}")
         if e.status != 404:
             raise
         # No JobSet API in this cluster: say so, and look again later (it may be installed).
@@ -174,6 +220,7 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     if current is None:
         current = kube.get(f"{jobs_path}/{job['metadata']['name']}") or {}
         if not owned_by(current, body.meta.uid or ""):
+            _wait_for_predecessor(kube, body, current, kind)
             _refuse(kube, body, SpecError(Refusal.JOB_NAME_TAKEN, f"{kind} "
                     f"{job['metadata']['name']} exists and is not owned by this "
                     "ThrottledJob"), generation)
@@ -306,29 +353,21 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
     operator's JobSet support on (below); kopf serves that watch where JobSet is
     installed, and starts it when it is."""
     state = _state(memo)
-    owner = job_owner_name(body)
+    ref = owner_reference(body) or {}
+    owner, name = ref.get("name"), body.meta.name or ""
     if owner is None or namespace is None:
         return
-    if type == "DELETED":
-        state.job_uids.pop((namespace, owner), None)
-        return
-    state.job_uids[(namespace, owner)] = body.meta.uid or ""
-    now = now_iso()
-    job = child.as_job(body)
-    try:
-        result = state.kube.update_status(
-            namespace, owner, lambda st, tj: status_from_job(st, job, tj, now))
+    key, uid = (namespace, owner), body.meta.uid or ""
+    if type == "DELETED" and state.job_uids.get(key) == uid:
+        del state.job_uids[key]
+    try:   # a Job deleted before it finished fails the ThrottledJob (status_job_gone)
+        current = None if type == "DELETED" else body
+        ours = sync_from_job(state, namespace, owner, name, current, ref.get("uid"))
+        if ours and current is not None:
+            state.job_uids[key] = uid
     except ApiError as e:
         # Event handlers are not retried by kopf; the poller's resync catches up.
         logger.warning("cannot update %s/%s from its Job: %s", namespace, owner, e)
-        return
-    if result and result[1].get("phase") != result[2].get("phase"):
-        tj, _old, new = result
-        phase = new.get("phase")
-        post = kopf.warn if phase == Phase.FAILED else kopf.info
-        post(tj, reason=f"Job{phase}", message=f"{body.get('kind', 'Job')} "
-                                                f"{body.get('metadata', {}).get('name')} "
-                                                f"is {phase}")
 
 
 # Registered when the handlers are imported, from the environment the startup handler

@@ -38,6 +38,7 @@ from .status import (
     now_iso,
     pending_resizes,
     status_from_job,
+    status_job_gone,
     status_with_admission,
     status_with_observed,
     status_with_resizes,
@@ -94,12 +95,40 @@ def resync_from_job(state: OperatorState, namespace: str, name: str,
     """Level-triggered: the Job (or JobSet) as it is now -> phase and conditions."""
     if not job_name:
         return
-    current = state.kube.get(child_path(state, namespace, name, job_name))
-    if current is None:
-        return
-    job, now = child.as_job(current), now_iso()
-    state.kube.update_status(namespace, name,
-                             lambda st, tj: status_from_job(st, job, tj, now))
+    sync_from_job(state, namespace, name, job_name,
+                  state.kube.get(child_path(state, namespace, name, job_name)))
+
+
+def sync_from_job(state: OperatorState, namespace: str, name: str, job_name: str,
+                  current: Mapping[str, Any] | None, owner_uid: str | None = None) -> bool:
+    """The Job (or JobSet) `job_name` as it is now (`current`; None: gone) -> the
+    ThrottledJob's phase and conditions (status_job_gone for a Job gone), with an event
+    where the phase changes. `owner_uid`: only if the ThrottledJob has that uid (the Job
+    of an earlier ThrottledJob of this name, deleted and made anew, is not its). Returns
+    whether the ThrottledJob was the Job's."""
+    now, job = now_iso(), child.as_job(current) if current is not None else None
+    ours = False
+
+    def mutate(st: dict[str, Any], tj: Mapping[str, Any]) -> dict[str, Any]:
+        nonlocal ours
+        ours = owner_uid is None or (tj.get("metadata") or {}).get("uid") == owner_uid
+        if not ours:
+            return st
+        return status_from_job(st, job, tj, now) if job is not None \
+            else status_job_gone(st, job_name, now)
+
+    result = state.kube.update_status(namespace, name, mutate)
+    if result and result[1].get("phase") != result[2].get("phase"):
+        tj, _, new = result
+        phase = new.get("phase")
+        if current is None:
+            kopf.warn(tj, reason=Reason.JOB_DELETED,
+                      message=(condition(new, Condition.FAILED) or {}).get("message", ""))
+        else:
+            post = kopf.warn if phase == Phase.FAILED else kopf.info
+            post(tj, reason=f"Job{phase}",
+                 message=f"{current.get('kind', 'Job')} {job_name} is {phase}")
+    return ours
 
 
 def set_workload_active(kube: Kube, namespace: str, job: Mapping[str, Any],

@@ -24,6 +24,7 @@ from throttledjob.contracts.status import (
 from .job_split import Rank, job_wide, rank_status
 from .kueue import admission, queued_by_kueue
 from .names import MAX_GPUS, MAX_UUID_LENGTH
+from .validation import Refusal
 
 # A sidecar read whose figures are all within OBSERVED_TOLERANCE of the written ones is
 # not written unless those are this old: a measured figure moves a little every
@@ -84,6 +85,13 @@ class Reason(Choice):
     JOB_SUSPENDED = "JobSuspended"  # Suspended True: the Job's own spec.suspend
     RESUMED = "Resumed"  # Suspended False
     CHILD_KIND_MISSING = "JobSetNotInstalled"  # Ready False; also the event
+    # Ready False: the Job or ConfigMap of a deleted ThrottledJob of the same name is still
+    # there; retried.
+    PREDECESSOR_PENDING = "WaitingForOldJob"
+    # Ready False: the API server forbade the Job's create (a policy, a quota); retried.
+    CHILD_FORBIDDEN = "JobForbidden"
+    # Failed True, Ready False: the Job went before it finished; also the event.
+    JOB_DELETED = "JobDeleted"
     # Events only.
     POLICY_UPDATED = "PolicyUpdated"
     SIGNALS_MAY_FAIL = "SignalsMayFail"
@@ -167,7 +175,7 @@ def status_job_created(status: Mapping[str, Any], job: str, generation: int | No
     conds = set_condition(status.get("conditions"), Condition.READY, True, Reason.JOB_CREATED,
                           f"Job {job} created with the throttle sidecar", now, generation)
     failed = condition(status, Condition.FAILED)
-    if failed and failed.get("reason") not in (Reason.BACKOFF_LIMIT_EXCEEDED, Reason.JOB_FAILED):
+    if failed and failed.get("reason") in set(Refusal):
         # A spec error that has been fixed; the Job's own failures are kept.
         conds = set_condition(conds, Condition.FAILED, False, Reason.SPEC_ACCEPTED,
                               "the spec is valid", now, generation)
@@ -226,6 +234,27 @@ def status_from_job(status: Mapping[str, Any], job: Mapping[str, Any] | None,
     for key in ("startTime", "completionTime"):
         if js.get(key):
             out[key] = js[key]
+    out["conditions"] = conds
+    return out
+
+
+def status_job_gone(status: Mapping[str, Any], job: str, now: str) -> dict[str, Any]:
+    """The ThrottledJob's Job (or JobSet) `job` is gone. Gone after it finished (its
+    ttlSecondsAfterFinished, a clean-up), the status stays. Gone before, its work has
+    stopped: Failed, and the operator never makes it again, as a Job made anew would run
+    the work a second time."""
+    if status.get("jobName") != job or status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
+        return dict(status)
+    message = (f"{job} was deleted before it finished; delete and re-create the "
+               "ThrottledJob to run it again")
+    out = dict(status)
+    out["phase"] = Phase.FAILED
+    conds = set_condition(status.get("conditions"), Condition.FAILED, True,
+                          Reason.JOB_DELETED, message, now)
+    conds = set_condition(conds, Condition.READY, False, Reason.JOB_DELETED, message, now)
+    if condition(status, Condition.THROTTLING):
+        conds = set_condition(conds, Condition.THROTTLING, False, Reason.NOT_RUNNING,
+                              f"the Job is {Phase.FAILED}", now)
     out["conditions"] = conds
     return out
 
