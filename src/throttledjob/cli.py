@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -17,7 +16,6 @@ RUN_FLAGS = {"max_slowdown": "--max-slowdown", "interval_seconds": "--interval",
              "gpu_peak_utilization_percent": "--gpu-peak-util",
              "gpu_peak_power_watts": "--gpu-peak-power",
              "gpu_memory_fraction": "--gpu-memory-fraction"}
-EXIT_NOT_FOUND = 127
 
 
 class _Parser(argparse.ArgumentParser):
@@ -126,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where the caps and volumes are kept across restarts")
     node.add_argument("--gpu-backend", choices=("nvml", "fake"), default="nvml",
                       help="fake: the simulated board (THROTTLEDJOB_FAKE_GPUS)")
-    node.add_argument("--metrics-port", type=int, default=9401,
+    node.add_argument("--metrics-port", type=_port, default=9401,
                       help="serve /metrics on this port (0: none; default 9401)")
     node.set_defaults(func=_node)
     lib = sub.add_parser("inject-lib", help="copy the runtime library and its auto-hook to DIR",
@@ -140,10 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _port(text: str) -> int:
+    """A TCP port number, 0 (any free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535)")
+    return port
+
+
 def _add_sidecar_flags(p: argparse.ArgumentParser, metrics_port: int | None) -> None:
     port_flag, host_flag = (("--metrics-port", "--metrics-host") if metrics_port is None
                             else ("--port", "--host"))
-    p.add_argument(port_flag, dest="metrics_port", type=int, default=metrics_port,
+    p.add_argument(port_flag, dest="metrics_port", type=_port, default=metrics_port,
                    metavar="PORT", help="serve /metrics, /healthz, /readyz and /status here"
                    + (" (default: off)" if metrics_port is None else f" (default {metrics_port})"))
     p.add_argument(host_flag, dest="metrics_host", metavar="ADDRESS",
@@ -160,7 +169,10 @@ def _add_sidecar_flags(p: argparse.ArgumentParser, metrics_port: int | None) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return args.func(args, parser)
+    try:
+        return args.func(args, parser)
+    except KeyboardInterrupt:   # before a command started (after, it is forwarded to it)
+        return 130
 
 
 def _fail(prog: str, message: str) -> int:
@@ -186,7 +198,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parse_cpu_quantity,
         )
         from throttledjob.sidecar.exporter import ExporterError
-        from throttledjob.sidecar.local import run_local
+        from throttledjob.sidecar.local import CommandNotStarted, report_problem, run_local
     except ImportError as e:
         return _missing_extra(prog, "sidecar", e)
     try:
@@ -206,8 +218,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     gpu = _gpu_agent(prog, args, policy)
     if isinstance(gpu, int):
         return gpu
-    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
-        return _fail(prog, f"--report: directory of {args.report} does not exist")
+    if args.report is not None and (problem := report_problem(args.report)):
+        return _fail(prog, f"--report: {problem}")
     try:
         return run_local(cmd, policy, report_path=args.report,
                          status_stream=None if args.quiet else sys.stderr, gpu=gpu,
@@ -216,12 +228,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                          inject=args.inject)
     except ExporterError as e:
         return _fail(prog, str(e))
-    except FileNotFoundError:
-        sys.stderr.write(f"{prog}: error: command not found: {cmd[0]}\n")
-        return EXIT_NOT_FOUND
-    except PermissionError:
-        sys.stderr.write(f"{prog}: error: permission denied: {cmd[0]}\n")
-        return 126
+    except CommandNotStarted as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        return e.exit_code
 
 
 def _operator(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

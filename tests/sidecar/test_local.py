@@ -254,6 +254,13 @@ def test_sigkill_of_the_tool_never_leaves_descendants_stopped(start_until_stoppe
     # A file's field is named as the file spells it, not as the flag that would set it.
     (["--policy", "{slow}", "--", "touch", "{marker}"], "slow.yaml: maxSlowdown=0.5 is out"),
     (["--report", "{nodir}/r.json", "--", "touch", "{marker}"], "--report"),
+    # Found before the command runs, not after a run of hours (which read as "command not
+    # found", exit 127, with the command's own result lost).
+    (["--report", "{tmp}", "--", "touch", "{marker}"], "is a directory"),
+    (["--report", "/dev/full", "--", "touch", "{marker}"], "/dev/full is not a regular file"),
+    (["--report", "/proc/r.json", "--", "touch", "{marker}"], "cannot write in /proc"),
+    (["--report", "", "--", "touch", "{marker}"], "--report: an empty path"),
+    (["--metrics-port", "99999", "--", "touch", "{marker}"], "99999 is not a port"),
 ])
 def test_bad_input_is_refused_in_one_line_before_starting(throttledjob_cmd, tmp_path, args,
                                                           fragment):
@@ -263,7 +270,7 @@ def test_bad_input_is_refused_in_one_line_before_starting(throttledjob_cmd, tmp_
     (tmp_path / "slow.yaml").write_text("maxSlowdown: 0.5\n")
     fill = {"marker": str(marker), "missing": str(tmp_path / "nope.yaml"), "bad": str(bad),
             "slow": str(tmp_path / "slow.yaml"),
-            "nodir": str(tmp_path / "no" / "such")}
+            "nodir": str(tmp_path / "no" / "such"), "tmp": str(tmp_path)}
     proc = subprocess.run([*throttledjob_cmd, "run", *[a.format(**fill) for a in args]],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
@@ -295,6 +302,53 @@ def test_unknown_command_exits_127(throttledjob_cmd, tmp_path):
     proc, _ = run(throttledjob_cmd, ["--", "no-such-command-xyz"], tmp_path)
     assert proc.returncode == 127
     assert proc.stderr.strip() == "throttledjob run: error: command not found: no-such-command-xyz"
+
+
+def test_a_file_that_is_no_program_exits_126_in_one_line(throttledjob_cmd, tmp_path):
+    garbage = tmp_path / "garbage"
+    garbage.write_text("not a program\n")
+    garbage.chmod(0o755)
+    proc, _ = run(throttledjob_cmd, ["--", str(garbage)], tmp_path)
+    assert proc.returncode == 126
+    assert proc.stderr.strip() == (f"throttledjob run: error: cannot run (Exec format "
+                                   f"error): {garbage}")
+
+
+def test_a_report_that_cannot_be_written_keeps_the_commands_exit_code(throttledjob_cmd,
+                                                                       tmp_path):
+    """The report's directory goes while the command runs: one line says so, and the exit
+    code is still the command's (it read "command not found", 127)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.run([*throttledjob_cmd, "run", "--quiet", "--report",
+                           str(gone / "r.json"), "--", "sh", "-c", f"rm -r {gone}; exit 3"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"throttledjob run: error: --report: cannot write {gone}/r.json")
+
+
+def started(pid: int) -> bool:
+    """Whether `sleep 31.337` runs among the children of `pid`."""
+    with contextlib.suppress(psutil.Error):
+        return any("31.337" in c.cmdline() for c in psutil.Process(pid).children())
+    return False
+
+
+def test_a_ctrl_c_as_the_command_starts_reaches_it(throttledjob_cmd, tmp_path):
+    """SIGINT the moment the command exists, before the handlers that forward it were in:
+    it is held back and forwarded, never taken by us alone, which left the command
+    running on unthrottled, orphaned, behind a KeyboardInterrupt traceback."""
+    for _ in range(3):
+        proc = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--cpu-peak", "0.5",
+                                 "--", "sleep", "31.337"], stderr=subprocess.PIPE, text=True)
+        wait_for(lambda pid=proc.pid: started(pid), timeout=30, interval=0.001,
+                 what="the command started")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGINT and "Traceback" not in err, err
+        assert not [p for p in psutil.process_iter(["cmdline"])
+                    if "31.337" in (p.info["cmdline"] or [])]
 
 
 def test_live_status_line_on_a_terminal(throttledjob_cmd):

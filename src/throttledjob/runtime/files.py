@@ -13,17 +13,23 @@ from typing import Any
 MAX_FILE_BYTES = 64 * 1024
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
+def write_json_atomic(path: str, obj: Any, indent: int | None = None,
+                      mode: int | None = None) -> None:
     """Write `obj` as JSON to `path` so that readers see the old or the new file, never half.
 
-    A temp file in the same directory is renamed over the target. No fsync: the files
-    live for one run and only crash consistency against the writer matters, not power loss.
+    A temp file in the same directory is renamed over the target; `mode`: its permission
+    bits (else mkstemp's 0600). No fsync: the files live for one run and only crash
+    consistency against the writer matters, not power loss.
     """
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, separators=(",", ":"), allow_nan=False)
+            json.dump(obj, f, separators=None if indent else (",", ":"), indent=indent,
+                      allow_nan=False)
+            f.write("\n" if indent else "")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

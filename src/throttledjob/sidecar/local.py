@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import resource
 import select
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from throttledjob.contracts.names import ENV_DIR
 from throttledjob.contracts.policy import Enforcement, Policy
+from throttledjob.runtime.files import write_json_atomic
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent
@@ -58,12 +58,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
     proc = agent = guardian = None
     previous_handlers = {}
     try:
-        # The process starts in a session of its own so that our death never orphans it
-        # into a SIGHUP, and with SIGCONT as its parent-death signal so that a SIGKILL of
-        # this process cannot leave it stopped.
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                preexec_fn=_continue_on_parent_death())
-        tree = ProcessTree(root_pid=proc.pid)
+        proc, tree, previous_handlers = _spawn(cmd, env)
         found = detect() if policy.enforcement is Enforcement.QUOTA else None
         plan = local_plan(policy, found)
         enforcer = local_enforcer(plan, tree, proc.pid, found)
@@ -72,7 +67,6 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         if exporter:
             exporter.attach(agent, f"psutil: process tree of pid {proc.pid}").start()
         _start(agent, proc.pid)
-        previous_handlers = _forward_signals(proc, tree)
         loop_started, loop_cpu_started = time.monotonic(), _own_cpu_seconds()
         host = LocalHost(proc, status_stream)
         run_loop(agent, host)
@@ -90,10 +84,78 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         # The control loop's own cost in steady state, apart from start-up (imports, spawn).
         report["controller"]["loop_cpu_percent"] = round(
             100 * loop_cpu / max(1e-9, loop_wall), 3)
-        with open(report_path, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+        try:   # the command's exit code stands whatever befalls the report
+            write_json_atomic(report_path, report, indent=2, mode=0o666 & ~_umask())
+        except (OSError, ValueError) as e:
+            sys.stderr.write(f"throttledjob run: error: --report: cannot write "
+                             f"{report_path}: {getattr(e, 'strerror', None) or e}\n")
     return exit_code
+
+
+class CommandNotStarted(Exception):
+    """The command could not be started; `exit_code` is a shell's (127: not found, 126:
+    found but not runnable)."""
+
+    def __init__(self, command: str, error: OSError) -> None:
+        not_found = isinstance(error, FileNotFoundError)
+        what = ("command not found" if not_found else "permission denied"
+                if isinstance(error, PermissionError) else f"cannot run ({error.strerror})")
+        super().__init__(f"{what}: {command!r}" if not command else f"{what}: {command}")
+        self.exit_code = 127 if not_found else 126
+
+
+def _spawn(cmd: list[str], env: dict[str, str]
+           ) -> tuple[subprocess.Popen, ProcessTree, dict]:
+    """Start the command, with our signals forwarded to it from the first instant: a
+    Ctrl-C while it starts reaches it, never us alone (which orphaned it).
+
+    It starts in a session of its own so that our death never orphans it into a SIGHUP,
+    and with SIGCONT as its parent-death signal so that a SIGKILL of this process cannot
+    leave it stopped. The forwarded signals are held back until the handlers are in;
+    the command gets them as we had them."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+    on_death = _continue_on_parent_death()
+
+    def in_child() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if on_death:
+            on_death()
+
+    try:
+        try:
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                    preexec_fn=in_child)
+        except OSError as e:
+            raise CommandNotStarted(cmd[0], e) from None
+        tree = ProcessTree(root_pid=proc.pid)
+        return proc, tree, _forward_signals(proc, tree)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def report_problem(path: str) -> str | None:
+    """Why a report could not be written at `path` (checked before the command starts,
+    not found after a run of hours), or None."""
+    if not path:
+        return "an empty path"
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    if os.path.lexists(path) and not os.path.isfile(path):
+        return f"{path} is not a regular file"   # /dev/full, a FIFO: never replaced
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    except OSError as e:
+        return f"cannot write in {directory}: {e.strerror}"
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def _environment(settings_dir: str, extra_env: dict[str, str] | None,
