@@ -10,6 +10,9 @@ Rules = dict[tuple[str, str], frozenset[str]]
 NAMESPACED: Rules = {
     (names.GROUP, names.PLURAL): frozenset({"get", "list", "watch", "patch"}),
     (names.GROUP, f"{names.PLURAL}/status"): frozenset({"patch"}),
+    # Checked by admission (OwnerReferencesPermissionEnforcement), never called: see
+    # ADMISSION.
+    (names.GROUP, f"{names.PLURAL}/finalizers"): frozenset({"update"}),
     ("batch", "jobs"): frozenset({"get", "list", "watch", "create", "patch"}),
     ("", "configmaps"): frozenset({"get", "create", "patch"}),
     ("", "pods"): frozenset({"list"}),
@@ -24,3 +27,6 @@ JOBSET: Rules = {("jobset.x-k8s.io", "jobsets"):
 CRDS: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"):
                frozenset({"list", "watch"})}
 NAMESPACES: Rules = {("", "namespaces"): frozenset({"list", "watch"})}
+# Grants no call uses, which an admission plugin checks: the blockOwnerDeletion of the
+# owner references the operator writes (the test cluster's API server enables the plugin).
+ADMISSION: Rules = {(names.GROUP, f"{names.PLURAL}/finalizers"): frozenset({"update"})}

@@ -78,6 +78,11 @@ def test_throttle_edit_reaches_configmap_and_bad_edit_does_not(
              == "JobTemplateImmutable", TIMEOUT, what="TemplateApplied=False")
     (job,) = jobs_of(kubectl, namespace, "edit")
     assert job["spec"]["backoffLimit"] == 0
+    # Reverted: the template is the Job's again, and the condition says so.
+    patch(kubectl, namespace, "edit", {"jobTemplate": {"spec": {"backoffLimit": 0}}})
+    wait_for(lambda: tj_condition(kubectl, namespace, "edit", "TemplateApplied").get("reason")
+             == "TemplateMatchesJob", TIMEOUT, what="TemplateApplied=True again")
+    assert tj_condition(kubectl, namespace, "edit", "TemplateApplied")["status"] == "True"
 
 
 BAD_FOR_THE_OPERATOR = [

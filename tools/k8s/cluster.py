@@ -233,6 +233,9 @@ class Cluster:
             "--advertise-address", "127.0.0.1", "--secure-port", str(ports["apiserver"]),
             "--cert-dir", str(self.dir / "certs"), "--service-cluster-ip-range", SERVICE_CIDR,
             "--authorization-mode", "RBAC", "--token-auth-file", str(self.dir / "tokens.csv"),
+            # As OpenShift has it: an owner reference that blocks its owner's deletion
+            # needs `update` on the owner's finalizers (the operator's Job and ConfigMap).
+            "--enable-admission-plugins", "OwnerReferencesPermissionEnforcement",
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(self.dir / "sa.key"),
             "--service-account-signing-key-file", str(self.dir / "sa.key"),

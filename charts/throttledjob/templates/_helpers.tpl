@@ -98,6 +98,12 @@ posts Events; operator/kube.py gets, creates and patches the rest.
 - apiGroups: [throttledjob.io]
   resources: [throttledjobs/status]
   verbs: [patch]
+# No call: the OwnerReferencesPermissionEnforcement admission plugin (on in OpenShift)
+# checks it when the operator makes a Job or ConfigMap whose owner reference blocks the
+# ThrottledJob's deletion.
+- apiGroups: [throttledjob.io]
+  resources: [throttledjobs/finalizers]
+  verbs: [update]
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, patch]

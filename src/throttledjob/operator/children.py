@@ -8,6 +8,8 @@ Pure functions, dicts in and dicts out: the handlers adopt the result and send i
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +48,8 @@ METRICS_PORT = 9400
 METRICS_PORT_NAME = "metrics"
 LABEL_NAME = "throttledjob.io/name"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+# On the Job: template_hash() of the spec it was built from.
+TEMPLATE_HASH = "throttledjob.io/template-hash"
 MANAGED_BY = "throttledjob-operator"
 # The sidecar image's non-root user, used when the workload's UID is unknown.
 DEFAULT_SIDECAR_UID = 65532
@@ -335,10 +339,18 @@ def build_child(body: Mapping[str, Any], policy_doc: Mapping[str, Any],
         "metadata": {
             "name": job_name(name),
             "labels": labels,
-            "annotations": dict(meta.get("annotations") or {}),
+            "annotations": {**(meta.get("annotations") or {}),
+                            TEMPLATE_HASH: template_hash(body["spec"])},
         },
         "spec": spec,
     }
+
+
+def template_hash(spec: Mapping[str, Any]) -> str:
+    """What of a ThrottledJob's spec shapes its pods, which a made Job cannot change: the
+    Job's or JobSet's template and throttle.inject."""
+    shape = {"template": child.template(dict(spec)), "inject": inject_mode(spec)}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def owner_reference(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -20,11 +20,13 @@ import kopf
 from . import child
 from .children import (
     LABEL_NAME,
+    TEMPLATE_HASH,
     build_child,
     build_configmap,
     left_by_predecessor,
     owned_by,
     owner_reference,
+    template_hash,
 )
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
@@ -263,7 +265,8 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
         doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
         # The running pod keeps its last good policy; say why the edit was not applied.
-        _set_condition(state.kube, body, Condition.POLICY_APPLIED, False, e.reason, str(e))
+        _set_condition(state.kube, body, Condition.POLICY_APPLIED, False, e.reason, str(e),
+                       observedGeneration=body.meta.get("generation"))
         kopf.warn(body, reason=e.reason, message=f"policy edit not applied: {e}")
         raise kopf.PermanentError(str(e)) from None
     cm = build_configmap(body.meta.name or "", doc)
@@ -308,10 +311,20 @@ def suspend_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ne
             set_workload_active(state.kube, ns, current, bool(new))
         else:
             state.kube.merge_patch(path, {"spec": {"suspend": bool(new)}})
+        _observe(state.kube, body)
     except ApiError as e:
         raise _retry_later(e, retry) from e
     kopf.info(body, reason=Reason.SUSPEND_REQUESTED if new else Reason.RESUMED,
               message=f"Job {job} {'suspended' if new else 'resumed'} (spec.suspend)")
+
+
+def _observe(kube: Kube, body: kopf.Body) -> None:
+    """status.observedGeneration: this generation is acted on (the Suspended condition
+    follows from the Job's events). Left behind, tools that wait on it (kstatus: Flux,
+    kubectl-style waits) read the ThrottledJob as in progress for good."""
+    generation = body.meta.get("generation")
+    kube.update_status(body.meta.namespace or "", body.meta.name or "",
+                       lambda st, _: {**st, "observedGeneration": generation})
 
 
 @kopf.on.update(*RESOURCE, field="spec.jobTemplate")
@@ -322,26 +335,53 @@ def template_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
     job = (body.status or {}).get("jobName")
     if not job:
         return ensure(body=body, memo=memo, logger=logger, retry=retry)
+    if _template_is_the_jobs(_state(memo), body, job, retry):
+        return
     kind = child.kind(body.spec)
     message = (f"the template changed, but {kind} {job} is already created and its pod "
                "templates are immutable; delete and re-create the ThrottledJob to run the "
                "new template")
     _set_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
-                   Reason.JOB_TEMPLATE_IMMUTABLE, message)
+                   Reason.JOB_TEMPLATE_IMMUTABLE, message,
+                   observedGeneration=body.meta.get("generation"))
     kopf.warn(body, reason=Reason.JOB_TEMPLATE_IMMUTABLE, message=message)
 
 
+def _template_is_the_jobs(state: OperatorState, body: kopf.Body, job: str,
+                          retry: int) -> bool:
+    """Whether the template (and inject) is again the one the Job was made from (an edit
+    reverted): TemplateApplied is True again. A Job made before its hash was kept on it
+    never matches."""
+    path = child.path(body.meta.namespace or "", job, child.is_jobset(body.spec))
+    try:
+        current = state.kube.get(path) or {}
+        made_from = ((current.get("metadata") or {}).get("annotations") or {}).get(
+            TEMPLATE_HASH)
+        if made_from != template_hash(body.spec):
+            return False
+        _set_condition(state.kube, body, Condition.TEMPLATE_APPLIED, True,
+                       Reason.TEMPLATE_MATCHES_JOB, f"the template is the one {job} runs",
+                       observedGeneration=body.meta.get("generation"))
+    except ApiError as e:
+        raise _retry_later(e, retry) from e
+    return True
+
+
 @kopf.on.update(*RESOURCE, field="spec.throttle.inject")
-def inject_changed(body: kopf.Body, memo: kopf.Memo, old: Any, new: Any, **_: Any) -> None:
+def inject_changed(body: kopf.Body, memo: kopf.Memo, old: Any, new: Any, retry: int = 0,
+                   **_: Any) -> None:
     """`inject` shapes the pod template, which a created Job cannot change."""
     job = (body.status or {}).get("jobName")
     if not job or (old or DEFAULT_INJECT) == (new or DEFAULT_INJECT):
         return  # no Job yet: the create path (policy_changed -> ensure) reads it
+    if _template_is_the_jobs(_state(memo), body, job, retry):
+        return
     message = (f"throttle.inject changed to {new or DEFAULT_INJECT}, but Job {job} is "
                "already created and its pod template is immutable; it applies to the next "
                "Job (delete and re-create the ThrottledJob)")
     _set_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
-                   Reason.INJECT_IMMUTABLE, message)
+                   Reason.INJECT_IMMUTABLE, message,
+                   observedGeneration=body.meta.get("generation"))
     kopf.warn(body, reason=Reason.INJECT_IMMUTABLE, message=message)
 
 

@@ -78,6 +78,7 @@ class Reason(Choice):
     CONFIG_MAP_UPDATED = "ConfigMapUpdated"  # PolicyApplied True
     JOB_TEMPLATE_IMMUTABLE = "JobTemplateImmutable"  # TemplateApplied False; also the event
     INJECT_IMMUTABLE = "InjectImmutable"  # TemplateApplied False; also the event
+    TEMPLATE_MATCHES_JOB = "TemplateMatchesJob"  # TemplateApplied True: an edit reverted
     QUOTA_RESIZED = "QuotaResized"  # QuotaResized True; also the event of a resize
     RESIZE_PENDING = "ResizePending"  # QuotaResized False
     SUSPEND_REQUESTED = "SuspendRequested"  # Suspended True: spec.suspend
