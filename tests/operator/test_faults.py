@@ -16,6 +16,7 @@ from testing.emulator import (
     JOBS_PATH,
     TIMEOUT,
     TJ_PATH,
+    VERBS,
     Emulator,
     Fault,
     assert_valid_status,
@@ -143,3 +144,24 @@ def test_killed_mid_create_restarts_to_one_job_and_a_true_status(
     assert len(jobs_of(emulator, "crash")) == 1
     if moment == "after-job":
         assert status(emulator, "crash")["startTime"] == "2026-01-01T00:00:00Z"
+
+
+def test_an_older_kueue_that_serves_workloads_only_at_v1beta1_is_found_there(
+        emulator: Emulator, tmp_path: Path) -> None:
+    """Kueue before v0.15 answers 404 at v1beta2 (a server with Kueue 0.19, as the test
+    cluster's, never does): the Workload is read, and held inactive, at v1beta1."""
+    from throttledjob.operator.poller import set_workload_active
+
+    emulator.handler.resources["kueue.x-k8s.io/v1beta1/workloads"] = dict(
+        kind="Workload", namespaced=True, singular="workload", verbs=VERBS)
+    path = "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads"
+    emulator.call("POST", path, {
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+        "metadata": {"name": "job-train-1a2b3", "namespace": "ml",
+                     "labels": {"kueue.x-k8s.io/job-uid": "job-uid"}},
+        "spec": {"active": True}}, content_type=JSON)
+    kube = handler_memo(emulator.write_kubeconfig(tmp_path / "kubeconfig")).state.kube
+    job = {"metadata": {"name": "train", "uid": "job-uid"}}
+    found = set_workload_active(kube, "ml", job, suspend=True)
+    assert found is not None and found["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    assert emulator.call("GET", f"{path}/job-train-1a2b3")["spec"]["active"] is False

@@ -22,7 +22,7 @@ import urllib3
 
 from throttledjob import __version__
 
-from .kueue import workload_query, workloads_path
+from .kueue import WORKLOAD_VERSIONS, workload_query, workloads_path
 from .names import GROUP, PLURAL, VERSION
 from .status import as_stored
 
@@ -201,15 +201,19 @@ class Kube:
         return list(doc.get("items") or [])
 
     def workload_of(self, namespace: str, job_uid: str) -> dict[str, Any] | None:
-        """Kueue's Workload of a Job (kueue.py), or None: not made yet, or no Kueue."""
-        try:
-            doc = self.request("GET", workloads_path(namespace), query=workload_query(job_uid))
-        except ApiError as e:
-            if e.status == 404:  # Kueue's CRD is not installed
-                return None
-            raise
-        items = doc.get("items") or []
-        return items[0] if items else None
+        """Kueue's Workload of a Job (kueue.py), at the first version Kueue serves, with
+        that apiVersion; or None: not made yet, or no Kueue."""
+        for version in WORKLOAD_VERSIONS:
+            try:
+                doc = self.request("GET", workloads_path(namespace, version),
+                                   query=workload_query(job_uid))
+            except ApiError as e:
+                if e.status == 404:  # not this version (an older Kueue), or no Kueue
+                    continue
+                raise
+            items = doc.get("items") or []
+            return {**items[0], "apiVersion": f"kueue.x-k8s.io/{version}"} if items else None
+        return None
 
     def update_status(self, namespace: str, name: str,
                       mutate: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]],

@@ -24,7 +24,11 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 CARRIED_LABELS = (QUEUE_LABEL, PRIORITY_LABEL)
 # Kueue's label on a Workload: the uid of the Job it was made for.
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads"
+WORKLOADS = "/apis/kueue.x-k8s.io/{version}/namespaces/{namespace}/workloads"
+# Kueue serves Workloads at v1beta2 from v0.15, and before only at v1beta1 (Kueue older
+# than that answers 404 on v1beta2): the first that answers is used. Both have
+# spec.active and the status conditions read here.
+WORKLOAD_VERSIONS = ("v1beta2", "v1beta1")
 
 
 def carried_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
@@ -58,8 +62,15 @@ def queued_tj(tj: Mapping[str, Any]) -> bool:
     return bool(labels.get(QUEUE_LABEL))
 
 
-def workloads_path(namespace: str) -> str:
-    return WORKLOADS.format(namespace=quote(namespace))
+def workloads_path(namespace: str, version: str = WORKLOAD_VERSIONS[0]) -> str:
+    return WORKLOADS.format(version=version, namespace=quote(namespace))
+
+
+def workload_path(workload: Mapping[str, Any]) -> str:
+    """The API path of a Workload, at the version it was read in (its apiVersion)."""
+    version = str(workload.get("apiVersion") or "").rpartition("/")[2] or WORKLOAD_VERSIONS[0]
+    meta = workload.get("metadata") or {}
+    return f"{workloads_path(meta.get('namespace', ''), version)}/{quote(meta.get('name', ''))}"
 
 
 def workload_query(job_uid: str) -> dict[str, str]:

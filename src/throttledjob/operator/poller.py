@@ -26,7 +26,7 @@ from . import child
 from .children import LABEL_NAME, job_owner_name, sidecar_endpoint
 from .job_split import Rank, job_scoped
 from .kube import Kube
-from .kueue import active_patch, queued_by_kueue, workloads_path
+from .kueue import active_patch, queued_by_kueue, workload_path
 from .pod_limits import PodLimits, job_ranks, shrunk_applied, target_of
 from .settings import OperatorSettings
 from .sidecar_status import StatusReader, StatusReadError
@@ -139,8 +139,7 @@ def set_workload_active(kube: Kube, namespace: str, job: Mapping[str, Any],
     workload = kube.workload_of(namespace, uid)
     patch = active_patch(workload, suspend) if workload else None
     if workload and patch:
-        meta = workload["metadata"]
-        kube.merge_patch(f"{workloads_path(namespace)}/{meta['name']}", patch)
+        kube.merge_patch(workload_path(workload), patch)
     return workload
 
 
