@@ -351,6 +351,28 @@ def test_a_ctrl_c_as_the_command_starts_reaches_it(throttledjob_cmd, tmp_path):
                     if "31.337" in (p.info["cmdline"] or [])]
 
 
+def test_ctrl_z_stops_the_command_with_us_and_fg_resumes_both(throttledjob_cmd, tmp_path):
+    """Under the default kernel quota nothing of ours stops the command: SIGTSTP stopped
+    only throttledjob, and the command ran on to its end meanwhile."""
+    done = tmp_path / "done"
+    proc = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--cpu-peak", "1.5", "--",
+                             sys.executable, "-c", "import time, sys; time.sleep(2.5); "
+                             f"open({str(done)!r}, 'w')"])
+    try:
+        (command,) = wait_for(lambda: [c for c in psutil.Process(proc.pid).children()
+                                       if c.cmdline()[:1] == [sys.executable]],
+                              timeout=30, what="the command")
+        proc.send_signal(signal.SIGTSTP)
+        wait_for(lambda: command.status() == psutil.STATUS_STOPPED
+                 and psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, timeout=10,
+                 what="the command and throttledjob stopped")
+        time.sleep(3)   # longer than the command's own run: stopped, it cannot have ended
+        assert not done.exists()
+    finally:
+        proc.send_signal(signal.SIGCONT)   # never left stopped, whatever failed above
+    assert proc.wait(timeout=30) == 0 and done.exists()
+
+
 def test_live_status_line_on_a_terminal(throttledjob_cmd):
     leader, follower = pty.openpty()
     proc = subprocess.Popen([*throttledjob_cmd, "run", "--cpu-peak", "0.5", "--",

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from .gpu import GpuAgent
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# Held back while the command starts, with the forwarded ones (_spawn).
+START_HELD_SIGNALS = (*FORWARDED_SIGNALS, signal.SIGTSTP)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -113,7 +115,7 @@ def _spawn(cmd: list[str], env: dict[str, str]
     and with SIGCONT as its parent-death signal so that a SIGKILL of this process cannot
     leave it stopped. The forwarded signals are held back until the handlers are in;
     the command gets them as we had them."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, START_HELD_SIGNALS)
     on_death = _continue_on_parent_death()
 
     def in_child() -> None:
@@ -349,7 +351,19 @@ def _forward_signals(proc: subprocess.Popen, tree: ProcessTree) -> dict:
         # A stopped process cannot act on the signal: wake the whole tree.
         resume(tree.pids())
 
-    return {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    def suspend(_sig, _frame):
+        # Ctrl-Z: the terminal's SIGTSTP reaches only us (the command has a session of its
+        # own, where the kernel would drop a SIGTSTP to it): the command stops with us,
+        # and goes on when we are continued (fg, SIGCONT).
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGCONT)
+
+    handlers = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    handlers[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, suspend)
+    return handlers
 
 
 def _leave_nothing_stopped(proc: subprocess.Popen) -> None:
