@@ -96,6 +96,12 @@ def test_shrinks_go_first_and_a_grow_takes_only_the_room_left_now() -> None:
     # 32 s with rank 0 pinned at 0.304 core, wanting 0.354, and rank 1 at 0.695).
     pinned = [rank("r0", 0.304, 0.30, 10.0), rank("r1", 0.695, 0.55, 10.0)]
     assert moves(TARGET, pinned, {"r0": 0.354, "r1": 0.645}) == [(pinned[1], 0.645)]
+    # ...and a grow within the step into room no rank holds (one run's ranks held 0.957).
+    short = [rank("r0", 0.334, 0.33, 10.0), rank("r1", 0.623, 0.62, 10.0)]
+    assert moves(TARGET, short, {"r0": 0.34, "r1": 0.659}) == [(short[0], 0.34),
+                                                               (short[1], 0.659)]
+    assert moves(TARGET, [short[0], rank("r1", 0.65, 0.62)], {"r0": 0.34, "r1": 0.659}) \
+        == []   # 1.6% left: within ROOM_LEFT, as it is
 
 
 def pod(name: str, uid: str, spec_limit: str, applied: str | None = None,
