@@ -130,6 +130,9 @@ def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorPr
     assert done["observed"]["cpuPeakCores"] == 1.48  # kept after the pod is gone
     wait_for(lambda: ("Normal", "JobSucceeded") in tj_events(kubectl, namespace, "train"),
              TIMEOUT, what="a JobSucceeded event")
+    # kopf's own log lines ("Handler 'ensure' succeeded.") are not Events: ours are.
+    reasons = {reason for _, reason in tj_events(kubectl, namespace, "train")}
+    assert "Logging" not in reasons and "JobCreated" in reasons, reasons
     assert len(jobs_of(kubectl, namespace, "train")) == 1
 
     kubectl("delete", "tj", "-n", namespace, "train")

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from testing.fake_sidecar import FakeSidecar
 from testing.manifests import make_tj
+from throttledjob.operator import events as operator_events
 from throttledjob.operator import job_split
 from throttledjob.operator.children import build_child
 from throttledjob.operator.job_split import Rank, moves, ranks, shares
@@ -280,8 +281,8 @@ def report(use: float, rate: float, peak: float | None = None) -> dict[str, Any]
 
 def test_the_operator_moves_the_split_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[tuple[str, str]] = []
-    monkeypatch.setattr(kopf, "info", lambda _b, reason, message: events.append((reason,
-                                                                                   message)))
+    monkeypatch.setattr(operator_events, "normal", lambda _b, reason, message: events.append(
+        (reason, message)))
     monkeypatch.setattr(kopf, "warn", lambda _b, reason, message: events.append((reason,
                                                                                    message)))
     kubelet = Kubelet([pod("train-0", "u0", "500m", "500m", index=0),
@@ -369,7 +370,7 @@ def test_a_grow_follows_its_shrink_as_soon_as_the_kubelet_has_applied_it(
     the kubelet has applied that, rank 1 grows in the same read, not one status interval
     later. A shrink the kubelet has not applied by half the interval leaves the grow to
     the next read (the sum of the limits in force never passes the target)."""
-    monkeypatch.setattr(kopf, "info", lambda *a, **k: None)
+    monkeypatch.setattr(operator_events, "normal", lambda *a, **k: None)
     sidecars = [FakeSidecar(), FakeSidecar()]
     for sidecar, cost in zip(sidecars, (0.125, 0.25), strict=True):
         sidecar.doc = {"observed": {"cpuCores": cost * 2, "stepsPerSecond": 2.0,
@@ -399,7 +400,7 @@ def test_a_grow_follows_its_shrink_as_soon_as_the_kubelet_has_applied_it(
 def test_a_rank_the_api_server_will_not_resize_holds_its_limit_and_the_others_do_not_grow(
         monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[tuple[str, str]] = []
-    monkeypatch.setattr(kopf, "info", lambda *a, **k: None)
+    monkeypatch.setattr(operator_events, "normal", lambda *a, **k: None)
     monkeypatch.setattr(kopf, "warn", lambda _b, reason, message: events.append((reason,
                                                                                    message)))
     kubelet = Kubelet([pod("train-0", "u0", "500m", "500m", index=0),
@@ -420,7 +421,7 @@ def test_a_silent_sidecar_a_deleted_pod_and_an_operator_restart_mid_split(
     """The split lives in the pods (their limits, asked and applied), not in the operator:
     an operator started anew mid-split picks it up where the cluster is, and no fault
     lets the limits in force pass the target."""
-    monkeypatch.setattr(kopf, "info", lambda *a, **k: None)
+    monkeypatch.setattr(operator_events, "normal", lambda *a, **k: None)
     kubelet = Kubelet([pod(f"train-{i}", f"u{i}", "333m", "333m", index=i) for i in range(3)])
     tj = indexed()
     tj["metadata"]["namespace"] = "ml"

@@ -18,6 +18,7 @@ import pytest
 
 from testing.fake_sidecar import FakeSidecar
 from testing.helpers import wait_for
+from throttledjob.operator import events as operator_events
 from throttledjob.operator.kube import ApiError
 from throttledjob.operator.names import SIDECAR_CONTAINER
 from throttledjob.operator.poller import (
@@ -185,7 +186,7 @@ def lift(state: OperatorState, tj: dict[str, Any],
 def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[tuple[str, str]] = []
-    monkeypatch.setattr(kopf, "info", lambda _body, reason, message: events.append(
+    monkeypatch.setattr(operator_events, "normal", lambda _body, reason, message: events.append(
         (reason, message)))
     monkeypatch.setattr(kopf, "warn", lambda _body, reason, message: events.append(
         (reason, message)))
@@ -244,7 +245,7 @@ def test_under_kueue_a_lift_stays_within_the_admitted_requests(
     """Kueue admits a queued Job's pods by their requests (the limit where none is set:
     the target's share). The budget's lift would take more than was admitted: it stops
     at the template's requests, and where there are none it does not lift at all."""
-    monkeypatch.setattr(kopf, "info", lambda *a, **k: None)
+    monkeypatch.setattr(operator_events, "normal", lambda *a, **k: None)
     kube = ResizingKube(node_cores=4)
     state = OperatorState(OperatorSettings(), kube, HttpStatusReader(DEADLINE))  # type: ignore[arg-type]
     work = {"name": "work", "image": "train:1",
@@ -267,7 +268,7 @@ def test_the_limit_is_split_by_what_each_container_wanted(
     """Two workload containers with the same request: the trainer held back at half the
     target while the log shipper idles under its half; split by their use instead."""
     events: list[tuple[str, str]] = []
-    monkeypatch.setattr(kopf, "info", lambda _body, reason, message: events.append(
+    monkeypatch.setattr(operator_events, "normal", lambda _body, reason, message: events.append(
         (reason, message)))
     kube = ResizingKube(node_cores=2)
     state = OperatorState(OperatorSettings(), kube, HttpStatusReader(DEADLINE))  # type: ignore[arg-type]

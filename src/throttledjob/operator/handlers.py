@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import kopf
 
-from . import child
+from . import child, events
 from .children import (
     LABEL_NAME,
     TEMPLATE_HASH,
@@ -84,7 +84,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.persistence.consistency_timeout = 60.0
     # No finalizer: children go by ownerReferences, so deleting a ThrottledJob never
     # waits for the operator (kopf adds one only for deletion handlers; there are none).
-    settings.posting.level = logging.INFO
+    # kopf's own log lines are no Events (events.py); warnings and errors are.
+    settings.posting.level = logging.WARNING
     # Handlers are sync and block on API calls: with the default pool (6 threads on 2
     # cores) a burst of 1,000 queued behind each other's round trips (bench/operator_load.py).
     settings.execution.max_workers = ours.handler_threads
@@ -233,7 +234,7 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
         st, job["metadata"]["name"], generation, now), child.as_job(current), tj, now))
     if created:
         logger.info("created %s %s", kind, job["metadata"]["name"])
-        kopf.info(body, reason=Reason.JOB_CREATED,
+        events.normal(body, reason=Reason.JOB_CREATED,
                   message=f"Created {kind} {job['metadata']['name']} and ConfigMap "
                           f"{cm['metadata']['name']}")
         for reason, warning in ((Reason.QUOTA_UNAVAILABLE, quota_warning(body, doc)),
@@ -278,7 +279,7 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
                        observedGeneration=body.meta.get("generation"))
     except ApiError as e:
         raise _retry_later(e, retry) from e
-    kopf.info(body, reason=Reason.POLICY_UPDATED,
+    events.normal(body, reason=Reason.POLICY_UPDATED,
               message=f"Updated ConfigMap {cm['metadata']['name']}; running pods apply it live")
     # Enforcement Quota: the running pods' limits to the new target now, not at the
     # poller's next read (pod_limits.py). A refused resize leaves the old limits: the
@@ -314,7 +315,7 @@ def suspend_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ne
         _observe(state.kube, body)
     except ApiError as e:
         raise _retry_later(e, retry) from e
-    kopf.info(body, reason=Reason.SUSPEND_REQUESTED if new else Reason.RESUMED,
+    events.normal(body, reason=Reason.SUSPEND_REQUESTED if new else Reason.RESUMED,
               message=f"Job {job} {'suspended' if new else 'resumed'} (spec.suspend)")
 
 

@@ -32,7 +32,7 @@ import kopf
 
 from throttledjob.contracts.policy import PolicyError
 
-from . import child, cpu_limits
+from . import child, cpu_limits, events
 from .job_split import (
     Rank,
     applied_limit,
@@ -186,7 +186,7 @@ class PodLimits:
         if not refused:
             self.refused.pop(key, None)
         if moved:
-            kopf.info(tj, reason=Reason.SPLIT_CHANGED, message=split_message(moved, ranks_))
+            events.normal(tj, reason=Reason.SPLIT_CHANGED, message=split_message(moved, ranks_))
         return [r.uid for r, total in moved if total < r.limit]
 
     def forget(self, key: TjKey) -> None:
@@ -222,11 +222,11 @@ def resize_pod(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], tota
     split = "" if len(containers) < 2 else " (" + ", ".join(
         f"{c['name']} {c['resources']['limits']['cpu']}" for c in containers) + ")"
     if total > target:
-        kopf.info(body, reason=Reason.QUOTA_LIFTED,
+        events.normal(body, reason=Reason.QUOTA_LIFTED,
                   message=f"pod {name}: CPU limits lifted to {total:g} cores{split}: the "
                           f"{target:g}-core target would slow it more than maxSlowdown")
     else:
-        kopf.info(body, reason=Reason.QUOTA_RESIZED,
+        events.normal(body, reason=Reason.QUOTA_RESIZED,
                   message=f"pod {name}: CPU limits resized to the {target:g}-core "
                           f"target{split}")
     return True

@@ -22,7 +22,7 @@ from typing import Any
 
 import kopf
 
-from . import child
+from . import child, events
 from .children import LABEL_NAME, job_owner_name, sidecar_endpoint
 from .job_split import Rank, job_scoped
 from .kube import Kube
@@ -74,7 +74,7 @@ class OperatorState:
     stop: threading.Event = field(default_factory=threading.Event)
     # The one writer of the pods' CPU limits (pod_limits.py), with what it was refused.
     limits: PodLimits = field(init=False)
-    # kopf.info/warn find kopf's event queue in context variables, set for handlers (not
+    # kopf.event/warn find kopf's event queue in context variables, set for handlers (not
     # yet for startup activities): the pool's threads run in a copy of a handler's.
     context: contextvars.Context | None = None
 
@@ -125,7 +125,7 @@ def sync_from_job(state: OperatorState, namespace: str, name: str, job_name: str
             kopf.warn(tj, reason=Reason.JOB_DELETED,
                       message=(condition(new, Condition.FAILED) or {}).get("message", ""))
         else:
-            post = kopf.warn if phase == Phase.FAILED else kopf.info
+            post = kopf.warn if phase == Phase.FAILED else events.normal
             post(tj, reason=f"Job{phase}",
                  message=f"{current.get('kind', 'Job')} {job_name} is {phase}")
     return ours
