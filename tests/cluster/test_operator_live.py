@@ -197,8 +197,9 @@ def test_operator_rides_out_an_api_server_restart(
 def test_a_job_is_made_once_and_never_again(
         kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
     """A Job gone after it finished (its TTL) is not made again when the operator
-    resumes: that would run the work twice. One deleted while it ran, with the operator
-    down or up, fails its ThrottledJob (JobDeleted), and is not made again either."""
+    resumes: that would run the work twice. One deleted while it ran fails its
+    ThrottledJob, and is not made again either: JobDeleted as the watch saw it, JobGone
+    where the operator was down (its end not seen)."""
     real_operator.start()
     kubectl.apply(tj_manifest("done", namespace, run_for="1s"),
                   *(tj_manifest(n, namespace, run_for="1h") for n in ("cut", "cut-live")))
@@ -215,11 +216,11 @@ def test_a_job_is_made_once_and_never_again(
     kubectl("delete", "job", "-n", namespace, "cut-live")
     wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Failed",
               "tj", "-n", namespace, "cut-live", what="cut-live Failed")
-    for n in ("cut", "cut-live"):
+    for n, reason in (("cut", "JobGone"), ("cut-live", "JobDeleted")):
         failed = tj_condition(kubectl, namespace, n, "Failed")
-        assert (failed["status"], failed["reason"]) == ("True", "JobDeleted"), failed
+        assert (failed["status"], failed["reason"]) == ("True", reason), failed
         assert tj_condition(kubectl, namespace, n, "Ready")["status"] == "False"
-        assert ("Warning", "JobDeleted") in tj_events(kubectl, namespace, n)
+        assert ("Warning", reason) in tj_events(kubectl, namespace, n)
     time.sleep(3)   # a resync or a retry that would make one has had its chance
     assert {n: len(jobs_of(kubectl, namespace, n)) for n in ("done", "cut", "cut-live")} \
         == {"done": 0, "cut": 0, "cut-live": 0}

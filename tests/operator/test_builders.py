@@ -559,10 +559,12 @@ def test_a_jobs_own_failure_is_not_cleared_as_a_fixed_spec() -> None:
 
 @pytest.mark.parametrize(("phase", "gone"), [("Running", True), ("Suspended", True),
                                              ("Succeeded", False), ("Failed", False)])
-def test_a_job_gone_before_it_finished_fails_its_throttledjob(phase: str, gone: bool) -> None:
+@pytest.mark.parametrize(("deleted", "reason"), [(True, "JobDeleted"), (False, "JobGone")])
+def test_a_job_gone_before_it_finished_fails_its_throttledjob(
+        phase: str, gone: bool, deleted: bool, reason: str) -> None:
     st = status_job_created({}, "train", 1, NOW)
     st = {**status_from_job(st, {"status": {"active": 1}}, {}, NOW), "phase": phase}
-    after = status_job_gone(st, "train", NOW)
+    after = status_job_gone(st, "train", NOW, deleted)
     if not gone:   # its TTL, after it finished: nothing changes
         assert after == st
         return
@@ -570,10 +572,17 @@ def test_a_job_gone_before_it_finished_fails_its_throttledjob(phase: str, gone: 
     for type_ in ("Failed", "Ready"):
         c = condition(after, type_)
         assert (c["status"], c["reason"]) == ("True" if type_ == "Failed" else "False",
-                                              "JobDeleted")
+                                              reason)
         assert "re-create the ThrottledJob" in c["message"]
     # Another Job's name (one made anew for a ThrottledJob of the same name): not ours.
-    assert status_job_gone(st, "train-old", NOW) == st
+    assert status_job_gone(st, "train-old", NOW, deleted) == st
+    # Taken for gone by a read that missed it, then seen to complete: Succeeded, and no
+    # Failed condition says otherwise.
+    done = status_from_job(after, {"status": {"conditions": [
+        {"type": "Complete", "status": "True"}]}}, {}, NOW)
+    assert done["phase"] == "Succeeded"
+    assert (condition(done, "Failed")["status"], condition(done, "Ready")["status"]) == (
+        "False", "True")
 
 
 def test_sidecar_endpoint_from_the_pod() -> None:

@@ -23,7 +23,7 @@ from throttledjob.operator import events as operator_events
 from throttledjob.operator import job_split
 from throttledjob.operator.children import build_child
 from throttledjob.operator.job_split import Rank, moves, ranks, shares
-from throttledjob.operator.kube import ApiError
+from throttledjob.operator.kube import ApiError, Kube
 from throttledjob.operator.names import SIDECAR_CONTAINER
 from throttledjob.operator.poller import OperatorState, job_view, read_sidecars
 from throttledjob.operator.settings import OperatorSettings
@@ -340,8 +340,10 @@ class Cluster(Kubelet):
         super().__init__(pods)
         self.tj = tj
 
-    def get(self, path: str) -> None:
-        return None
+    tj_path = staticmethod(Kube.tj_path)
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.tj) if path == Kube.tj_path("ml", "train") else None
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.listed()
@@ -353,8 +355,11 @@ class Cluster(Kubelet):
 
     def resize_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         out = super().resize_pod(namespace, name, patch)
-        assert sum(job_split.applied_limit(p) or 0 for p in self.listed()) <= TARGET + 1e-9
+        assert sum(job_split.applied_limit(p) or 0 for p in self.listed()) <= self.target()
         return out
+
+    def target(self) -> float:
+        return float(self.tj["spec"]["throttle"]["targets"]["cpu"]["peak"]) + 1e-9
 
     def apply(self, name: str) -> None:
         """The kubelet applies the pod's deferred resize."""
@@ -363,13 +368,14 @@ class Cluster(Kubelet):
             "resources"]["limits"]["cpu"]
 
 
-@pytest.mark.parametrize("applied_after", [0.2, None])
+@pytest.mark.parametrize(("applied_after", "cut"), [(0.2, False), (None, False), (0.2, True)])
 def test_a_grow_follows_its_shrink_as_soon_as_the_kubelet_has_applied_it(
-        monkeypatch: pytest.MonkeyPatch, applied_after: float | None) -> None:
+        monkeypatch: pytest.MonkeyPatch, applied_after: float | None, cut: bool) -> None:
     """One read of the sidecars: rank 1 costs twice rank 0 a step. Rank 0 shrinks; once
     the kubelet has applied that, rank 1 grows in the same read, not one status interval
     later. A shrink the kubelet has not applied by half the interval leaves the grow to
-    the next read (the sum of the limits in force never passes the target)."""
+    the next read; a target cut meanwhile is the one grown to. The sum of the limits in
+    force never passes the target."""
     monkeypatch.setattr(operator_events, "normal", lambda *a, **k: None)
     sidecars = [FakeSidecar(), FakeSidecar()]
     for sidecar, cost in zip(sidecars, (0.125, 0.25), strict=True):
@@ -384,12 +390,17 @@ def test_a_grow_follows_its_shrink_as_soon_as_the_kubelet_has_applied_it(
     cluster.defer = True
     if applied_after is not None:
         threading.Timer(applied_after, cluster.apply, ["train-0"]).start()
+    if cut:   # an edit while the grow waits
+        threading.Timer(0.1, lambda: tj["spec"]["throttle"]["targets"]["cpu"].update(
+            peak="0.9")).start()
     began = time.monotonic()
     read_sidecars(state, "ml", tj["metadata"]["name"])
     took = time.monotonic() - began
     for sidecar in sidecars:
         sidecar.close()
-    if applied_after is None:
+    if cut:
+        assert cluster.calls == [("train-0", "333m"), ("train-0", "300m"), ("train-1", "567m")]
+    elif applied_after is None:
         assert cluster.calls == [("train-0", "333m")]
         assert took < 3.0  # half the status interval (2 s), and the read
     else:

@@ -306,3 +306,25 @@ def test_the_limit_is_split_by_what_each_container_wanted(
     lift(state, tj, [(pod, {**STATUS_DOC, "cpuDemandCores": {
         "train": 2.0}})])
     assert applied() == ["900m", "100m"] and len(kube.patches) == 3
+
+
+def test_a_child_is_found_at_the_kind_it_was_made_whatever_the_spec_says_now() -> None:
+    """A spec switched from jobTemplate to jobSetTemplate after its Job was made: the Job
+    is still found (read as gone, the ThrottledJob was failed while its Job ran); and
+    where the operator may not read the other kind (403), it is simply not there."""
+    from throttledjob.operator import child
+    from throttledjob.operator.poller import get_child
+
+    class Api:
+        def __init__(self, there: str | None, jobsets_forbidden: bool = False) -> None:
+            self.there, self.forbidden = there, jobsets_forbidden
+
+        def get(self, path: str) -> dict[str, Any] | None:
+            kind = path.split("/")[-2]
+            if kind == "jobsets" and self.forbidden:
+                raise ApiError(403, "jobsets.jobset.x-k8s.io is forbidden")
+            return {"path": path} if kind == self.there else None
+
+    job = child.path("ml", "train", False)
+    assert get_child(Api("jobs"), "ml", "train", jobset=True) == {"path": job}
+    assert get_child(Api(None, jobsets_forbidden=True), "ml", "train", jobset=False) is None

@@ -35,6 +35,7 @@ from .names import DEFAULT_INJECT, GROUP, PLURAL, VERSION
 from .poller import (
     POLL_THREADS,
     OperatorState,
+    get_child,
     job_pods,
     poll,
     set_workload_active,
@@ -44,6 +45,7 @@ from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
 from .status import (
     Condition,
+    Phase,
     Reason,
     now_iso,
     set_condition,
@@ -171,10 +173,7 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     generation = body.meta.get("generation")
     made = (body.status or {}).get("jobName")
     if made:
-        # Made once (the operator resumes): never again. Gone after it finished (its
-        # TTL) or deleted while it ran, a Job made anew would run the work a second time.
-        sync_from_job(state, ns, name, made,
-                      kube.get(child.path(ns, made, child.is_jobset(body.spec))))
+        _resume(state, body, made)
         return
     try:
         doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
@@ -183,12 +182,9 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     cm = build_configmap(name, doc)
     kopf.adopt(cm, owner=body)
     cm_path = f"/api/v1/namespaces/{ns}/configmaps"
-    if kube.create(cm_path, cm) is None:
-        existing = kube.get(f"{cm_path}/{cm['metadata']['name']}") or {}
-        if not owned_by(existing, body.meta.uid or ""):
-            _wait_for_predecessor(kube, body, existing, "ConfigMap")
-            _refuse(kube, body, SpecError(Refusal.CONFIG_MAP_NAME_TAKEN, f"ConfigMap "
-                    f"{cm['metadata']['name']} exists and is not ours"), generation)
+    if _create(kube, body, cm_path, cm, generation) is None:
+        _existing(kube, body, f"{cm_path}/{cm['metadata']['name']}", "ConfigMap",
+                  Refusal.CONFIG_MAP_NAME_TAKEN, generation)
         kube.merge_patch(f"{cm_path}/{cm['metadata']['name']}", {"data": cm["data"]})
     job = build_child(body, doc, state.settings)
     if (body.spec.get("suspend") and queued_by_kueue(job)
@@ -201,17 +197,8 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     kind = job["kind"]
     jobs_path = child.collection_path(ns, child.is_jobset(body.spec))
     try:
-        current = kube.create(jobs_path, job)
+        current = _create(kube, body, jobs_path, job, generation)
     except ApiError as e:
-        if e.status in (400, 422):
-            # Invalid as the API server reads it (a field our checks do not read, such
-            # as backoffLimit: -1): asked again, it would be refused again, forever.
-            _refuse(kube, body, SpecError(Refusal.INVALID_JOB_TEMPLATE, f"the API server "
-                    f"refused the {kind}: {e}"), generation)
-        if e.status == 403:
-            # An admission policy or a quota: retried with backoff, and said meanwhile.
-            _set_condition(kube, body, Condition.READY, False, Reason.CHILD_FORBIDDEN,
-                           f"cannot create the {kind}: {e}")
         if e.status != 404:
             raise
         # No JobSet API in this cluster: say so, and look again later (it may be installed).
@@ -221,12 +208,8 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
         raise kopf.TemporaryError(message, delay=60) from None
     created = current is not None
     if current is None:
-        current = kube.get(f"{jobs_path}/{job['metadata']['name']}") or {}
-        if not owned_by(current, body.meta.uid or ""):
-            _wait_for_predecessor(kube, body, current, kind)
-            _refuse(kube, body, SpecError(Refusal.JOB_NAME_TAKEN, f"{kind} "
-                    f"{job['metadata']['name']} exists and is not owned by this "
-                    "ThrottledJob"), generation)
+        current = _existing(kube, body, f"{jobs_path}/{job['metadata']['name']}", kind,
+                            Refusal.JOB_NAME_TAKEN, generation)
     now = now_iso()
     # The phase comes from the child as it is now: after a restart it may be running or
     # finished already, and its events may have been handled before this.
@@ -235,12 +218,68 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
     if created:
         logger.info("created %s %s", kind, job["metadata"]["name"])
         events.normal(body, reason=Reason.JOB_CREATED,
-                  message=f"Created {kind} {job['metadata']['name']} and ConfigMap "
-                          f"{cm['metadata']['name']}")
+                      message=f"Created {kind} {job['metadata']['name']} and ConfigMap "
+                              f"{cm['metadata']['name']}")
         for reason, warning in ((Reason.QUOTA_UNAVAILABLE, quota_warning(body, doc)),
                                 (Reason.SIGNALS_MAY_FAIL, signals_uid_warning(body, doc))):
             if warning:
                 kopf.warn(body, reason=reason, message=warning)
+
+
+def _resume(state: OperatorState, body: kopf.Body, made: str) -> None:
+    """The operator resumes a ThrottledJob whose Job (`made`) it made: the status read
+    from the Job, never a Job made again (gone after it finished, by its TTL, or
+    deleted, a Job made anew would run the work a second time); and while it runs, its
+    ConfigMap made again if it went (the Job's new pods mount it)."""
+    kube, ns, name = state.kube, body.meta.namespace or "", body.meta.name or ""
+    sync_from_job(state, ns, name, made,
+                  get_child(kube, ns, made, child.is_jobset(body.spec)))
+    if (body.status or {}).get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
+        return
+    try:
+        doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
+    except SpecError:
+        return   # a rule newer than the running Job: it runs on as it was made
+    cm = build_configmap(name, doc)
+    cm_path = f"/api/v1/namespaces/{ns}/configmaps"
+    if kube.get(f"{cm_path}/{cm['metadata']['name']}") is None:
+        kopf.adopt(cm, owner=body)
+        kube.create(cm_path, cm)
+
+
+def _create(kube: Kube, body: kopf.Body, path: str, obj: dict[str, Any],
+            generation: int | None) -> dict[str, Any] | None:
+    """kube.create of a child (None: one of its name exists), with the API server's
+    refusals said: 400/422 refuse the spec for good (a field our checks do not read, such
+    as backoffLimit: -1: asked again, it would be refused again, forever); 403 (an
+    admission policy, a quota) says so in Ready and is retried with backoff."""
+    kind = obj.get("kind", "object")
+    try:
+        return kube.create(path, obj)
+    except ApiError as e:
+        if e.status in (400, 422):
+            _refuse(kube, body, SpecError(Refusal.INVALID_JOB_TEMPLATE, f"the API server "
+                    f"refused the {kind}: {e}"), generation)
+        if e.status == 403:
+            _set_condition(kube, body, Condition.READY, False, Reason.CHILD_FORBIDDEN,
+                           f"cannot create the {kind}: {e}")
+        raise
+
+
+def _existing(kube: Kube, body: kopf.Body, path: str, kind: str, taken: Refusal,
+              generation: int | None) -> dict[str, Any]:
+    """The object of a child's name that its create found: ours (a retry after a lost
+    answer, a restart); one an earlier ThrottledJob of this name left, waited for; gone
+    since the create (collected), tried again; else the name is refused."""
+    existing = kube.get(path)
+    if existing is None:
+        raise kopf.TemporaryError(f"{kind} {path.rsplit('/', 1)[1]} went while the create "
+                                  "met it: trying again", delay=PREDECESSOR_RETRY_SECONDS)
+    if not owned_by(existing, body.meta.uid or ""):
+        _wait_for_predecessor(kube, body, existing, kind)
+        _refuse(kube, body, SpecError(taken, f"{kind} {path.rsplit('/', 1)[1]} exists and "
+                                             "is not owned by this ThrottledJob"), generation)
+    return existing
 
 
 @kopf.on.resume(*RESOURCE)
@@ -402,9 +441,9 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
     if type == "DELETED" and state.job_uids.get(key) == uid:
         del state.job_uids[key]
     try:   # a Job deleted before it finished fails the ThrottledJob (status_job_gone)
-        current = None if type == "DELETED" else body
-        ours = sync_from_job(state, namespace, owner, name, current, ref.get("uid"))
-        if ours and current is not None:
+        deleted = type == "DELETED"
+        ours = sync_from_job(state, namespace, owner, name, body, ref.get("uid"), deleted)
+        if ours and not deleted:
             state.job_uids[key] = uid
     except ApiError as e:
         # Event handlers are not retried by kopf; the poller's resync catches up.

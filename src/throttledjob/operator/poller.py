@@ -25,12 +25,13 @@ import kopf
 from . import child, events
 from .children import LABEL_NAME, job_owner_name, sidecar_endpoint
 from .job_split import Rank, job_scoped
-from .kube import Kube
+from .kube import ApiError, Kube
 from .kueue import active_patch, queued_by_kueue, workload_path
 from .pod_limits import PodLimits, job_ranks, shrunk_applied, target_of
 from .settings import OperatorSettings
 from .sidecar_status import StatusReader, StatusReadError
 from .status import (
+    GONE_REASONS,
     Condition,
     Phase,
     Reason,
@@ -95,39 +96,59 @@ def resync_from_job(state: OperatorState, namespace: str, name: str,
     """Level-triggered: the Job (or JobSet) as it is now -> phase and conditions."""
     if not job_name:
         return
-    sync_from_job(state, namespace, name, job_name,
-                  state.kube.get(child_path(state, namespace, name, job_name)))
+    sync_from_job(state, namespace, name, job_name, get_child(
+        state.kube, namespace, job_name, (namespace, name) in state.jobsets))
+
+
+def get_child(kube: Kube, namespace: str, job_name: str,
+              jobset: bool) -> dict[str, Any] | None:
+    """The ThrottledJob's Job (or JobSet, `jobset`) named `job_name`, or None where
+    neither kind of that name is there: a spec switched between jobTemplate and
+    jobSetTemplate after its child was made leaves the child of its first kind."""
+    found = kube.get(child.path(namespace, job_name, jobset))
+    if found is None:
+        try:
+            found = kube.get(child.path(namespace, job_name, not jobset))
+        except ApiError as e:
+            if e.status != 403:   # forbidden: the operator runs without that kind
+                raise
+    return found
 
 
 def sync_from_job(state: OperatorState, namespace: str, name: str, job_name: str,
-                  current: Mapping[str, Any] | None, owner_uid: str | None = None) -> bool:
-    """The Job (or JobSet) `job_name` as it is now (`current`; None: gone) -> the
-    ThrottledJob's phase and conditions (status_job_gone for a Job gone), with an event
-    where the phase changes. `owner_uid`: only if the ThrottledJob has that uid (the Job
-    of an earlier ThrottledJob of this name, deleted and made anew, is not its). Returns
+                  current: Mapping[str, Any] | None, owner_uid: str | None = None,
+                  deleted: bool = False) -> bool:
+    """The Job (or JobSet) `job_name` as it is now (`current`; None: not found) -> the
+    ThrottledJob's phase and conditions, with an event where the phase changes. A Job
+    not found, or `deleted` (its watch's last state, `current`) before it finished:
+    status_job_gone. `owner_uid`: only if the ThrottledJob has that uid (the Job of an
+    earlier ThrottledJob of this name, deleted and made anew, is not its). Returns
     whether the ThrottledJob was the Job's."""
     now, job = now_iso(), child.as_job(current) if current is not None else None
     ours = False
 
     def mutate(st: dict[str, Any], tj: Mapping[str, Any]) -> dict[str, Any]:
         nonlocal ours
-        ours = owner_uid is None or (tj.get("metadata") or {}).get("uid") == owner_uid
+        meta = tj.get("metadata") or {}
+        ours = owner_uid is None or meta.get("uid") == owner_uid
         if not ours:
             return st
-        return status_from_job(st, job, tj, now) if job is not None \
-            else status_job_gone(st, job_name, now)
+        out = status_from_job(st, job, tj, now) if job is not None else st
+        if (job is None or deleted) and not meta.get("deletionTimestamp"):
+            out = status_job_gone(out, job_name, now, deleted)
+        return out
 
     result = state.kube.update_status(namespace, name, mutate)
     if result and result[1].get("phase") != result[2].get("phase"):
         tj, _, new = result
         phase = new.get("phase")
-        if current is None:
-            kopf.warn(tj, reason=Reason.JOB_DELETED,
-                      message=(condition(new, Condition.FAILED) or {}).get("message", ""))
+        failed = condition(new, Condition.FAILED) or {}
+        if phase == Phase.FAILED and failed.get("reason") in GONE_REASONS:
+            kopf.warn(tj, reason=failed["reason"], message=failed.get("message", ""))
         else:
             post = kopf.warn if phase == Phase.FAILED else events.normal
             post(tj, reason=f"Job{phase}",
-                 message=f"{current.get('kind', 'Job')} {job_name} is {phase}")
+                 message=f"{(current or {}).get('kind', 'Job')} {job_name} is {phase}")
     return ours
 
 
@@ -231,7 +252,10 @@ def grow_into_shrinks(state: OperatorState, tj: Mapping[str, Any], job_uid: str,
     while time.monotonic() < deadline and not state.stop.wait(SHRINK_CHECK_SECONDS):
         pods = job_pods(state.kube, namespace, name, job_uid)
         if shrunk_applied(pods, shrunk):
-            state.limits.reconcile(tj, pods, reports)
+            # As it is now: a target cut meanwhile is not grown past.
+            now = state.kube.get(state.kube.tj_path(namespace, name))
+            if now is not None:
+                state.limits.reconcile(now, pods, reports)
             return
 
 

@@ -93,6 +93,8 @@ class Reason(Choice):
     CHILD_FORBIDDEN = "JobForbidden"
     # Failed True, Ready False: the Job went before it finished; also the event.
     JOB_DELETED = "JobDeleted"
+    # The same where its end was not seen (gone while the operator was not watching).
+    JOB_GONE = "JobGone"
     # Events only.
     POLICY_UPDATED = "PolicyUpdated"
     SIGNALS_MAY_FAIL = "SignalsMayFail"
@@ -203,6 +205,11 @@ def status_from_job(status: Mapping[str, Any], job: Mapping[str, Any] | None,
         conds = set_condition(conds, Condition.COMPLETE, True, Reason.JOB_COMPLETE,
                               job_conds[Condition.COMPLETE].get("message") or "the Job completed",
                               now)
+        if (condition(status, Condition.FAILED) or {}).get("reason") in GONE_REASONS:
+            # Taken for gone (a read that missed it), then seen to complete after all.
+            for type_, ok in ((Condition.FAILED, False), (Condition.READY, True)):
+                conds = set_condition(conds, type_, ok, Reason.JOB_COMPLETE,
+                                      "the Job completed", now)
     elif Condition.FAILED in job_conds:
         out["phase"] = Phase.FAILED
         c = job_conds[Condition.FAILED]
@@ -239,20 +246,31 @@ def status_from_job(status: Mapping[str, Any], job: Mapping[str, Any] | None,
     return out
 
 
-def status_job_gone(status: Mapping[str, Any], job: str, now: str) -> dict[str, Any]:
-    """The ThrottledJob's Job (or JobSet) `job` is gone. Gone after it finished (its
-    ttlSecondsAfterFinished, a clean-up), the status stays. Gone before, its work has
-    stopped: Failed, and the operator never makes it again, as a Job made anew would run
-    the work a second time."""
+# The Failed reasons of a Job gone (status_job_gone); a Job seen to complete after all
+# clears them.
+GONE_REASONS = (Reason.JOB_DELETED, Reason.JOB_GONE)
+
+
+def status_job_gone(status: Mapping[str, Any], job: str, now: str,
+                    deleted: bool = False) -> dict[str, Any]:
+    """The ThrottledJob's Job (or JobSet) `job` is gone: `deleted` as its watch showed
+    (its last state read first, by status_from_job), else not found. Gone after it
+    finished (its ttlSecondsAfterFinished, a clean-up), the status stays. Gone before,
+    or with its end not seen: Failed, and the operator never makes it again, as a Job
+    made anew would run the work a second time."""
     if status.get("jobName") != job or status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
         return dict(status)
-    message = (f"{job} was deleted before it finished; delete and re-create the "
-               "ThrottledJob to run it again")
+    reason, message = ((Reason.JOB_DELETED, f"{job} was deleted before it finished")
+                       if deleted else
+                       (Reason.JOB_GONE, f"{job} is gone and its end was not seen (deleted, "
+                        "or removed by its ttlSecondsAfterFinished while the operator was not "
+                        "watching)"))
+    message += "; delete and re-create the ThrottledJob to run it again"
     out = dict(status)
     out["phase"] = Phase.FAILED
-    conds = set_condition(status.get("conditions"), Condition.FAILED, True,
-                          Reason.JOB_DELETED, message, now)
-    conds = set_condition(conds, Condition.READY, False, Reason.JOB_DELETED, message, now)
+    conds = set_condition(status.get("conditions"), Condition.FAILED, True, reason, message,
+                          now)
+    conds = set_condition(conds, Condition.READY, False, reason, message, now)
     if condition(status, Condition.THROTTLING):
         conds = set_condition(conds, Condition.THROTTLING, False, Reason.NOT_RUNNING,
                               f"the Job is {Phase.FAILED}", now)
