@@ -257,7 +257,6 @@ def test_sigkill_of_the_tool_never_leaves_descendants_stopped(start_until_stoppe
     # Found before the command runs, not after a run of hours (which read as "command not
     # found", exit 127, with the command's own result lost).
     (["--report", "{tmp}", "--", "touch", "{marker}"], "is a directory"),
-    (["--report", "/dev/full", "--", "touch", "{marker}"], "/dev/full is not a regular file"),
     (["--report", "/proc/r.json", "--", "touch", "{marker}"], "cannot write in /proc"),
     (["--report", "", "--", "touch", "{marker}"], "--report: an empty path"),
     (["--metrics-port", "99999", "--", "touch", "{marker}"], "99999 is not a port"),
@@ -302,6 +301,22 @@ def test_unknown_command_exits_127(throttledjob_cmd, tmp_path):
     proc, _ = run(throttledjob_cmd, ["--", "no-such-command-xyz"], tmp_path)
     assert proc.returncode == 127
     assert proc.stderr.strip() == "throttledjob run: error: command not found: no-such-command-xyz"
+
+
+def test_a_report_goes_through_a_symlink_and_to_stdout(throttledjob_cmd, tmp_path):
+    """Written where a symlink points (not over the link), and to /dev/stdout as it is."""
+    target = tmp_path / "runs" / "latest.json"
+    target.parent.mkdir()
+    target.write_text("{}")
+    link = tmp_path / "report.json"
+    link.symlink_to(target)
+    proc = subprocess.run([*throttledjob_cmd, "run", "--quiet", "--report", str(link), "--",
+                           "true"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and link.is_symlink()
+    assert json.loads(target.read_text())["exit_code"] == 0
+    proc = subprocess.run([*throttledjob_cmd, "run", "--quiet", "--report", "/dev/stdout",
+                           "--", "true"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["exit_code"] == 0
 
 
 def test_a_file_that_is_no_program_exits_126_in_one_line(throttledjob_cmd, tmp_path):
@@ -359,8 +374,9 @@ def test_ctrl_z_stops_the_command_with_us_and_fg_resumes_both(throttledjob_cmd, 
                              sys.executable, "-c", "import time, sys; time.sleep(2.5); "
                              f"open({str(done)!r}, 'w')"])
     try:
+        # As exec'd: a fork of ours not yet exec'd has our command line.
         (command,) = wait_for(lambda: [c for c in psutil.Process(proc.pid).children()
-                                       if c.cmdline()[:1] == [sys.executable]],
+                                       if c.cmdline()[:2] == [sys.executable, "-c"]],
                               timeout=30, what="the command")
         proc.send_signal(signal.SIGTSTP)
         wait_for(lambda: command.status() == psutil.STATUS_STOPPED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import resource
 import select
@@ -87,7 +88,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         report["controller"]["loop_cpu_percent"] = round(
             100 * loop_cpu / max(1e-9, loop_wall), 3)
         try:   # the command's exit code stands whatever befalls the report
-            write_json_atomic(report_path, report, indent=2, mode=0o666 & ~_umask())
+            write_report(report_path, report)
         except (OSError, ValueError) as e:
             sys.stderr.write(f"throttledjob run: error: --report: cannot write "
                              f"{report_path}: {getattr(e, 'strerror', None) or e}\n")
@@ -100,7 +101,8 @@ class CommandNotStarted(Exception):
 
     def __init__(self, command: str, error: OSError) -> None:
         not_found = isinstance(error, FileNotFoundError)
-        what = ("command not found" if not_found else "permission denied"
+        what = ("command not found" if not_found else "is a directory"
+                if os.path.isdir(command) else "permission denied"
                 if isinstance(error, PermissionError) else f"cannot run ({error.strerror})")
         super().__init__(f"{what}: {command!r}" if not command else f"{what}: {command}")
         self.exit_code = 127 if not_found else 126
@@ -115,8 +117,8 @@ def _spawn(cmd: list[str], env: dict[str, str]
     and with SIGCONT as its parent-death signal so that a SIGKILL of this process cannot
     leave it stopped. The forwarded signals are held back until the handlers are in;
     the command gets them as we had them."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, START_HELD_SIGNALS)
     on_death = _continue_on_parent_death()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, START_HELD_SIGNALS)
 
     def in_child() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
@@ -135,8 +137,26 @@ def _spawn(cmd: list[str], env: dict[str, str]
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
+def write_report(path: str, report: dict[str, Any]) -> None:
+    """The report, whole or not at all: a regular file (or none yet) is replaced by
+    rename, through a symlink to where it points, keeping an existing file's mode; a
+    device or a pipe (/dev/stdout) is written as it is."""
+    if os.path.exists(path) and not os.path.isfile(path):   # stat, through any link
+        with open(path, "w") as f:
+            f.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        return
+    real = os.path.realpath(path)
+    mode = os.stat(real).st_mode & 0o777 if os.path.exists(real) else 0o666 & ~_umask()
+    write_json_atomic(real, report, indent=2, mode=mode)
+
+
 def _umask() -> int:
-    mask = os.umask(0)
+    """The process's umask, read without setting it (os.umask sets it, for every thread)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
@@ -148,9 +168,9 @@ def report_problem(path: str) -> str | None:
         return "an empty path"
     if os.path.isdir(path):
         return f"{path} is a directory"
-    if os.path.lexists(path) and not os.path.isfile(path):
-        return f"{path} is not a regular file"   # /dev/full, a FIFO: never replaced
-    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(path) and not os.path.isfile(path):
+        return None   # a device or a pipe (/dev/stdout): written as it is, at the end
+    directory = os.path.dirname(os.path.realpath(path))
     try:
         fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     except OSError as e:
