@@ -120,7 +120,7 @@ def test_cooperative_pacing_holds_the_target(throttledjob_cmd, tmp_path):
                                           "--enforcement", "cooperative", "--",
                                           *HUNGRY, "--units", "50", "--cooperative"],
                        tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     # Pacing starts at the first step(): the first sample holds interpreter start-up and
     # forks, unpaced in this mode (Both and Quota cover it).
     _, *rest = report["cpu_recent_samples"]
@@ -129,6 +129,19 @@ def test_cooperative_pacing_holds_the_target(throttledjob_cmd, tmp_path):
     levers = report["controller"]["levers_used"]
     assert "pacing" in levers and "signals" not in levers  # (the explorer may add threads)
     assert report["controller"]["signal_paused_seconds"] == 0.0
+
+
+def test_cooperative_enforcement_of_a_program_that_never_steps_says_so(throttledjob_cmd,
+                                                                        tmp_path):
+    """Nothing paces a program that does not call step(): the run says so in one line
+    (it held nothing, and said nothing)."""
+    proc, report = run(throttledjob_cmd, ["--cpu-peak", "0.3", "--enforcement",
+                                          "cooperative", "--", *HUNGRY, "--units", "300"],
+                       tmp_path)
+    assert proc.returncode == 0 and report["steps"] == 0
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("throttledjob run: warning: enforcement cooperative, but the "
+                           "command reported no step"), line
 
 
 def test_workload_under_target_is_left_alone(throttledjob_cmd, tmp_path):

@@ -81,6 +81,8 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         _clean_up(agent, exporter, proc, guardian, previous_handlers, settings_dir)
     if status_stream is not None:
         status_stream.write("\n" if _is_tty(status_stream) else "")
+    if warning := uncooperative(agent.result):
+        sys.stderr.write(f"throttledjob run: warning: {warning}\n")
     if report_path:
         report = build_report(agent.result, time.monotonic() - started, exit_code,
                               agent.choice.report(), gpu.report() if gpu else None)
@@ -285,6 +287,19 @@ def status_line(result: CycleResult) -> str:
         "throttling" if last.throttling else "under target")
     return (f"throttledjob: cpu {last.usage_cores:.2f} cores (target {target}, "
             f"p99 {result.cpu.p99 or 0.0:.2f}) | paused {last.pause_fraction:.0%} | {state}")
+
+
+def uncooperative(result: CycleResult) -> str | None:
+    """Why nothing held the target, where the run left it to a cooperation that never
+    came: enforcement cooperative, and the command reported no step (it does not use the
+    runtime library, nor torch under --inject). Else None."""
+    target, peak = result.policy.cpu_peak_cores, result.cpu.p99 or 0.0
+    if (result.plan.enforcement is not Enforcement.COOPERATIVE or result.last.steps
+            or not target or peak <= target * 1.05):
+        return None
+    return (f"enforcement cooperative, but the command reported no step: nothing held its "
+            f"CPU (p99 {peak:.2f} cores, target {target:g}); without the runtime library "
+            "(or torch under --inject), use --enforcement quota, signals or both")
 
 
 def build_report(result: CycleResult, wall: float, exit_code: int,
