@@ -187,8 +187,7 @@ def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> No
                   Refusal.CONFIG_MAP_NAME_TAKEN, generation)
         kube.merge_patch(f"{cm_path}/{cm['metadata']['name']}", {"data": cm["data"]})
     job = build_child(body, doc, state.settings)
-    if (body.spec.get("suspend") and queued_by_kueue(job)
-            and not (body.status or {}).get("jobName")):
+    if body.spec.get("suspend") and queued_by_kueue(job):
         # Kueue admits a Job whose Workload is active at once; made suspended, the Job
         # could start before the Workload is held inactive. It is made on resume.
         kube.update_status(ns, name, lambda st, _: status_held_back(st, generation, now_iso()))
@@ -392,9 +391,9 @@ def _template_is_the_jobs(state: OperatorState, body: kopf.Body, job: str,
     """Whether the template (and inject) is again the one the Job was made from (an edit
     reverted): TemplateApplied is True again. A Job made before its hash was kept on it
     never matches."""
-    path = child.path(body.meta.namespace or "", job, child.is_jobset(body.spec))
     try:
-        current = state.kube.get(path) or {}
+        current = get_child(state.kube, body.meta.namespace or "", job,
+                            child.is_jobset(body.spec)) or {}
         made_from = ((current.get("metadata") or {}).get("annotations") or {}).get(
             TEMPLATE_HASH)
         if made_from != template_hash(body.spec):

@@ -253,9 +253,9 @@ def grow_into_shrinks(state: OperatorState, tj: Mapping[str, Any], job_uid: str,
         pods = job_pods(state.kube, namespace, name, job_uid)
         if shrunk_applied(pods, shrunk):
             # As it is now: a target cut meanwhile is not grown past.
-            now = state.kube.get(state.kube.tj_path(namespace, name))
-            if now is not None:
-                state.limits.reconcile(now, pods, reports)
+            current = state.kube.get(state.kube.tj_path(namespace, name))
+            if current is not None:
+                state.limits.reconcile(current, pods, reports)
             return
 
 

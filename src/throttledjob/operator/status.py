@@ -235,10 +235,7 @@ def status_from_job(status: Mapping[str, Any], job: Mapping[str, Any] | None,
         # Kueue un-suspends a Job only once its Workload is admitted.
         conds = set_condition(conds, Condition.ADMITTED, True, "Admitted", "admitted by Kueue",
                               now, generation)
-    if out["phase"] != Phase.RUNNING and condition(status, Condition.THROTTLING):
-        # Nothing to throttle any more (or yet): the last observed peaks stay.
-        conds = set_condition(conds, Condition.THROTTLING, False, Reason.NOT_RUNNING,
-                              f"the Job is {out['phase']}", now)
+    conds = _throttling_stopped(status, conds, out["phase"], now)
     for key in ("startTime", "completionTime"):
         if js.get(key):
             out[key] = js[key]
@@ -271,11 +268,18 @@ def status_job_gone(status: Mapping[str, Any], job: str, now: str,
     conds = set_condition(status.get("conditions"), Condition.FAILED, True, reason, message,
                           now)
     conds = set_condition(conds, Condition.READY, False, reason, message, now)
-    if condition(status, Condition.THROTTLING):
-        conds = set_condition(conds, Condition.THROTTLING, False, Reason.NOT_RUNNING,
-                              f"the Job is {Phase.FAILED}", now)
-    out["conditions"] = conds
+    out["conditions"] = _throttling_stopped(status, conds, Phase.FAILED, now)
     return out
+
+
+def _throttling_stopped(status: Mapping[str, Any], conds: list[dict[str, Any]], phase: str,
+                        now: str) -> list[dict[str, Any]]:
+    """Throttling False where the Job is not running (any more, or yet); the last observed
+    peaks stay."""
+    if phase == Phase.RUNNING or not condition(status, Condition.THROTTLING):
+        return conds
+    return set_condition(conds, Condition.THROTTLING, False, Reason.NOT_RUNNING,
+                         f"the Job is {phase}", now)
 
 
 def status_held_back(status: Mapping[str, Any], generation: int | None,

@@ -143,13 +143,19 @@ def write_report(path: str, report: dict[str, Any]) -> None:
     """The report, whole or not at all: a regular file (or none yet) is replaced by
     rename, through a symlink to where it points, keeping an existing file's mode; a
     device or a pipe (/dev/stdout) is written as it is."""
-    if os.path.exists(path) and not os.path.isfile(path):   # stat, through any link
+    if _written_as_is(path):
         with open(path, "w") as f:
             f.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
         return
     real = os.path.realpath(path)
     mode = os.stat(real).st_mode & 0o777 if os.path.exists(real) else 0o666 & ~_umask()
     write_json_atomic(real, report, indent=2, mode=mode)
+
+
+def _written_as_is(path: str) -> bool:
+    """A device or a pipe (/dev/stdout), through any link: written as it is, never
+    replaced by rename."""
+    return os.path.exists(path) and not os.path.isfile(path)
 
 
 def _umask() -> int:
@@ -170,8 +176,8 @@ def report_problem(path: str) -> str | None:
         return "an empty path"
     if os.path.isdir(path):
         return f"{path} is a directory"
-    if os.path.exists(path) and not os.path.isfile(path):
-        return None   # a device or a pipe (/dev/stdout): written as it is, at the end
+    if _written_as_is(path):
+        return None
     directory = os.path.dirname(os.path.realpath(path))
     try:
         fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=directory)
