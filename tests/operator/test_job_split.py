@@ -466,6 +466,27 @@ def test_a_silent_sidecar_a_deleted_pod_and_an_operator_restart_mid_split(
     assert kubelet.calls[-2:] == [("train-0", "231m"), ("train-1", "768m")]
 
 
+def test_a_pod_being_deleted_is_never_cut_and_its_share_goes_to_the_ranks_that_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 is evicted: it runs on through its grace period (phase Running, a
+    deletionTimestamp) while the Job controller has made its replacement. It keeps its
+    limit (it may be saving a checkpoint) and is no rank: rank 0 is not cut to make room
+    for it, nor listed twice at index 1."""
+    monkeypatch.setattr(operator_events, "normal", lambda *a, **k: None)
+    leaving = pod("train-1", "u1", "500m", "500m", index=1)
+    leaving["metadata"]["deletionTimestamp"] = "2026-11-28T10:00:00Z"
+    kubelet = Kubelet([pod("train-0", "u0", "500m", "500m", index=0), leaving,
+                       pod("train-1-b", "u2", "500m", phase="Pending", index=1)])
+    state = OperatorState(OperatorSettings(), kubelet, HttpStatusReader(1))  # type: ignore[arg-type]
+    tj = indexed()
+    tj["metadata"]["namespace"] = "ml"
+    reports = {"u0": report(0.5, 1.0), "u1": report(0.5, 1.0)}
+    pods = kubelet.listed()
+    state.limits.reconcile(tj, pods, reports)
+    assert kubelet.calls == []
+    assert [r.name for r in job_view(state, tj, pods, reports)[1]] == ["train-0", "train-1-b"]
+
+
 def test_the_status_figures_are_the_ones_the_schema_is_generated_from() -> None:
     """status.ranks[] and status.jobWide carry exactly the figures of RANK_FIGURES and
     JOB_WIDE_FIGURES, which the CRD's schema is generated from: a figure added to one

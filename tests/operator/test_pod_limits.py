@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from throttledjob.operator.pod_limits import plan
+import pytest
+
+from throttledjob.operator import events as operator_events
+from throttledjob.operator.pod_limits import PodLimits, plan
 
 
 def tj(peak: str, scope: str = "Pod") -> dict[str, Any]:
@@ -63,3 +66,26 @@ def test_under_scope_job_a_pod_not_read_keeps_its_limit() -> None:
     assert totals(resizes) == {} and [r.uid for r in ranks] == ["a", "b"]
     resizes, _ = plan(tj("1", "Job"), [pod("a", "300m"), pod("b", "500m")], {"a": report}, {})
     assert totals(resizes) == {"a": 0.5}
+
+
+class Resizes:
+    """The API's `pods/resize`, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def resize_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(name)
+        return {}
+
+
+def test_a_pod_being_deleted_keeps_its_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live edit of the target moves every pod but one being deleted: through its grace
+    period it may save a checkpoint, which a cut would slow (its sidecar has stood down
+    and asks for no lift, which read as a move back to the target)."""
+    monkeypatch.setattr(operator_events, "normal", lambda *a, **k: None)
+    leaving = pod("a", "1000m")
+    leaving["metadata"]["deletionTimestamp"] = "2026-11-28T10:00:00Z"
+    api = Resizes()
+    PodLimits(api).reconcile(tj("0.5"), [leaving, pod("b", "1000m")])  # type: ignore[arg-type]
+    assert api.calls == ["train-b"]

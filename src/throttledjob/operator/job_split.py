@@ -129,6 +129,11 @@ def settled(pod: Mapping[str, Any], now: float) -> bool:
     return True
 
 
+def terminating(pod: Mapping[str, Any]) -> bool:
+    """Being deleted: it runs on through its grace period, phase still Running."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
 def completion_index(pod: Mapping[str, Any]) -> int | None:
     meta = pod.get("metadata") or {}
     value = (meta.get("annotations") or {}).get(COMPLETION_INDEX)
@@ -154,12 +159,15 @@ def ranks(pods: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, 
           floor: float, held: Sequence[str] = (), now: float | None = None) -> list[Rank]:
     """The Job's Pending and Running pods that have CPU limits, by completion index, with
     their sidecars' reports (by pod uid) where read; `held`: uids that keep their limit;
-    `now` (Unix seconds): whether each has settled (None: every one has)."""
+    `now` (Unix seconds): whether each has settled (None: every one has). A pod being
+    deleted is not one: it keeps its limit through its grace period (never cut while it
+    may save a checkpoint) and its share goes to the ranks that run, its replacement's
+    among them; held, its share would be made up by cutting the ranks that run."""
     out = []
     for pod in pods:
         limit = applied_limit(pod)
         if (pod.get("status") or {}).get("phase") not in ("Pending", "Running") \
-                or limit is None:
+                or limit is None or terminating(pod):
             continue
         meta = pod.get("metadata") or {}
         uid = meta.get("uid", "")

@@ -42,6 +42,7 @@ from .job_split import (
     ranks,
     shares,
     split_message,
+    terminating,
 )
 from .kube import ApiError, Kube
 from .kueue import queued_tj
@@ -200,10 +201,13 @@ def resize_pod(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], tota
                tolerance: float = 0.0) -> bool | None:
     """Move one Pending or Running pod's workload limits to shares of `total` cores (by
     each container's measured `demand` where known: cpu_limits.shares), unless each is
-    within `tolerance` of its share already. Returns None when there was nothing to do,
+    within `tolerance` of its share already; a pod being deleted keeps its limits through
+    its grace period (its sidecar has stood down: it asks for no lift, and a cut would
+    slow its checkpoint). Returns None when there was nothing to do,
     True when resized, False when the API server refused (the old limits hold; a Warning
     says so). Raises ApiError when the failure may pass (retry)."""
-    if (pod.get("status") or {}).get("phase") not in ("Pending", "Running"):
+    if (pod.get("status") or {}).get("phase") not in ("Pending", "Running") \
+            or terminating(pod):
         return None
     patch = cpu_limits.resize(pod.get("spec") or {}, total, template, demand, tolerance)
     if patch is None:
