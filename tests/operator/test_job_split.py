@@ -242,6 +242,29 @@ def test_a_job_wide_target_that_cannot_be_held_is_refused(change: dict[str, Any]
         validate(body)
 
 
+def test_a_pods_own_limit_and_requests_are_weighed_against_its_even_share() -> None:
+    """A DDP template with limits.cpu 2 per rank takes a job-wide 4 cores over 2 pods (2
+    each, not 4 against one pod's 2); 5 cores would never bind. A request over the even
+    share leaves no limit to set: refused, where each sidecar would otherwise have held
+    its pod to the whole job-wide figure."""
+    def with_resources(peak: str, **resources: Any) -> dict[str, Any]:
+        body = indexed(targets={"cpu": {"peak": peak}})
+        body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0][
+            "resources"] = resources
+        return body
+
+    validate(with_resources("4", limits={"cpu": "2"}))
+    with pytest.raises(SpecError, match=r"2.5 cores for each of 2 pods\) exceeds the pod's "
+                                        "CPU limit of 2 cores"):
+        validate(with_resources("5", limits={"cpu": "2"}))
+    body = with_resources("1", requests={"cpu": "800m"})
+    body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"].append(
+        {"name": "loader", "image": "loader:1"})
+    with pytest.raises(SpecError, match="cannot be set at each pod's even share: container "
+                                        "trainer requests 0.8 CPU"):
+        validate(body)
+
+
 def test_more_ranks_than_the_split_takes_are_refused() -> None:
     body = indexed()
     body["spec"]["jobTemplate"]["spec"]["parallelism"] = 65

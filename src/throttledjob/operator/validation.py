@@ -169,7 +169,8 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False,
         _check_pod(pod, allow_host_access)
     _check_split(spec, doc, child.containers(spec))
     for pod in pods:
-        _check_reachable(doc, pod.get("containers") or [])
+        _check_reachable(doc, pod.get("containers") or [], child.pods_at_once(spec)
+                         if job_split.job_scoped(spec) else 1)
     return doc
 
 
@@ -227,6 +228,14 @@ def _check_split(spec: Mapping[str, Any], doc: Mapping[str, Any],
                         f"targets.cpu.peak {target:g} cores is under the {ranks * floor:g} "
                         f"cores its {ranks} pods need at least ({floor:g} each: their CPU "
                         f"requests, or {job_split.MIN_RANK_CORES:g})")
+    # Where scope Pod falls back to signals (quota_warning), scope Job has no lever: each
+    # sidecar would hold its pod to the whole job-wide figure.
+    for pod in child.pod_specs(spec):
+        why = cpu_limits.request_over_limit(pod.get("containers") or [], target / ranks)
+        if why:
+            raise SpecError(Refusal.UNREACHABLE_TARGET,
+                            f"scope Job holds its target by the pods' CPU limits, which "
+                            f"cannot be set at each pod's even share: {why}")
 
 
 def _refuse_host_access(pod: Mapping[str, Any], containers: list[Mapping[str, Any]]) -> None:
@@ -244,17 +253,21 @@ def _refuse_host_access(pod: Mapping[str, Any], containers: list[Mapping[str, An
                             "(operator setting THROTTLEDJOB_ALLOW_HOST_ACCESS)")
 
 
-def _check_reachable(doc: Mapping[str, Any], containers: list[Mapping[str, Any]]) -> None:
+def _check_reachable(doc: Mapping[str, Any], containers: list[Mapping[str, Any]],
+                     pods: int = 1) -> None:
+    """`pods`: how many pods share the target (scope Job: each pod's part is its even
+    share, so a limit is compared with that, not with the job-wide figure)."""
     targets = doc.get("targets") or {}
     peak = (targets.get("cpu") or {}).get("peak")
     limit = _cpu_limit_cores(containers)
     if peak is not None and limit is not None:
-        cores = parse_cpu_quantity(peak, "targets.cpu.peak")
+        cores = parse_cpu_quantity(peak, "targets.cpu.peak") / pods
         if cores > limit:
             # The kernel already caps the pod below the target: it can never bind and the
             # user probably meant something else.
+            each = f"{cores:g} cores for each of {pods} pods" if pods > 1 else f"{cores:g} cores"
             raise SpecError(Refusal.UNREACHABLE_TARGET,
-                            f"targets.cpu.peak {peak} ({cores:g} cores) exceeds the pod's CPU "
+                            f"targets.cpu.peak {peak} ({each}) exceeds the pod's CPU "
                             f"limit of {limit:g} cores; the target would never apply")
     gpu = targets.get("gpu") or {}
     if gpu and not any(c.get("resources", {}).get("limits", {}).get(r)
