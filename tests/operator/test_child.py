@@ -13,6 +13,7 @@ from testing.manifests import make_tj
 from throttledjob.operator import child
 from throttledjob.operator.children import LABEL_NAME, build_child
 from throttledjob.operator.names import SIDECAR_CONTAINER
+from throttledjob.operator.pod_limits import job_ranks
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.status import status_from_job
 from throttledjob.operator.validation import SpecError, validate
@@ -114,3 +115,30 @@ def test_the_pods_of_a_jobset_are_known_by_its_uid_label() -> None:
     job_pod = {"metadata": {"ownerReferences": [{"kind": "Job", "uid": "js-1"}]}}
     assert [child.pod_belongs(p, "js-1") for p in (ours, theirs, job_pod)] == [
         True, False, True]
+
+
+def test_each_pod_of_a_jobset_has_its_own_templates_floor() -> None:
+    """A driver that requests 300m and two workers of 200m take a job-wide 1 core: each
+    pod needs its own template's requests (0.7 in all), not the sum of every template's
+    (0.5 each, 1.5 in all, which refused it), and the split keeps each at its own."""
+    tj = jobset_tj(scope="Job")
+    driver, worker = (r["template"]["spec"]["template"]["spec"]["containers"][0]
+                      for r in tj["spec"]["jobSetTemplate"]["spec"]["replicatedJobs"])
+    driver["resources"] = {"requests": {"cpu": "300m"}}
+    worker["resources"] = {"requests": {"cpu": "200m"}}
+    validate(tj, jobsets=True)
+
+    def pod(uid: str, group: str) -> dict[str, Any]:
+        return {"metadata": {"name": uid, "uid": uid, "labels": {
+                    child.JOBSET_REPLICATED_JOB_LABEL: group}},
+                "status": {"phase": "Running"},
+                "spec": {"containers": [{"name": group, "resources": {
+                    "limits": {"cpu": "333m"}}}]}}
+
+    ranks = job_ranks(tj["spec"], [pod("d", "driver"), pod("w0", "worker"),
+                                   pod("w1", "worker")], {}, [])
+    assert {r.uid: r.floor for r in ranks} == {"d": 0.3, "w0": 0.2, "w1": 0.2}
+    tj["spec"]["throttle"]["targets"]["cpu"]["peak"] = "0.6"
+    with pytest.raises(SpecError, match=r"under the 0.7 cores its 3 pods need at least "
+                                        r"\(1 x 0.3, 2 x 0.2"):
+        validate(tj, jobsets=True)

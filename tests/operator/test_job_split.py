@@ -62,7 +62,7 @@ def test_the_sidecars_cost_of_a_step_over_its_window_weighs_the_ranks() -> None:
     # The figure as the sidecar's /status names it.
     found = ranks([pod("a", "a", "500m", index=0)],
                   {"a": {"observed": {"cpuCores": 0.3, "stepsPerSecond": 2.0,
-                                      "cpuSecondsPerStep": 0.04}}}, 0.05)
+                                      "cpuSecondsPerStep": 0.04}}}, lambda _: 0.05)
     assert found[0].cost == 0.04
 
 
@@ -125,7 +125,7 @@ def test_a_pods_limit_counts_at_the_larger_of_its_spec_and_what_the_kubelet_appl
     assert job_split.applied_limit(pod("a", "a", "250m")) == 0.25
     # Finished pods give their part back: they are no rank.
     found = ranks([pod("a", "a", "500m", phase="Succeeded"), pod("b", "b", "500m", index=1),
-                   pod("c", "c", "500m", phase="Pending", index=0)], {}, 0.05)
+                   pod("c", "c", "500m", phase="Pending", index=0)], {}, lambda _: 0.05)
     assert [(r.name, r.index, r.movable) for r in found] == [("c", 0, False), ("b", 1, False)]
 
 
@@ -148,10 +148,10 @@ def test_the_split_waits_until_every_ranks_workload_has_run_the_sidecars_window(
     for ago in (None, 3.0, job_split.PACE_WINDOW_SECONDS - 1):
         pods = [started(pod("a", "u0", "500m", "500m", index=0), 30.0),
                 started(pod("b", "u1", "500m", "500m", index=1), ago)]
-        assert shares(TARGET, ranks(pods, reports, 0.05, now=now)) == {}, ago
+        assert shares(TARGET, ranks(pods, reports, lambda _: 0.05, now=now)) == {}, ago
     pods = [started(pod("a", "u0", "500m", "500m", index=0), 30.0),
             started(pod("b", "u1", "500m", "500m", index=1), job_split.PACE_WINDOW_SECONDS)]
-    assert shares(TARGET, ranks(pods, reports, 0.05, now=now)) == {"u0": 0.95, "u1": 0.05}
+    assert shares(TARGET, ranks(pods, reports, lambda _: 0.05, now=now)) == {"u0": 0.95, "u1": 0.05}
     # A container of the workload that has done its part does not hold the split.
     pods[1]["spec"]["containers"].append({"name": "fetch"})
     pods[1]["status"]["containerStatuses"].append(
@@ -260,8 +260,8 @@ def test_a_pods_own_limit_and_requests_are_weighed_against_its_even_share() -> N
     body = with_resources("1", requests={"cpu": "800m"})
     body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"].append(
         {"name": "loader", "image": "loader:1"})
-    with pytest.raises(SpecError, match="cannot be set at each pod's even share: container "
-                                        "trainer requests 0.8 CPU"):
+    with pytest.raises(SpecError, match=r"cannot be set at each pod's even share: container "
+                                        r"trainer requests 0.8 CPU"):
         validate(body)
 
 
@@ -334,7 +334,8 @@ def test_the_operator_moves_the_split_and_says_so(monkeypatch: pytest.MonkeyPatc
     target, _ = tick({"u0": report(0.25, 2.0), "u1": report(0.5, 2.0)})
     assert kubelet.calls[-1] == ("train-1", "666m")
     status = status_with_split({}, target, ranks(kubelet.listed(), {
-        "u0": report(0.333, 3.0, 0.34), "u1": report(0.666, 3.0, 0.67)}, 0.05), "now")
+        "u0": report(0.333, 3.0, 0.34), "u1": report(0.666, 3.0, 0.67)}, lambda _: 0.05),
+        "now")
     assert status["jobWide"] == {"targetCores": 1.0, "limitCores": 0.999, "cpuCores": 0.999,
                                  "cpuPeakCores": 1.01}
     assert [(r["pod"], r["index"], r["limitCores"], r["stepsPerSecond"]) for r in

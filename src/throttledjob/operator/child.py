@@ -18,6 +18,7 @@ JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 # The JobSet controller's label on the Jobs and pods it makes: its JobSet's uid.
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_INDEX_LABEL = "jobset.sigs.k8s.io/job-global-index"
+JOBSET_REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 
 
 def is_jobset(spec: Mapping[str, Any]) -> bool:
@@ -68,21 +69,42 @@ def containers(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def pods_at_once(spec: Mapping[str, Any]) -> int:
-    """How many pods of the child run at once: the Job's parallelism (its default 1),
-    or over a JobSet's replicatedJobs, replicas (default 1) times each one's."""
+def pod_groups(spec: Mapping[str, Any]) -> list[tuple[str | None, int, dict[str, Any]]]:
+    """Each pod template of the child: (its replicatedJob's name, None for a Job; how
+    many of its pods run at once: the Job's parallelism (its default 1), or a
+    replicatedJob's replicas (default 1) times its; the pod spec)."""
     def parallelism(job: Mapping[str, Any]) -> int:
         value = job.get("parallelism")
         return value if isinstance(value, int) and value > 0 else 1
 
+    def pod(job: Mapping[str, Any]) -> dict[str, Any]:
+        return (job.get("template") or {}).get("spec") or {}
+
     if not is_jobset(spec):
-        return parallelism(job_specs(spec)[0])
-    total = 0
+        job = job_specs(spec)[0]
+        return [(None, parallelism(job), pod(job))]
+    out = []
     for r in ((spec.get("jobSetTemplate") or {}).get("spec") or {}).get("replicatedJobs") or []:
-        replicas = r.get("replicas")
-        total += (replicas if isinstance(replicas, int) and replicas > 0 else 1) * \
-            parallelism((r.get("template") or {}).get("spec") or {})
-    return max(total, 1)
+        replicas, job = r.get("replicas"), (r.get("template") or {}).get("spec") or {}
+        out.append((r.get("name"), (replicas if isinstance(replicas, int) and replicas > 0
+                                    else 1) * parallelism(job), pod(job)))
+    return out
+
+
+def pods_at_once(spec: Mapping[str, Any]) -> int:
+    """How many pods of the child run at once (pod_groups)."""
+    return max(sum(count for _, count, _ in pod_groups(spec)), 1)
+
+
+def pod_containers(spec: Mapping[str, Any], pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The workload containers of the template `pod` was made from: a JobSet's pod by
+    its replicatedJob (the JobSet controller's label), where the templates differ (a
+    launcher and its workers); else every template's (containers)."""
+    group = ((pod.get("metadata") or {}).get("labels") or {}).get(JOBSET_REPLICATED_JOB_LABEL)
+    for name, _, pod_spec in pod_groups(spec):
+        if name is not None and name == group:
+            return list(pod_spec.get("containers") or [])
+    return containers(spec)
 
 
 def pod_belongs(pod: Mapping[str, Any], child_uid: str) -> bool:

@@ -23,7 +23,7 @@ Pure functions over pods and their sidecars' reports.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,9 +156,11 @@ def _number(value: Any) -> float | None:
 
 
 def ranks(pods: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, Any]],
-          floor: float, held: Sequence[str] = (), now: float | None = None) -> list[Rank]:
+          floor: Callable[[Mapping[str, Any]], float], held: Sequence[str] = (),
+          now: float | None = None) -> list[Rank]:
     """The Job's Pending and Running pods that have CPU limits, by completion index, with
-    their sidecars' reports (by pod uid) where read; `held`: uids that keep their limit;
+    their sidecars' reports (by pod uid) where read; `floor`: the least a pod may get
+    (rank_floor of its template); `held`: uids that keep their limit;
     `now` (Unix seconds): whether each has settled (None: every one has). A pod being
     deleted is not one: it keeps its limit through its grace period (never cut while it
     may save a checkpoint) and its share goes to the ranks that run, its replacement's
@@ -172,7 +174,7 @@ def ranks(pods: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, 
         meta = pod.get("metadata") or {}
         uid = meta.get("uid", "")
         observed = (reports.get(uid) or {}).get("observed") or {}
-        out.append(Rank(meta.get("name", ""), uid, completion_index(pod), limit, floor,
+        out.append(Rank(meta.get("name", ""), uid, completion_index(pod), limit, floor(pod),
                         _number(observed.get("cpuCores")) if uid in reports else None,
                         _number(observed.get("stepsPerSecond")),
                         _number(observed.get("cpuPeakCores")), uid in held,

@@ -86,7 +86,8 @@ def job_ranks(spec: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], report
               held: Sequence[str], now: float | None = None) -> list[Rank]:
     """scope Job: the Job's pods as the split sees them; `held` keep their limits; `now`
     (Unix seconds) tells the ranks still starting (None: none is)."""
-    return ranks(pods, reports, rank_floor(child.containers(spec)), held, now)
+    return ranks(pods, reports, lambda pod: rank_floor(child.pod_containers(spec, pod)),
+                 held, now)
 
 
 def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Reports | None,
@@ -107,15 +108,15 @@ def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Repo
         return [Resize(by_uid[r.uid], total, total,
                        cpu_limits.limits_by_name(by_uid[r.uid].get("spec") or {}), rank=r)
                 for r, total in moves(target, ranks_, shares(target, ranks_))], ranks_
-    # Kueue admitted the pods by the template's requests (a request left out defaults to
-    # the limit, the target's share): no lift past them (kueue.py).
-    ceiling = (cpu_limits.total_request({"containers": child.containers(spec)}) or target) \
-        if queued_tj(tj) else None
     out = []
     for pod in pods:
         if reports is not None and _uid(pod) not in reports:
             continue  # its sidecar did not answer this read: its limits stay
         report = (reports or {}).get(_uid(pod)) or {}
+        # Kueue admitted the pod by its template's requests (a request left out defaults
+        # to the limit, the target's share): no lift past them (kueue.py).
+        ceiling = (cpu_limits.total_request({"containers": child.pod_containers(spec, pod)})
+                   or target) if queued_tj(tj) else None
         total = limit_for(target, report.get("cpuLimitWantedCores"), ceiling)
         if refused.get(_uid(pod)) == total:
             continue
@@ -175,9 +176,9 @@ class PodLimits:
         refused = self.refused[key] = {
             uid: v for uid, v in self.refused.get(key, {}).items() if uid in live}
         resizes, ranks_ = plan(tj, pods, reports, refused, time.time())
-        template = child.containers(tj.get("spec") or {})
         moved = []
         for r in resizes:
+            template = child.pod_containers(tj.get("spec") or {}, r.pod)
             outcome = resize_pod(self.kube, tj, r.pod, r.total, r.target, template, r.demand,
                                  r.tolerance)
             if outcome is False:

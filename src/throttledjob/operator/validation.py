@@ -167,7 +167,7 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False,
         raise SpecError(Refusal.LABEL_CLASH, clash)
     for pod in pods:
         _check_pod(pod, allow_host_access)
-    _check_split(spec, doc, child.containers(spec))
+    _check_split(spec, doc)
     for pod in pods:
         _check_reachable(doc, pod.get("containers") or [], child.pods_at_once(spec)
                          if job_split.job_scoped(spec) else 1)
@@ -211,8 +211,7 @@ def _check_pod(pod: Mapping[str, Any], allow_host_access: bool) -> None:
                                                   "for the operator's volumes")
 
 
-def _check_split(spec: Mapping[str, Any], doc: Mapping[str, Any],
-                 containers: list[Mapping[str, Any]]) -> None:
+def _check_split(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> None:
     """scope Job: the parallelism in range (the CRD's rule, again for a server that skipped
     it), and a target every pod's floor fits in (spec_rules.py holds the rest)."""
     if not job_split.job_scoped(spec):
@@ -222,12 +221,18 @@ def _check_split(spec: Mapping[str, Any], doc: Mapping[str, Any],
     if ranks > MAX_RANKS:
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE, f"scope Job splits its target among "
                                                       f"at most {MAX_RANKS} pods, not {ranks}")
-    floor = job_split.rank_floor(containers)
-    if target + 1e-9 < ranks * floor:
+    # Each template's pods need their own floor (a launcher's requests are not its
+    # workers').
+    groups = child.pod_groups(spec)
+    need = sum(count * job_split.rank_floor(pod.get("containers") or [])
+               for _, count, pod in groups)
+    if target + 1e-9 < need:
+        floors = ", ".join(f"{count} x {job_split.rank_floor(pod.get('containers') or []):g}"
+                           for _, count, pod in groups)
         raise SpecError(Refusal.UNREACHABLE_TARGET,
-                        f"targets.cpu.peak {target:g} cores is under the {ranks * floor:g} "
-                        f"cores its {ranks} pods need at least ({floor:g} each: their CPU "
-                        f"requests, or {job_split.MIN_RANK_CORES:g})")
+                        f"targets.cpu.peak {target:g} cores is under the {need:g} cores its "
+                        f"{ranks} pods need at least ({floors}: their CPU requests, or "
+                        f"{job_split.MIN_RANK_CORES:g} each)")
     # Where scope Pod falls back to signals (quota_warning), scope Job has no lever: each
     # sidecar would hold its pod to the whole job-wide figure.
     for pod in child.pod_specs(spec):
