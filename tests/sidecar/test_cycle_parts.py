@@ -205,3 +205,17 @@ def test_a_settings_file_that_cannot_be_written_is_an_error_not_a_crash(tmp_path
         0.9, policy, plan_as_written(policy), LeverSetting(), 0.2, enforcer, 0.0, 1.0)
     assert acted.error and acted.error.startswith("cannot write settings")
     assert acted.enforcer_armed and enforcer.calls == [(0.9, 0.2)]  # signals still hold
+
+
+def test_the_workloads_cpu_counter_never_goes_down(tmp_path) -> None:
+    """A process that leaves the tree unreaped (in a pod: a container that exits) takes
+    its CPU time out of the tree's sum; the counter Prometheus reads stays monotonic,
+    else rate() reads a reset and a spike of the whole total."""
+    tree = FakeTree()
+    meter = Meter(tree, str(tmp_path), now=0.0)
+    seen = []
+    for now, cpu in ((1.0, 30.0), (2.0, 60.0), (3.0, 31.0), (4.0, 32.0)):
+        tree.cpu = cpu
+        meter.measure(now, None)
+        seen.append(meter.cpu_seconds)
+    assert seen == [30.0, 60.0, 60.0, 61.0]

@@ -179,6 +179,7 @@ class Meter:
         self.started = now
         self._last_time = now
         self._last_cpu = tree.cpu_seconds()
+        self._used = 0.0   # summed intervals: cpu_seconds
         self._pace = PaceWindow()
         self._steps_by_pid: dict[int, int] = {}
         self._last_steps = 0
@@ -198,7 +199,11 @@ class Meter:
 
     @property
     def cpu_seconds(self) -> float:
-        return self._last_cpu
+        """The workload's CPU time while watched, a counter that never goes down: the
+        tree's own sum drops when a process leaves it unreaped (its parent outside the
+        tree: in a pod, a container that exits or restarts), which Prometheus read as a
+        counter reset and rate() as a spike of the whole total."""
+        return self._used
 
     def measure(self, now: float, enforcer: Enforcer | None) -> Sample:
         self.tree.refresh()
@@ -206,6 +211,7 @@ class Meter:
         elapsed = max(1e-6, now - self._last_time)
         used = max(0.0, cpu - self._last_cpu)
         self._last_cpu, self._last_time = cpu, now
+        self._used += used
 
         everyone = read_progress(self.settings_dir)
         for r in everyone:  # the count survives the process that made it
