@@ -49,16 +49,21 @@ def prometheus(workdir: Path, targets: Sequence[str], job: str = "throttledjob",
                labels: Mapping[str, str] | None = None,
                scrape_interval: str = "1s",
                scrape_configs: Sequence[Mapping] | None = None,
-               binary: str | None = None) -> Iterator[str]:
+               binary: str | None = None, unlabelled: str | None = None) -> Iterator[str]:
     """A real Prometheus (Debian's, or `binary`) on 127.0.0.1 scraping `targets`
     ("host:port") as `job`, with `labels` on every series (what a PodMonitor's
-    relabelings add), or `scrape_configs` as given; yields its URL."""
+    relabelings add), or `scrape_configs` as given; and with `unlabelled`, the same
+    targets again as that job, with no labels (a second scrape configuration of the
+    cluster: annotations, another team's); yields its URL."""
     binary = binary or require_tool("prometheus")
     port = free_port()
     config = workdir / "prometheus.yml"
     if scrape_configs is None:
         scrape_configs = [{"job_name": job, "static_configs": [
             {"targets": list(targets), "labels": dict(labels or {})}]}]
+        if unlabelled:
+            scrape_configs.append({"job_name": unlabelled,
+                                   "static_configs": [{"targets": list(targets)}]})
     config.write_text(json.dumps({  # JSON is YAML
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": list(scrape_configs),

@@ -113,7 +113,7 @@ class Layout:
 def _variable(name: str, label: str, query: str) -> dict[str, Any]:
     return {"name": name, "label": label, "type": "query", "datasource": DS,
             "query": {"query": query, "refId": f"{name}-variable"}, "definition": query,
-            "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*",
+            "refresh": 2, "includeAll": True, "multi": True, "allValue": ".+",
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
             "sort": 1, "hide": 0, "options": [], "regex": ""}
 
@@ -229,10 +229,11 @@ def panels() -> list[dict[str, Any]]:
         "percentunit", w=8, max_value=1)
     lay.timeseries(
         "Time held back, by lever", "Fraction of wall time each lever held the workload "
-        "back (signals: SIGSTOP/SIGCONT; pacing: the runtime library's step()).",
+        "back (signals: SIGSTOP/SIGCONT; pacing: the runtime library's step()). Not "
+        "stacked: levers hold the workload back at the same time.",
         [(f"sum by ({BY}, lever) (rate(throttledjob_paused_seconds_total{{{SEL}}}"
           "[$__rate_interval]))", "{{pod}} {{lever}}")],
-        "percentunit", w=8, stacked=True)
+        "percentunit", w=8)
     lay.timeseries(
         "Levers in use", "1 for each lever the controller uses.",
         [(f"max by ({BY}, lever) (throttledjob_lever_active{{{SEL}}})", "{{pod}} {{lever}}")],
