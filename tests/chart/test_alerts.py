@@ -15,6 +15,7 @@ RULES = CHART / "rules" / "throttledjob.rules.yaml"
 UNIT_TESTS = ROOT / "tests" / "chart" / "alerts_test.yaml"
 EXPECTED = {"ThrottledJobTargetMissed", "ThrottledJobSlowdownBudgetExhausted",
             "ThrottledJobSidecarDown", "ThrottledJobControlLoopStalled",
+            "ThrottledJobSidecarRestarting",
             "ThrottledJobTelemetryMissing", "ThrottledJobGPUThermalThrottled",
             "ThrottledJobGPUPowerThrottled"}
 

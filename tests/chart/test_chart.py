@@ -19,6 +19,7 @@ from testing.paths import CHART
 from testing.validation import k8s_errors
 from throttledjob import __version__
 from throttledjob.operator import children
+from throttledjob.operator.names import SIDECAR_CONTAINER
 from throttledjob.operator.settings import OperatorSettings
 
 CONFIGS = {
@@ -181,7 +182,11 @@ def test_optional_parts_take_their_namespace_and_labels(tmp_path) -> None:
     assert pm["spec"]["selector"]["matchExpressions"] == [
         {"key": children.LABEL_NAME, "operator": "Exists"}]
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == children.METRICS_PORT_NAME
-    relabel = pm["spec"]["podMetricsEndpoints"][0]["relabelings"][0]
+    relabelings = pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    # Only the sidecar's port of that name: a workload container may have its own.
+    assert relabelings[0] == {"sourceLabels": ["__meta_kubernetes_pod_container_name"],
+                              "regex": SIDECAR_CONTAINER, "action": "keep"}
+    (relabel,) = [r for r in relabelings if r.get("targetLabel") == "throttledjob"]
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_" + re.sub(
         r"[^a-zA-Z0-9_]", "_", children.LABEL_NAME)]
     assert relabel["targetLabel"] == "throttledjob"  # what the dashboard and alerts use
@@ -212,6 +217,9 @@ def test_the_node_agents_are_scraped_where_they_run_and_nothing_else_reaches_the
     assert agents["spec"]["selector"]["matchLabels"].items() <= labels.items()
     (port,) = ds["spec"]["template"]["spec"]["containers"][0]["ports"]
     assert agents["spec"]["podMetricsEndpoints"][0]["port"] == port["name"] == "metrics"
+    # Their namespace and pod labels name the GPU's pod, not the agent's (dcgm-exporter's
+    # convention): kept, not renamed exported_pod.
+    assert agents["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
     (policy,) = [o for o in by_kind(objs, "NetworkPolicy")
                  if o["metadata"]["name"].endswith("-node-agent")]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()

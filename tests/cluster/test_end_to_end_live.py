@@ -37,6 +37,7 @@ from testing.node_samples import CgroupSampler, on_real_node, summed
 from testing.paths import ROOT
 from testing.processes import stopped
 from throttledjob.operator.children import SHARED_DIR
+from throttledjob.operator.names import SIDECAR_CONTAINER
 from throttledjob.operator.status import condition
 from throttledjob.sidecar import guard
 from throttledjob.sidecar.lease import lease_path, read_lease
@@ -113,6 +114,8 @@ def pod_monitor_job(cluster: Any, kubectl: Kubectl, namespace: str,
             {"source_labels": [f"{meta}label_app_kubernetes_io_managed_by"],
              "regex": "throttledjob-operator", "action": "keep"},
             {"source_labels": [f"{meta}container_port_name"], "regex": "metrics",
+             "action": "keep"},
+            {"source_labels": [f"{meta}container_name"], "regex": SIDECAR_CONTAINER,
              "action": "keep"},
             {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
             {"source_labels": [f"{meta}name"], "target_label": "pod"},
