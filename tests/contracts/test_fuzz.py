@@ -71,6 +71,42 @@ def test_any_bytes_as_settings_or_progress_file_never_raise(tmp_path_factory, da
     assert all(r.pid > 0 for r in read_progress(str(directory)))
 
 
+PROGRESS_KEYS = ["schema", "pid", "steps", "time", "started", "paused_seconds", "cpu_seconds",
+                 "pause_capped", "batch_size", "oom_events", "visible_devices"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(PROGRESS_KEYS), json_like))
+def test_progress_records_of_any_field_values_are_read_or_skipped(tmp_path_factory, obj):
+    directory = tmp_path_factory.mktemp("p")
+    (directory / "progress-123.json").write_text(json.dumps({"schema": 1, **obj}))
+    assert all(0 < r.pid <= 1 << 22 for r in read_progress(str(directory)))
+
+
+def test_progress_files_that_break_pythons_own_conversions_are_skipped(tmp_path):
+    """1e400 decodes as inf (int() raises OverflowError), a pid past pid_max overflows
+    os.kill, deep nesting raises RecursionError: each is skipped, the good one read. Any
+    process of the pod may write here; one such file stopped every control cycle."""
+    for name, text in (("progress-1.json", '{"schema": 1, "pid": 1, "steps": 1e400}'),
+                       ("progress-2.json", '{"schema": 1, "pid": 99999999999999999999}'),
+                       ("progress-3.json", '{"schema": 1, "pid": 3, "visible_devices": '
+                                           + "[" * 100_000 + "]" * 100_000 + "}"),
+                       ("progress-4.json", '{"schema": 1, "pid": 4, "steps": 7}')):
+        (tmp_path / name).write_text(text)
+    assert [(r.pid, r.steps) for r in read_progress(str(tmp_path))] == [(4, 7)]
+
+
+def test_the_progress_written_last_is_read_when_there_are_too_many(tmp_path):
+    """300 files of processes long gone (DataLoader workers of earlier epochs) beside the
+    trainer's, whose name sorts last: the trainer's is read."""
+    for pid in range(100, 400):
+        (tmp_path / f"progress-{pid}.json").write_text(json.dumps({"schema": 1, "pid": pid}))
+        os.utime(tmp_path / f"progress-{pid}.json", (1000.0, 1000.0))
+    (tmp_path / "progress-7.json").write_text(json.dumps({"schema": 1, "pid": 7, "steps": 5}))
+    records = read_progress(str(tmp_path))
+    assert len(records) == 256 and (7, 5) in [(r.pid, r.steps) for r in records]
+
+
 def test_deeply_nested_yaml_is_refused_in_bounded_time(tmp_path):
     path = tmp_path / "deep.yaml"
     path.write_text("[" * 20_000 + "]" * 20_000)

@@ -37,6 +37,22 @@ def test_exit_code_and_report_fields(throttledjob_cmd, tmp_path):
     assert "levers_used" in report["controller"]
 
 
+def test_a_hostile_progress_file_neither_stops_the_control_loop_nor_the_run(
+        throttledjob_cmd, tmp_path):
+    """The command writes a progress record whose steps are 1e400 (inf to JSON, which
+    int() cannot take) into the shared directory: each cycle failed on it, the last one
+    raised out of throttledjob run, the command's exit code and report lost."""
+    code = ("import json, os, time\n"
+            "open(os.path.join(os.environ['THROTTLEDJOB_DIR'], 'progress-1.json'), 'w')"
+            ".write('{\"schema\": 1, \"pid\": 1, \"steps\": 1e400}')\n"
+            "end = time.time() + 2.5\n"
+            "while time.time() < end: pass\n")
+    proc, report = run(throttledjob_cmd, ["--cpu-peak", "0.5", "--", sys.executable, "-c",
+                                          code], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "control cycle failed" not in proc.stderr and report["exit_code"] == 0
+
+
 def test_killed_command_exits_128_plus_signal(throttledjob_cmd, tmp_path):
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     proc, _ = run(throttledjob_cmd, ["--", sys.executable, "-c", code], tmp_path)

@@ -41,20 +41,46 @@ def progress_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{PROGRESS_PREFIX}{pid}.json")
 
 
+# Linux's largest pid (pid_max at most 2^22); a larger one is no process's.
+MAX_PID = 1 << 22
+
+
+def _whole(value: Any, name: str) -> int:
+    """A whole number from JSON; ValueError for anything else (1e400 decodes as inf, which
+    int() would raise OverflowError on: a file anyone in the pod may write must not
+    reach the sidecar's loop with an error it does not expect)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise ValueError(f"{name} is not a finite number")
+    return int(value)
+
+
+def _real(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise ValueError(f"{name} is not a finite number")
+    return float(value)
+
+
 def parse_progress(obj: Any) -> Progress:
     """Validate a decoded progress record; raises ValueError."""
     if not isinstance(obj, dict) or obj.get("schema") != SCHEMA_VERSION:
         raise ValueError("not a progress record")
+    devices = obj.get("visible_devices", [])
+    if not isinstance(devices, list):
+        raise ValueError("visible_devices is not a list")
     p = Progress(
-        pid=int(obj["pid"]), steps=int(obj.get("steps", 0)), time=float(obj.get("time", 0.0)),
-        started=float(obj.get("started", 0.0)),
-        paused_seconds=float(obj.get("paused_seconds", 0.0)),
-        cpu_seconds=float(obj.get("cpu_seconds", 0.0)),
+        pid=_whole(obj.get("pid"), "pid"), steps=_whole(obj.get("steps", 0), "steps"),
+        time=_real(obj.get("time", 0.0), "time"),
+        started=_real(obj.get("started", 0.0), "started"),
+        paused_seconds=_real(obj.get("paused_seconds", 0.0), "paused_seconds"),
+        cpu_seconds=_real(obj.get("cpu_seconds", 0.0), "cpu_seconds"),
         pause_capped=bool(obj.get("pause_capped", False)),
-        batch_size=None if obj.get("batch_size") is None else int(obj["batch_size"]),
-        oom_events=int(obj.get("oom_events", 0)),
-        visible_devices=[str(d) for d in obj.get("visible_devices", [])][:64],
+        batch_size=None if obj.get("batch_size") is None
+        else _whole(obj["batch_size"], "batch_size"),
+        oom_events=_whole(obj.get("oom_events", 0), "oom_events"),
+        visible_devices=[str(d) for d in devices][:64],
     )
-    if p.pid <= 0 or p.steps < 0 or p.paused_seconds < 0 or not 0 <= p.cpu_seconds < math.inf:
-        raise ValueError("negative progress")
+    if not 0 < p.pid <= MAX_PID or p.steps < 0 or p.paused_seconds < 0 or p.cpu_seconds < 0:
+        raise ValueError("progress out of range")
     return p

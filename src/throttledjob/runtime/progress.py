@@ -44,17 +44,24 @@ def count_fresh_peers(directory: str, now: float, max_age: float) -> int:
 
 
 def read_progress(directory: str) -> list[Progress]:
-    """All well-formed progress records in `directory`; malformed ones are skipped."""
-    records = []
+    """The well-formed progress records in `directory`, the MAX_PROGRESS_FILES written
+    last (by name, the files of processes long gone could hide a live trainer's);
+    malformed ones are skipped."""
+    found = []
     try:
-        names = sorted(n for n in os.listdir(directory)
-                       if n.startswith(PROGRESS_PREFIX) and n.endswith(".json"))
+        with os.scandir(directory) as entries:
+            for e in entries:
+                if e.name.startswith(PROGRESS_PREFIX) and e.name.endswith(".json"):
+                    try:
+                        found.append((e.stat(follow_symlinks=False).st_mtime, e.path))
+                    except OSError:
+                        continue
     except OSError:
         return []
-    for name in names[:MAX_PROGRESS_FILES]:
+    records = []
+    for _, path in sorted(found, reverse=True)[:MAX_PROGRESS_FILES]:
         try:
-            obj = read_json_bounded(os.path.join(directory, name))
-            records.append(parse_progress(obj))
-        except (OSError, ValueError, TypeError):
+            records.append(parse_progress(read_json_bounded(path)))
+        except (OSError, ValueError, TypeError, RecursionError):  # nested past the parser
             continue
     return records

@@ -73,7 +73,8 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         loop_started, loop_cpu_started = time.monotonic(), _own_cpu_seconds()
         host = LocalHost(proc, status_stream)
         run_loop(agent, host)
-        agent.cycle()  # the last partial interval, for the statistics
+        with contextlib.suppress(Exception):  # as run_loop: never the command's exit code
+            agent.cycle()  # the last partial interval, for the statistics
         exit_code = host.exit_code
         loop_wall = time.monotonic() - loop_started
         loop_cpu = _own_cpu_seconds() - loop_cpu_started
