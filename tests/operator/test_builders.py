@@ -677,6 +677,28 @@ def test_a_new_target_resizes_a_running_pods_limits_in_place() -> None:
     assert resize(pod, 0.2, template) is None
 
 
+def test_a_request_the_api_server_defaulted_follows_its_limit_down_and_up_only_if_it_must(
+        ) -> None:
+    """No request written: the API server set it to the limit. A shrink lowers it (it may
+    not pass the limit); a grow leaves it in a Burstable pod (a request raised needs room
+    on the node and passes what Kueue admitted, where a limit does not) and raises it in
+    a Guaranteed one (whose QoS class a resize may not change)."""
+    from throttledjob.operator.cpu_limits import resize
+
+    tj = quota_tj(1, a={})
+    job, _ = built(tj)
+    pod = copy.deepcopy(pod_of(job))
+    pod["containers"][0]["resources"]["requests"] = {"cpu": "1000m"}  # defaulted
+    template = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert resize(pod, 0.5, template)["spec"]["containers"][0]["resources"] == {
+        "limits": {"cpu": "500m"}, "requests": {"cpu": "500m"}}
+    pod["containers"][0]["resources"] = {"limits": {"cpu": "500m"}, "requests": {"cpu": "500m"}}
+    assert resize(pod, 1.5, template)["spec"]["containers"][0]["resources"] == {
+        "limits": {"cpu": "1500m"}}
+    assert resize(pod, 1.5, template, guaranteed=True)["spec"]["containers"][0][
+        "resources"] == {"limits": {"cpu": "1500m"}, "requests": {"cpu": "1500m"}}
+
+
 def test_measured_use_splits_the_target_none_under_its_request_or_a_tenth_of_even() -> None:
     from throttledjob.operator.cpu_limits import resize, split
 

@@ -209,10 +209,11 @@ def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
         return {**STATUS_DOC, "cpuLimitWantedCores": cores}
 
     # Two busy threads held to 1 core wait half the time; maxSlowdown 1.25 allows 20%: the
-    # sidecar asks for 1.6 cores, and gets them.
+    # sidecar asks for 1.6 cores, and gets them (the limit: a Burstable pod's request is
+    # not raised, which would need room on the node).
     lift(state, tj, [(running("1000m"), wants(1.6))])
     assert kube.patches[-1] == {"spec": {"containers": [{"name": "work", "resources": {
-        "limits": {"cpu": "1600m"}, "requests": {"cpu": "1600m"}}}]}}
+        "limits": {"cpu": "1600m"}}}]}}
     assert events[-1][0] == "QuotaLifted" and "1.6 cores" in events[-1][1]
     # Nothing more while it has them, or a lift within 10% of them (the width behind it
     # is measured anew each interval); back to the target when the budget allows it.

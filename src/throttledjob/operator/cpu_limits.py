@@ -102,16 +102,18 @@ def request_over_limit(containers: Sequence[Mapping[str, Any]],
 
 def resize(pod_spec: Mapping[str, Any], target_cores: float,
            template: Sequence[Mapping[str, Any]], demand: Mapping[str, float] | None = None,
-           tolerance: float = 0.0) -> dict[str, Any] | None:
+           tolerance: float = 0.0, guaranteed: bool = False) -> dict[str, Any] | None:
     """The `pods/resize` patch (strategic merge, by container name) that moves a running
     pod's workload containers to their shares of a new target (by `demand` where the
     sidecar measured any: see shares); None when they are there already (each within
     `tolerance` of its new limit, their sum not over it), or a request the user wrote is
     over its share. `template` is the user's containers (the ThrottledJob's jobTemplate):
     where one wrote no CPU request, the API server defaulted it to our limit, so the
-    request is ours and follows the limit. The shares alone count: the limits in the pod
-    are the ones set from the last target (a lower limit the user first wrote is not
-    known any more)."""
+    request is ours: it follows the limit down, and up only in a `guaranteed` pod (its QoS
+    class may not change; elsewhere a request raised needs room on the node, which a grow
+    of the limit does not, and passes what Kueue admitted). The shares alone count: the
+    limits in the pod are the ones set from the last target (a lower limit the user first
+    wrote is not known any more)."""
     written = {c.get("name"): _cpu(c, "requests") is not None for c in template}
     # The containers as the shares see them: the requests the user wrote, no limits.
     containers = []
@@ -129,9 +131,11 @@ def resize(pod_spec: Mapping[str, Any], target_cores: float,
             for c, w in zip(current, wanted, strict=True)):
         return None
     patch = []
-    for c, w in zip(containers, wanted, strict=True):
+    for c, now, w in zip(containers, pod_spec["containers"], wanted, strict=True):
         resources: dict[str, Any] = {"limits": {"cpu": f"{w}m"}}
-        if not written.get(c["name"], True):
+        request = _cpu(now, "requests")
+        if not written.get(c["name"], True) and (
+                guaranteed or request is None or request * 1000 > w + 0.5):
             resources["requests"] = {"cpu": f"{w}m"}
         patch.append({"name": c["name"], "resources": resources})
     return {"spec": {"containers": patch}}

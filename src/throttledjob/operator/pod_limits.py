@@ -210,7 +210,8 @@ def resize_pod(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], tota
     if (pod.get("status") or {}).get("phase") not in ("Pending", "Running") \
             or terminating(pod):
         return None
-    patch = cpu_limits.resize(pod.get("spec") or {}, total, template, demand, tolerance)
+    patch = cpu_limits.resize(pod.get("spec") or {}, total, template, demand, tolerance,
+                              (pod.get("status") or {}).get("qosClass") == "Guaranteed")
     if patch is None:
         return None
     name = pod["metadata"]["name"]
