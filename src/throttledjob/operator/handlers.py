@@ -36,8 +36,8 @@ from .poller import (
     POLL_THREADS,
     OperatorState,
     get_child,
-    job_pods,
     poll,
+    resize_to_new_target,
     set_workload_active,
     sync_from_job,
 )
@@ -319,14 +319,11 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
         raise _retry_later(e, retry) from e
     events.normal(body, reason=Reason.POLICY_UPDATED,
               message=f"Updated ConfigMap {cm['metadata']['name']}; running pods apply it live")
-    # Enforcement Quota: the running pods' limits to the new target now, not at the
-    # poller's next read (pod_limits.py). A refused resize leaves the old limits: the
-    # sidecar then holds a lower target with signals, a higher one stays at the old limit.
-    ns, name = body.meta.namespace or "", body.meta.name or ""
-    job_uid = state.job_uids.get((ns, name))
+    # Enforcement Quota: the running pods' limits to the new target now. A refused resize
+    # leaves the old limits: the sidecar then holds a lower target with signals, a higher
+    # one stays at the old limit.
     try:
-        pods = job_pods(state.kube, ns, name, job_uid) if job_uid else []
-        state.limits.reconcile(body, pods)
+        resize_to_new_target(state, body)
     except ApiError as e:
         raise _retry_later(e, retry) from e
 

@@ -238,6 +238,20 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
             grow_into_shrinks(state, tj, job_uid, by_uid, shrunk)
 
 
+def resize_to_new_target(state: OperatorState, tj: Mapping[str, Any]) -> None:
+    """A live edit of the target (enforcement Quota), applied now, not at the next read:
+    scope Pod moves every pod to it (no sidecar read: pod_limits.plan); scope Job reads
+    the ranks' sidecars, as the split needs their figures (a rank not read keeps its
+    limit, so with none read nothing moved until the next read)."""
+    meta = tj.get("metadata") or {}
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    if job_scoped(tj.get("spec") or {}):
+        read_sidecars(state, ns, name, (tj.get("status") or {}).get("jobName"))
+        return
+    job_uid = state.job_uids.get((ns, name))
+    state.limits.reconcile(tj, job_pods(state.kube, ns, name, job_uid) if job_uid else [])
+
+
 def grow_into_shrinks(state: OperatorState, tj: Mapping[str, Any], job_uid: str,
                       reports: Mapping[str, Mapping[str, Any]], shrunk: list[str]) -> None:
     """Once the kubelet has applied the split's shrinks (`shrunk`, pod uids), make the
