@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="image of the injected sidecar (env THROTTLEDJOB_SIDECAR_IMAGE)")
     op.add_argument("--status-interval", type=float, metavar="SECONDS",
                     help="how often to read the sidecars' /status (default 10)")
+    op.add_argument("--metrics-port", type=_port, metavar="PORT",
+                    help="serve the operator's Prometheus /metrics on this port "
+                         "(env THROTTLEDJOB_METRICS_PORT; default: not served)")
     op.add_argument("-v", "--verbose", action="store_true", help="log more")
     op.add_argument("--debug", action="store_true", help="log everything")
     op.set_defaults(func=_operator)

@@ -138,7 +138,9 @@ def test_operator_gets_its_flags_probes_and_sidecar_defaults(tmp_path) -> None:
     assert settings.status_timeout_seconds == 2.0
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert c["ports"] == [{"name": "health", "containerPort": 9090, "protocol": "TCP"}]
+    assert c["ports"] == [{"name": "health", "containerPort": 9090, "protocol": "TCP"},
+                          {"name": "metrics", "containerPort": 8081, "protocol": "TCP"}]
+    assert "--metrics-port=8081" in c["args"]
 
 
 def test_operator_flags_are_ones_the_cli_accepts(tmp_path) -> None:
@@ -151,7 +153,7 @@ def test_operator_flags_are_ones_the_cli_accepts(tmp_path) -> None:
     assert args.namespace == ["ml", "team-a"] and not args.all_namespaces
     assert args.standalone and args.debug
     assert args.sidecar_image == f"ghcr.io/throttledjob/throttledjob:{__version__}"
-    assert args.liveness == "http://0.0.0.0:8080/healthz"
+    assert args.liveness == "http://0.0.0.0:8080/healthz" and args.metrics_port == 8081
 
 
 def test_sidecar_image_defaults_to_the_operator_image(tmp_path) -> None:
@@ -170,7 +172,13 @@ def test_optional_parts_take_their_namespace_and_labels(tmp_path) -> None:
                       "sidecarLabelValue": "yes", "annotations": {"grafana_folder": "Batch"}}},
         "watchNamespaces": ["ml"]}
     objs = render(values, tmp_path)
-    (pm,) = by_kind(objs, "PodMonitor")
+    pm, op_pm = by_kind(objs, "PodMonitor")
+    # The operator's own: its pod, on its metrics port.
+    assert selects(op_pm["spec"]["selector"], operator_pod_labels(objs))
+    (port,) = [p for p in by_kind(objs, "Deployment")[0]["spec"]["template"]["spec"][
+        "containers"][0]["ports"] if p["name"] == "metrics"]
+    assert op_pm["spec"]["podMetricsEndpoints"][0]["port"] == port["name"]
+    assert op_pm["metadata"]["namespace"] == "monitoring"
     (rule,) = by_kind(objs, "PrometheusRule")
     (cm,) = by_kind(objs, "ConfigMap")
     assert pm["metadata"]["namespace"] == rule["metadata"]["namespace"] == "monitoring"
@@ -443,13 +451,17 @@ def test_network_policy_goes_where_the_throttledjobs_are(tmp_path) -> None:
     objs = render({"networkPolicy": {"enabled": True, "namespaces": ["batch"]},
                    "watchNamespaces": ["ml", "team-a"]}, tmp_path)
     assert [p["metadata"]["namespace"] for p in sidecar_policies(objs)] == ["batch"]
-    # The operator's own pod: only its health port, from anyone (the kubelet).
+    # The operator's own pod: its health port from anyone (the kubelet), its metrics port
+    # from Prometheus.
     (op,) = [o for o in by_kind(objs, "NetworkPolicy") if o not in sidecar_policies(objs)]
     assert op["metadata"]["namespace"] == NAMESPACE
     assert selects(op["spec"]["podSelector"],
                    operator_pod_labels(objs)) and op["spec"]["policyTypes"] == ["Ingress"]
     open_tcp = reachable(op, "TCP")
-    assert open_tcp == {8080: ANYONE}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["networkPolicy"]
+    assert open_tcp == {8080: ANYONE, 8081: [{
+        "namespaceSelector": values["prometheus"]["namespaceSelector"],
+        "podSelector": values["prometheus"]["podSelector"]}]}
     assert reachable(op, "UDP") == reachable(op, "SCTP") == {}
 
 

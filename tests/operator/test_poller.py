@@ -8,8 +8,10 @@ from __future__ import annotations
 import copy
 import logging
 import socket
+import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +19,10 @@ import kopf
 import pytest
 
 from testing.fake_sidecar import FakeSidecar
-from testing.helpers import wait_for
+from testing.helpers import require_tool, wait_for
+from testing.http import free_port
 from throttledjob.operator import events as operator_events
+from throttledjob.operator import metrics as operator_metrics
 from throttledjob.operator.kube import ApiError
 from throttledjob.operator.names import SIDECAR_CONTAINER
 from throttledjob.operator.poller import (
@@ -329,3 +333,29 @@ def test_a_child_is_found_at_the_kind_it_was_made_whatever_the_spec_says_now() -
     job = child.path("ml", "train", False)
     assert get_child(Api("jobs"), "ml", "train", jobset=True) == {"path": job}
     assert get_child(Api(None, jobsets_forbidden=True), "ml", "train", jobset=False) is None
+
+
+def test_the_operator_serves_what_it_read_and_failed_as_prometheus_metrics(
+        world: tuple[OperatorState, FakeSidecar, SlowLoris]) -> None:
+    """Its own /metrics: each sidecar read by result (the slow one fails at its deadline),
+    its ThrottledJobs by phase; text promtool accepts."""
+    state, _, _ = world
+    def count(result: str) -> float:
+        return operator_metrics.REGISTRY.get_sample_value(
+            "throttledjob_operator_sidecar_reads_total", {"result": result}) or 0.0
+
+    before = {r: count(r) for r in ("success", "failure")}
+    port = free_port()
+    operator_metrics.serve(port, lambda: state.seen, "127.0.0.1")
+    threading.Thread(target=poll, args=(state, logging.getLogger("test")), daemon=True).start()
+    wait_for(lambda: count("success") >= before["success"] + 2
+             and count("failure") >= before["failure"] + 1, 10,
+             what="reads of the answering and the silent sidecar")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    assert 'throttledjob_operator_throttledjobs{phase="Running"} 2.0' in text
+    assert 'throttledjob_operator_sidecar_reads_total{result="failure"}' in text
+    check = subprocess.run([require_tool("promtool"), "check", "metrics"], input=text,
+                           capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0 and not (check.stdout + check.stderr).strip(), \
+        check.stdout + check.stderr

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import kopf
 
-from . import child, events
+from . import child, events, metrics
 from .children import (
     LABEL_NAME,
     TEMPLATE_HASH,
@@ -102,6 +102,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
         raise kopf.PermanentError(f"cannot find the cluster (in-cluster service account, "
                                   f"KUBECONFIG or ~/.kube/config): {e}") from e
     memo.state = OperatorState(ours, kube, HttpStatusReader(ours.status_timeout_seconds))
+    if ours.metrics_port:
+        try:
+            metrics.serve(ours.metrics_port, lambda: memo.state.seen)
+        except OSError as e:
+            raise kopf.PermanentError(f"cannot serve metrics on port {ours.metrics_port}: "
+                                      f"{e.strerror or e}") from e
     threading.Thread(target=poll, args=(memo.state, logger), name="throttledjob-poller",
                      daemon=True).start()
     logger.info("sidecar image %s, status every %gs", ours.sidecar_image,

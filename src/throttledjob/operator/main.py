@@ -24,7 +24,8 @@ def run_operator(args: argparse.Namespace) -> int:
     # The flags override the environment: kopf hands this memo to the startup handler
     # (handlers.configure), which reads the environment once and applies these on top.
     flags = {"sidecar_image": args.sidecar_image or None,
-             "status_interval_seconds": args.status_interval}
+             "status_interval_seconds": args.status_interval,
+             "metrics_port": args.metrics_port}
     kopf.configure(debug=args.debug, verbose=args.verbose)
     # kopf's default identity is the login name, which a UID without a passwd entry (the
     # image's 65532, or any runAsUser) does not have: it would not start.

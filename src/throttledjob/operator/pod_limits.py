@@ -32,7 +32,7 @@ import kopf
 
 from throttledjob.contracts.policy import PolicyError
 
-from . import child, cpu_limits, events
+from . import child, cpu_limits, events, metrics
 from .job_split import (
     Rank,
     applied_limit,
@@ -220,10 +220,12 @@ def resize_pod(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], tota
     except ApiError as e:
         if e.transient:
             raise
+        metrics.RESIZES.labels("refused").inc()
         kopf.warn(body, reason=Reason.QUOTA_RESIZE_REFUSED,
                   message=f"pod {name}: CPU limits not resized to {total:g} cores ({e}); it "
                           "keeps the old ones")
         return False
+    metrics.RESIZES.labels("applied").inc()
     containers = patch["spec"]["containers"]
     split = "" if len(containers) < 2 else " (" + ", ".join(
         f"{c['name']} {c['resources']['limits']['cpu']}" for c in containers) + ")"

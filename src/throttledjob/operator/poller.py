@@ -22,7 +22,7 @@ from typing import Any
 
 import kopf
 
-from . import child, events
+from . import child, events, metrics
 from .children import LABEL_NAME, job_owner_name, sidecar_endpoint
 from .job_split import Rank, job_scoped
 from .kube import ApiError, Kube
@@ -212,8 +212,10 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         try:
             reports.append(state.reader.read(*endpoint))
             read.append((pod, reports[-1]))
+            metrics.SIDECAR_READS.labels("success").inc()
         except StatusReadError as e:
             failures.append(f"pod {pod['metadata'].get('name')}: {e}")
+            metrics.SIDECAR_READS.labels("failure").inc()
     now = now_iso()
     by_uid = {pod["metadata"].get("uid", ""): report for pod, report in read}
     split: list[tuple[float, list[Rank]]] = []  # scope Job: the target and its ranks
@@ -320,6 +322,7 @@ def poll(state: OperatorState, logger: logging.Logger) -> None:
             for fn, ns, name, job in due(dict(state.seen), resync):
                 key = (fn, ns, name)
                 if key in running:
+                    metrics.SKIPPED.inc()
                     continue
                 running.add(key)
                 future = pool.submit(context.copy().run, fn, state, ns, name, job)
@@ -332,4 +335,5 @@ def _finished(running: set[tuple[Read, str, str]], key: tuple[Read, str, str],
     error = future.exception()
     if error is not None:  # the next tick tries again
         fn, ns, name = key
+        metrics.PERIODIC_FAILURES.labels(fn.__name__).inc()
         logger.warning("%s %s/%s: %s", fn.__name__, ns, name, str(error) or type(error).__name__)

@@ -36,6 +36,8 @@ class OperatorSettings:
     # The GPU node agent runs on the GPU nodes (the chart's gpu.nodeAgent.enabled): the
     # sidecar of a pod that requests GPUs gets the agent's CSI volume.
     node_agent: bool = False
+    # The operator's own /metrics (operator/metrics.py) on this port; 0: not served.
+    metrics_port: int = 0
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -62,4 +64,6 @@ class OperatorSettings:
             values["node_agent"] = env["THROTTLEDJOB_NODE_AGENT"] == "true"
         if env.get("THROTTLEDJOB_HANDLER_THREADS"):
             values["handler_threads"] = int(env["THROTTLEDJOB_HANDLER_THREADS"])
+        if env.get("THROTTLEDJOB_METRICS_PORT"):
+            values["metrics_port"] = int(env["THROTTLEDJOB_METRICS_PORT"])
         return cls(**values)

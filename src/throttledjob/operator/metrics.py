@@ -1,0 +1,68 @@
+"""The operator's own Prometheus metrics (`GET /metrics` on --metrics-port): what its
+periodic work read, resized and failed, and the ThrottledJobs it watches by phase, so a
+platform engineer sees it at work without reading Events.
+
+Counters are module-level, as prometheus_client's are: one operator per process. The
+phase gauge reads the operator's state at each scrape (a collector), never a copy.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+
+from throttledjob import __version__
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)
+P = "throttledjob_operator_"
+
+SIDECAR_READS = Counter(P + "sidecar_reads", "Reads of a pod sidecar's /status, by result "
+                        "(success, failure: no answer in the read deadline, or a bad one).",
+                        ["result"], registry=REGISTRY)
+RESIZES = Counter(P + "pod_resizes", "pods/resize calls the operator made, by result "
+                  "(applied; refused by the API server: the pod keeps its limits).",
+                  ["result"], registry=REGISTRY)
+PERIODIC_FAILURES = Counter(P + "periodic_failures", "Periodic reads that failed (an API "
+                            "error), by read; each is tried again at the next tick.",
+                            ["read"], registry=REGISTRY)
+SKIPPED = Counter(P + "periodic_skipped", "Periodic reads not started because the same "
+                  "ThrottledJob's previous one still ran (slow sidecars, a busy pool).",
+                  registry=REGISTRY)
+for _result in ("success", "failure"):
+    SIDECAR_READS.labels(_result)
+for _result in ("applied", "refused"):
+    RESIZES.labels(_result)
+
+
+class _Phases:
+    """throttledjob_operator_throttledjobs{phase}: the ThrottledJobs this process watches."""
+
+    def __init__(self, seen: Callable[[], Mapping[Any, tuple[str | None, str | None]]]) -> None:
+        self._seen = seen
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily(P + "throttledjobs", "ThrottledJobs the operator watches, by "
+                              "phase (Unknown: none yet).", labels=["phase"])
+        for phase, count in sorted(Tally(p or "Unknown" for p, _ in
+                                         dict(self._seen()).values()).items()):
+            g.add_metric([phase], count)
+        yield g
+        info = GaugeMetricFamily(P + "build_info", "Always 1; labels say what this operator "
+                                 "runs.", labels=["version"])
+        info.add_metric([__version__], 1.0)
+        yield info
+
+
+def serve(port: int, seen: Callable[[], Mapping[Any, tuple[str | None, str | None]]],
+          address: str = "0.0.0.0") -> None:
+    """Serve /metrics on `address:port` from a daemon thread; `seen` gives the watched
+    ThrottledJobs ((namespace, name) -> (phase, Job name)). Raises OSError where the port
+    cannot be bound."""
+    REGISTRY.register(_Phases(seen))
+    start_http_server(port, address, registry=REGISTRY)
