@@ -137,17 +137,29 @@ class NodeAgentProcess:
                      "--node-name", node_mod.NODE_NAME, "--kubelet-dir", str(kubelet_dir),
                      "--state-dir", str(state_dir)]
         self.state, self.log = state_dir, log
+        self.board = state_dir.parent / "simulated-board.json"
         self.start()
 
     def start(self) -> None:
+        # The simulated boards keep their limits in a file, as a real board keeps its
+        # limit whatever becomes of the process that set it.
         env = {**os.environ, "THROTTLEDJOB_FAKE_GPUS": "2",
-               "THROTTLEDJOB_FAKE_GPU_TRACE": "steady"}
+               "THROTTLEDJOB_FAKE_GPU_TRACE": "steady",
+               "THROTTLEDJOB_FAKE_GPU_LIMITS_FILE": str(self.board)}
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.args, env=env, stdout=out, stderr=out)
 
-    def caps(self) -> dict[str, Any]:
+    def caps(self) -> dict[str, tuple[float, str]]:
+        """GPU UUID -> (its limit before the cap, the pod that asked), as on record."""
         path = self.state / "caps.json"
-        return json.loads(path.read_text())["caps"] if path.exists() else {}
+        caps = json.loads(path.read_text())["caps"] if path.exists() else {}
+        return {uuid: (c["original_watts"], c["pod"]) for uuid, c in caps.items()}
+
+    def limit(self, uuid: str) -> float:
+        """The simulated board's power limit in force."""
+        limits = json.loads(self.board.read_text()) if self.board.exists() else []
+        index = next(i for i in (0, 1) if fake_uuid(i) == uuid)
+        return limits[index] if index < len(limits) else TDP_WATTS
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
@@ -188,7 +200,8 @@ def test_a_pod_reads_and_caps_its_own_gpu_through_its_csi_volume_and_the_cap_goe
     assert gpu in (fake_uuid(0), fake_uuid(1))
     assert answers["cap"] == {"watts": 150}
     assert "not this pod's" in answers["other"]["error"], answers
-    assert node_agent.caps() == {gpu: {"original_watts": TDP_WATTS, "pod": f"{namespace}/{name}"}}
+    assert node_agent.caps() == {gpu: (TDP_WATTS, f"{namespace}/{name}")}
+    assert node_agent.limit(gpu) == 150
 
     node_agent.stop(signal.SIGKILL)   # the cap stays in force; its record on disk
     node_agent.start()
@@ -205,10 +218,12 @@ def test_a_pod_reads_and_caps_its_own_gpu_through_its_csi_volume_and_the_cap_goe
     else:
         raise AssertionError("the restarted kubelet never listed the pod's GPU again")
     time.sleep(2 * TIDY_SECONDS)
-    assert node_agent.caps() == {gpu: {"original_watts": TDP_WATTS, "pod": key}}
+    assert node_agent.caps() == {gpu: (TDP_WATTS, key)}
+    assert node_agent.limit(gpu) == 150
     kubectl("delete", "pod", "-n", namespace, name, "--wait=true", "--timeout=90s")
     deadline = time.monotonic() + 60
     while node_agent.caps() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert node_agent.caps() == {}, node_agent.log.read_text()[-2000:]
     assert node_agent.log.read_text().count(f"GPU {gpu} back to {TDP_WATTS:.0f} W") == 1
+    assert node_agent.limit(gpu) == TDP_WATTS

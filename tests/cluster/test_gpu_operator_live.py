@@ -83,9 +83,11 @@ def gpu_tj(name: str, namespace: str, seconds: int, cap: bool = True) -> dict[st
     return tj
 
 
-def caps(state: Path) -> dict[str, Any]:
+def caps(state: Path) -> dict[str, tuple[float, str]]:
+    """GPU UUID -> (its limit before the cap, the pod that asked), as on record."""
     path = state / "caps.json"
-    return json.loads(path.read_text())["caps"] if path.exists() else {}
+    caps = json.loads(path.read_text())["caps"] if path.exists() else {}
+    return {uuid: (c["original_watts"], c["pod"]) for uuid, c in caps.items()}
 
 
 def sidecar_status(pod: dict[str, Any]) -> dict[str, Any]:
@@ -135,7 +137,7 @@ def test_gpu_throttledjobs_read_their_own_gpus_and_only_the_opted_in_one_is_capp
     assert gpu["UUID"] in (fake_uuid(0), fake_uuid(1)), status["telemetry"]
     assert status["telemetry"]["gpu"] == "fake (simulated)"
     key = f"{namespace}/{pod['metadata']['name']}"
-    assert caps(state) == {gpu["UUID"]: {"original_watts": TDP_WATTS, "pod": key}}
+    assert caps(state) == {gpu["UUID"]: (TDP_WATTS, key)}
     seen = read_gpus(kubectl, namespace, "throttledjob.io/name=uncapped")
     assert [g["UUID"] for g in seen] == [u for u in (fake_uuid(0), fake_uuid(1))
                                           if u != gpu["UUID"]], seen
@@ -189,7 +191,7 @@ def test_gpu_throttledjobs_read_their_own_gpus_and_only_the_opted_in_one_is_capp
     away = sidecar_status(pod)
     assert away["telemetry"]["gpus"] == [], away["telemetry"]
     send(None)
-    capped_again = {gpu["UUID"]: {"original_watts": TDP_WATTS, "pod": key}}
+    capped_again = {gpu["UUID"]: (TDP_WATTS, key)}
     deadline = time.monotonic() + 30   # the pod runs on for about 25 s more
     while caps(state) != capped_again and time.monotonic() < deadline:
         time.sleep(1)

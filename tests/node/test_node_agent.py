@@ -122,10 +122,11 @@ def test_a_pod_reads_and_caps_its_own_gpu_and_no_other(node, pod_cgroups):
     capped, foreign, span = got["answers"]
     assert capped == {"watts": 150.0}
     assert "not this pod's" in foreign["error"]
-    assert span == {"min": MIN_LIMIT_WATTS, "max": TDP_WATTS}
+    assert span == {"min": MIN_LIMIT_WATTS, "max": TDP_WATTS, "original": TDP_WATTS}
     assert board.limits == [150.0, TDP_WATTS]    # the other pod's GPU untouched
-    assert json.loads((sockets[POD_A].parent.parent / "caps.json").read_text()) == {
-        "caps": {uuids[0]: {"original_watts": TDP_WATTS, "pod": POD_A.key}}}
+    assert json.loads((sockets[POD_A].parent.parent / "caps.json").read_text())["caps"] == {
+        uuids[0]: {"original_watts": TDP_WATTS, "pod": POD_A.key, "set_watts": 150.0,
+                   "was_watts": None}}
 
 
 @needs_cgroup_v1
@@ -185,7 +186,7 @@ def test_caps_of_pods_gone_are_restored_even_by_an_agent_restarted_after_a_kill(
     keeper.set_limit(b, POD_B.key, 180.0)
     # The agent is killed (no restore); a new one reads the state, while pod A is gone.
     restarted = CapKeeper(board, tmp_path / "caps.json")
-    restarted.restore_gone({POD_B.key})
+    restarted.restore_gone({POD_B.key: frozenset({b.uuid})})
     assert board.limits == [TDP_WATTS, 180.0]
     restarted.restore_all()   # SIGTERM
     assert board.limits == [TDP_WATTS, TDP_WATTS]
@@ -279,6 +280,37 @@ def test_a_sidecar_reads_and_caps_again_once_a_restarted_agent_answers(tmp_path)
         assert not sidecar.error_lost and sidecar.error is None
         assert [r.index for r in sidecar.readings] == [0]
         assert board.limits == [194.0]           # capped again
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("then", ["deny", "no power target"])
+def test_a_sidecar_restarted_mid_cap_still_puts_the_gpus_own_limit_back(tmp_path, then):
+    """The sidecar's container restarts while its GPU is capped: the new one reads the
+    capped limit, and once wrote it back as the GPU's own, for good. The agent keeps the
+    original; the sidecar asks it to put the GPU back."""
+    board = FakeGpuBackend(1, "steady")
+    keeper = CapKeeper(board, tmp_path / "caps.json")
+    agent = NodeAgent(board, keeper, lambda: {POD_A.key: frozenset({board.read()[0].uuid})})
+    server = serve(tmp_path / "agent.sock", agent, POD_A, anonymous=True)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    capping = Policy(gpu_peak_power_watts=200, gpu_power_limit="allow")
+    try:
+        first = GpuAgent(NodeAgentBackend(tmp_path / "agent.sock"), capping)
+        first.cycle(1.0, 0.0, [])
+        assert board.limits == [194.0]
+        first.backend.close()   # killed: nothing put back
+        restarted = GpuAgent(NodeAgentBackend(tmp_path / "agent.sock"), capping)
+        restarted.cycle(1.0, 0.0, [])
+        assert board.limits == [194.0] and restarted.state().capping
+        if then == "deny":   # the policy edited
+            restarted.set_policy(Policy(gpu_peak_power_watts=200))
+        else:                # a utilization target alone: nothing to cap
+            restarted.set_policy(Policy(gpu_peak_utilization_percent=70,
+                                        gpu_power_limit="allow"))
+            restarted.cycle(1.0, 0.0, [])
+        assert board.limits == [TDP_WATTS] and keeper.caps == {}
+        restarted.close()
     finally:
         server.close()
 

@@ -200,11 +200,19 @@ class _FakeNvml(types.SimpleNamespace):
 
 
 def _patch_nvml(monkeypatch, fail_power: Exception | None = None,
-                memory_v2: bool = True, samples: list[tuple[int, int]] | None = None):
+                memory_v2: bool = True, samples: list[tuple[int, int]] | None = None,
+                count: int = 1, lost: frozenset[int] = frozenset()):
     """`samples`: the driver's buffer of utilization samples (microseconds, percent);
-    None: a board that keeps none."""
-    handle = object()
+    None: a board that keeps none. `count` GPUs (UUIDs GPU-1234, GPU-1235, ...), those
+    of `lost` off the bus: every call on them fails with NVML_ERROR_GPU_IS_LOST."""
+    handles = [types.SimpleNamespace(index=i, uuid=f"GPU-{1234 + i}") for i in range(count)]
     calls = []
+
+    def by_uuid(uuid):
+        found = [h for h in handles if h.uuid == uuid]
+        if not found:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return found[0]
 
     def utilization_samples(h, kind, last_seen):
         assert kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES
@@ -232,14 +240,18 @@ def _patch_nvml(monkeypatch, fail_power: Exception | None = None,
 
     fns = {
         "nvmlInit": lambda: None, "nvmlShutdown": lambda: calls.append("shutdown"),
-        "nvmlDeviceGetCount": lambda: 1,
-        "nvmlDeviceGetHandleByIndex": lambda i: handle,
+        "nvmlDeviceGetCount": lambda: count,
+        "nvmlDeviceGetHandleByIndex": lambda i: handles[i],
+        "nvmlDeviceGetHandleByUUID": by_uuid,
+        "nvmlDeviceGetIndex": lambda h: h.index,
         "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=87, memory=40),
         "nvmlDeviceGetSamples": utilization_samples,
         "nvmlDeviceGetMemoryInfo": memory,
-        "nvmlDeviceGetUUID": lambda h: "GPU-1234", "nvmlDeviceGetName": lambda h: "A100",
+        "nvmlDeviceGetUUID": lambda h: h.uuid, "nvmlDeviceGetName": lambda h: "A100",
         "nvmlDeviceGetPowerUsage": power,
         "nvmlDeviceGetEnforcedPowerLimit": lambda h: 300_000,
+        # The board's own limit: the BMC enforces less (300 W) for now.
+        "nvmlDeviceGetPowerManagementLimit": lambda h: 350_000,
         "nvmlDeviceGetTemperature": lambda h, kind: 65,
         "nvmlDeviceGetClockInfo": lambda h, kind: 1410,
         "nvmlDeviceGetCurrentClocksEventReasons":
@@ -250,7 +262,17 @@ def _patch_nvml(monkeypatch, fail_power: Exception | None = None,
         "nvmlDeviceGetPowerManagementLimitConstraints": lambda h: (100_000, 400_000),
         "nvmlDeviceSetPowerManagementLimit": lambda h, mw: calls.append(("limit", mw)),
     }
+    def on_the_bus(fn):
+        def call(h, *args, **kwargs):
+            if h.index in lost:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+            return fn(h, *args, **kwargs)
+        return call
+
     for name, fn in fns.items():
+        if name.startswith("nvmlDevice") and name not in (
+                "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByUUID"):
+            fn = on_the_bus(fn)
         monkeypatch.setattr(pynvml, name, fn)
     return calls
 
@@ -321,3 +343,85 @@ def test_nvml_adapter_translates_a_lost_gpu(monkeypatch):
     with pytest.raises(GpuError) as e:
         NvmlBackend().read()
     assert e.value.lost and "NVML" in str(e.value)
+
+
+def test_nvml_adapter_leaves_a_lost_gpu_out_and_finds_the_others_one_by_one(monkeypatch):
+    """NVML_ERROR_GPU_IS_LOST from one board once failed the read of every board, and with
+    it every cap and restore of the node agent's. All of them lost: the GPUs are."""
+    _patch_nvml(monkeypatch, count=3, lost=frozenset({1}))
+    backend = NvmlBackend()
+    assert [r.uuid for r in backend.read()] == ["GPU-1234", "GPU-1236"]
+    assert backend.index_of("GPU-1236") == 2 and backend.index_of("GPU-9999") is None
+    with pytest.raises(GpuError) as e:
+        backend.power_management_limit_watts(1)
+    assert e.value.lost
+    assert backend.power_management_limit_watts(2) == 350.0
+
+
+def test_nvml_adapter_with_every_gpu_lost_still_says_they_are_lost(monkeypatch):
+    _patch_nvml(monkeypatch, count=2, lost=frozenset({0, 1}))
+    with pytest.raises(GpuError) as e:
+        NvmlBackend().read()
+    assert e.value.lost
+
+
+def test_nvml_adapter_reads_the_boards_own_limit_apart_from_the_one_enforced(monkeypatch):
+    """What a write sets, and so what is kept to put back, is the management limit; the
+    reading's limit is the one enforced, which the BMC may hold lower."""
+    _patch_nvml(monkeypatch)
+    backend = NvmlBackend()
+    assert backend.read()[0].power_limit_watts == 300.0
+    assert backend.power_management_limit_watts(0) == 350.0
+
+
+def test_a_power_target_over_an_admins_lower_limit_leaves_that_limit_alone():
+    gpu = FakeGpuBackend(1, "steady")
+    gpu.limits[0] = 150.0   # nvidia-smi -pl 150, by the node's admin
+    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=250, gpu_power_limit="allow"))
+    agent.cycle(1.0, 0.0, [])
+    agent.close()
+    assert gpu.limits == [150.0] and gpu.limit_calls == []
+
+
+def test_a_lever_allowed_with_no_power_target_writes_no_board():
+    gpu = FakeGpuBackend(2, "steady")
+    agent = GpuAgent(gpu, Policy(gpu_peak_utilization_percent=70, gpu_power_limit="allow"))
+    for _ in range(3):
+        agent.cycle(1.0, 0.0, [])
+    agent.close()
+    assert gpu.limit_calls == []
+
+
+def test_the_limit_put_back_is_the_boards_own_not_what_a_bmc_enforced():
+    gpu = FakeGpuBackend(1, "steady")
+    gpu.out_of_band_limits[0] = 250.0
+    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=200, gpu_power_limit="allow"))
+    agent.cycle(1.0, 0.0, [])
+    assert gpu.limits == [194.0] and agent.state().capping
+    agent.close()
+    assert gpu.limits == [300.0]
+
+
+def test_a_cap_is_never_over_a_limit_an_admin_lowered_while_it_held():
+    """Capped at 194 W, the admin sets 150 W; the target then moves to 250 W: the admin's
+    limit is the board's own from then on, neither raised nor written back at exit."""
+    gpu = FakeGpuBackend(1, "steady")
+    agent = GpuAgent(gpu, Policy(gpu_peak_power_watts=200, gpu_power_limit="allow"))
+    agent.cycle(1.0, 0.0, [])
+    gpu.limits[0] = 150.0
+    agent.set_policy(Policy(gpu_peak_power_watts=250, gpu_power_limit="allow"))
+    agent.cycle(1.0, 0.0, [])
+    assert gpu.limits == [150.0]
+    agent.close()
+    assert gpu.limits == [150.0]
+
+
+def test_a_simulated_boards_limit_outlives_the_process_that_set_it(tmp_path) -> None:
+    """As a real board's: with THROTTLEDJOB_FAKE_GPU_LIMITS_FILE a node agent killed and
+    started again finds the cap it set still in force (the live test kills it)."""
+    env = {"THROTTLEDJOB_FAKE_GPUS": "2",
+           "THROTTLEDJOB_FAKE_GPU_LIMITS_FILE": str(tmp_path / "board.json")}
+    FakeGpuBackend.from_environ(env).set_power_limit_watts(1, 150.0)
+    again = FakeGpuBackend.from_environ(env)
+    assert [again.power_management_limit_watts(i) for i in (0, 1)] == [300.0, 150.0]
+    assert FakeGpuBackend.from_environ({"THROTTLEDJOB_FAKE_GPUS": "2"}).limits == [300.0] * 2

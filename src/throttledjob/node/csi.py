@@ -85,13 +85,20 @@ class _Plugin(csi_rpc.IdentityServicer, csi_rpc.NodeServicer, reg_rpc.Registrati
         return csi.NodeUnpublishVolumeResponse()
 
 
+def socket_paths(kubelet_dir: Path) -> tuple[Path, Path]:
+    """The driver's socket and its registration's, under the kubelet's root directory:
+    the chart mounts their directories (and no others of the kubelet's but PodResources
+    and the pods' volumes, where `publish` is given each pod's directory)."""
+    return (kubelet_dir / "plugins" / DRIVER / "csi.sock",
+            kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock")
+
+
 def serve_csi(kubelet_dir: Path, node_name: str, publish: Callable[[Path, PodRef], None],
               unpublish: Callable[[Path], None]) -> grpc.Server:
     """Serve the driver (`<kubelet root>/plugins/<driver>/csi.sock`) and its registration
     (`<kubelet root>/plugins_registry/<driver>-reg.sock`); the kubelet then calls
     `publish(directory, pod)` for each pod's volume and `unpublish(directory)`."""
-    endpoint = kubelet_dir / "plugins" / DRIVER / "csi.sock"
-    registration = kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock"
+    endpoint, registration = socket_paths(kubelet_dir)
     plugin = _Plugin(node_name, endpoint, publish, unpublish)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     csi_rpc.add_IdentityServicer_to_server(plugin, server)

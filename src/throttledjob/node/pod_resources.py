@@ -20,8 +20,15 @@ from throttledjob.contracts.names import GPU_RESOURCE
 from .kubelet import podresources_pb2 as pb
 from .kubelet import podresources_pb2_grpc as rpc
 
+
+def socket_path(kubelet_dir: Path) -> Path:
+    """Where a kubelet of that root directory serves it (the chart mounts its directory
+    read-only: a socket is dialled, not written)."""
+    return kubelet_dir / "pod-resources" / "kubelet.sock"
+
+
 # Where the kubelet serves it by default (its --root-dir is /var/lib/kubelet).
-SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+SOCKET = socket_path(Path("/var/lib/kubelet"))
 
 
 def gpu_uuid(device_id: str) -> str:

@@ -7,8 +7,9 @@
 - Each pod's socket: made when the kubelet publishes the pod's CSI volume (csi.py), closed
   when it unpublishes it, which also puts the pod's caps back. The volumes published are
   kept in the state directory beside the caps, so a restarted agent serves them again.
-- Every TIDY_SECONDS, and at start: caps whose pods the kubelet no longer lists are put
-  back. SIGTERM or SIGINT: every cap is put back, then the agent exits.
+- Every TIDY_SECONDS, and at start: caps whose pods the kubelet no longer lists with
+  that GPU are put back. SIGTERM or SIGINT: no cap is set any more, every cap is put
+  back, then the agent exits. A cap asked by a pod whose volume went is refused.
 - `/metrics` on `--metrics-port` (metrics.py): each GPU's limit, the original of a capped
   one, the pod holding it.
 """
@@ -33,6 +34,7 @@ from .caps import CapKeeper
 from .csi import SOCKET_NAME, serve_csi
 from .identity import PodRef
 from .pod_resources import gpus_by_pod
+from .pod_resources import socket_path as pod_resources_socket
 from .server import NodeAgent, serve, shared_gpus
 
 TIDY_SECONDS = 5.0
@@ -49,12 +51,12 @@ class Node:
         """`list_gpus`: who holds which GPU (default: the kubelet's PodResources under
         `kubelet_dir`); raises grpc.RpcError where it cannot tell."""
         state_dir.mkdir(parents=True, exist_ok=True)
-        socket = kubelet_dir / "pod-resources" / "kubelet.sock"
+        socket = pod_resources_socket(kubelet_dir)
         self.list_gpus = list_gpus or (
             lambda: gpus_by_pod(socket, timeout_seconds=KUBELET_TIMEOUT_SECONDS))
         self.volumes_path = state_dir / "volumes.json"
         self.keeper = CapKeeper(backend, state_dir / "caps.json")
-        self.agent = NodeAgent(backend, self.keeper, self.assignments)
+        self.agent = NodeAgent(backend, self.keeper, self.assignments, serving=self.serving)
         self.listeners: dict[Path, tuple[object, PodRef]] = {}
         self._lock = threading.Lock()
         self._listing = threading.Lock()
@@ -90,10 +92,16 @@ class Node:
             if directory in self.listeners:   # the kubelet may publish a volume again
                 return
             server = serve(directory / SOCKET_NAME, self.agent, pod)
-            threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
+            # Listed before it serves: a first request must find its pod served.
             self.listeners[directory] = (server, pod)
+            threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
             self._save_volumes()
         log.info("throttledjob node: serving pod %s", pod.key)
+
+    def serving(self, pod: PodRef) -> bool:
+        """The pod's volume is published (by UID: a pod of the same name may follow it)."""
+        with self._lock:
+            return any(p.uid == pod.uid for _, p in self.listeners.values())
 
     def unpublish(self, directory: Path) -> None:
         with self._lock:
@@ -109,12 +117,27 @@ class Node:
             log.info("throttledjob node: pod %s gone", pod.key)
 
     def resume(self) -> None:
-        """Serve again the volumes published before a restart, where they still are."""
+        """Serve again the volumes published before a restart, where they still are. A
+        file that cannot be read (a crash before it reached the disk) is set aside with one
+        line in the log, as caps.json is, not a crash at every start: the kubelet's next
+        publish of those volumes serves them again."""
         if not self.volumes_path.exists():
             return
-        for path, pod in read_json_bounded(str(self.volumes_path)).items():
-            if Path(path).is_dir():
-                self.publish(Path(path), PodRef(**pod))
+        try:
+            volumes = {Path(path): PodRef(**pod)
+                       for path, pod in read_json_bounded(str(self.volumes_path)).items()}
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            aside = self.volumes_path.with_suffix(".bad")
+            self.volumes_path.replace(aside)
+            log.error("throttledjob node: %s unreadable (%s), moved to %s: the pods' volumes "
+                      "published before are not served again", self.volumes_path, e, aside)
+            return
+        for path, pod in volumes.items():
+            if path.is_dir():
+                try:
+                    self.publish(path, pod)
+                except OSError as e:   # one volume's socket, not the agent
+                    log.warning("throttledjob node: cannot serve pod %s again: %s", pod.key, e)
 
     def tidy(self) -> None:
         """Put back the caps of pods the kubelet no longer lists, and of GPUs it lists
@@ -123,16 +146,17 @@ class Node:
             with self._listing:
                 live = self._listed()
             if live is not None:
-                self.keeper.restore_gone(set(live), shared_gpus(live))
+                self.keeper.restore_gone(live, shared_gpus(live))
         except Exception:   # logged whole, tried again at the next pass
             log.exception("throttledjob node: a tidying pass failed")
 
     def stop(self) -> None:
         """No pod is served any more, then every cap is put back (a request served
-        after the restore would cap a GPU again, with no agent left to restore it)."""
+        after the restore would cap a GPU again, with no agent left to restore it: the
+        keeper refuses caps from then on, which a request in flight may still ask)."""
         for server, _ in list(self.listeners.values()):
             server.close()
-        self.keeper.restore_all()
+        self.keeper.stop()
 
     def _save_volumes(self) -> None:
         write_json_atomic(str(self.volumes_path),

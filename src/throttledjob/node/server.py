@@ -3,8 +3,13 @@
 One JSON request a line, one JSON answer a line, at most MAX_LINE bytes each way in:
 
     {"op": "read"}                                   -> {"gpus": [reading, ...], "simulated": b}
-    {"op": "range", "uuid": U}                       -> {"min": W, "max": W}
+    {"op": "range", "uuid": U}                       -> {"min": W, "max": W, "original": W}
     {"op": "set_power_limit", "uuid": U, "watts": W} -> {"watts": W in force}
+    {"op": "restore", "uuid": U}                     -> {"watts": W in force}
+
+`original` is the limit the GPU gets back (the one it had before the first cap, which the
+agent keeps); `restore` puts it back. A sidecar lifts its cap with `restore`, never by
+writing a limit it read: restarted while its GPU was capped, it would have read the cap.
 
 Every answer is for the caller's pod alone: each pod has a socket of its own (node/csi.py
 makes it in the pod's volume), a caller whose cgroup names another pod, or no pod, is
@@ -48,10 +53,14 @@ Assignments = Callable[[], Mapping[str, frozenset[str]]]
 
 
 class NodeAgent:
-    def __init__(self, backend: GpuBackend, keeper: CapKeeper, assignments: Assignments) -> None:
+    def __init__(self, backend: GpuBackend, keeper: CapKeeper, assignments: Assignments,
+                 serving: Callable[[PodRef], bool] = lambda pod: True) -> None:
+        """`serving`: whether a pod's volume is still published (a request in flight
+        when it went caps nothing)."""
         self.backend = backend
         self.keeper = keeper
         self.assignments = assignments
+        self.serving = serving
 
     def answer(self, pod: PodRef, request: Any) -> dict:
         """The answer to one request from `pod`."""
@@ -70,10 +79,14 @@ class NodeAgent:
             gpu = _one(readings, request.get("uuid"))
             if op == "range":
                 span = self.backend.power_limit_range_watts(gpu.index)
-                return {"error": "no settable power limit"} if span is None \
-                    else {"min": span[0], "max": span[1]}
+                original = self.keeper.original_watts(gpu)
+                return {"error": "no settable power limit"} if span is None or original is None \
+                    else {"min": span[0], "max": span[1], "original": original}
             if op == "set_power_limit":
                 return self._set_limit(pod, gpu, request.get("watts"), assigned)
+            if op == "restore":
+                self.keeper.restore(gpu.uuid)
+                return {"watts": self.backend.power_management_limit_watts(gpu.index)}
             return {"error": f"unknown op {op!r}"}
         except (GpuError, OSError) as e:   # OSError: the state file could not be written
             return {"error": str(e)}
@@ -89,7 +102,8 @@ class NodeAgent:
         if gpu.uuid in shared_gpus(assigned):
             self.keeper.restore(gpu.uuid)   # capped while it was one pod's
             return {"error": f"GPU {gpu.uuid} is shared with another pod: never capped"}
-        return {"watts": self.keeper.set_limit(gpu, pod.key, float(watts))}
+        return {"watts": self.keeper.set_limit(gpu, pod.key, float(watts),
+                                               served=lambda: self.serving(pod))}
 
 
 def shared_gpus(assigned: Mapping[str, frozenset[str]]) -> frozenset[str]:

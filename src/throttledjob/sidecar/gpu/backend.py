@@ -75,6 +75,11 @@ class GpuBackend(ABC):
     #: True where an unreachable backend comes back on its own (the node agent, a
     #: process the kubelet restarts): lost, it is asked again every few seconds, not dropped.
     recovers: bool = False
+    #: True where the backend keeps each GPU's limit from before the first cap and puts it
+    #: back itself (the node agent, which outlives the sidecar): a caller lifts a cap with
+    #: `restore_power_limit`, never by writing back a limit it read, which a caller
+    #: restarted mid-cap would have read capped.
+    keeps_originals: bool = False
 
     @abstractmethod
     def read(self) -> list[GpuReading]:
@@ -90,8 +95,29 @@ class GpuBackend(ABC):
         """(min, max) power limit the device accepts, or None when it has no such lever."""
         return None
 
+    def power_management_limit_watts(self, index: int) -> float | None:
+        """The limit set on the board: what `set_power_limit_watts` sets, and so what is
+        kept to be put back. A reading's `power_limit_watts` is the limit enforced, which
+        out-of-band limiters (the BMC's) may hold lower. None: no such lever."""
+        return None
+
+    def index_of(self, uuid: str) -> int | None:
+        """The index of the GPU `uuid` (None: not on this node any more). GpuError, lost,
+        where that GPU has fallen off the bus."""
+        return next((r.index for r in self.read() if r.uuid == uuid), None)
+
     def set_power_limit_watts(self, index: int, watts: float) -> None:
         raise GpuError(f"{self.kind}: GPU power limit is not supported")
+
+    def original_power_limit_watts(self, index: int) -> float | None:
+        """Where the backend `keeps_originals`: the limit the GPU had before the first cap,
+        the one it gets back."""
+        raise GpuError(f"{self.kind}: keeps no original power limit")
+
+    def restore_power_limit(self, index: int) -> None:
+        """Where the backend `keeps_originals`: the GPU back to its original limit (nothing
+        to do where it is not capped)."""
+        raise GpuError(f"{self.kind}: keeps no original power limit")
 
     def close(self) -> None:
         """Release the library; safe to call twice."""

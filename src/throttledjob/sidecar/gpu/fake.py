@@ -19,7 +19,9 @@ THROTTLEDJOB_FAKE_GPU_TRACE (steady, plateau, spike, sawtooth, idle; default pla
 THROTTLEDJOB_FAKE_GPU_FAIL_AFTER (reads before the GPUs fall off the bus; default never),
 THROTTLEDJOB_FAKE_GPU_START (`now`, the default: busy from the first read; `first-step`:
 idle until the workload reports its first step, as a real board idles through a job's
-imports and loading until its feeder launches kernels).
+imports and loading until its feeder launches kernels), THROTTLEDJOB_FAKE_GPU_LIMITS_FILE
+(the boards' power limits kept in this JSON file: a real board's limit outlives the
+process that set it, so an agent killed and started again finds its cap in force).
 
 What the workload does to its GPUs (held back, memory fraction) is not part of the GpuBackend
 interface, which the NVML adapter implements against hardware that sees it for itself: the
@@ -29,8 +31,11 @@ sidecar/gpu/simulate.py); a live run lets it follow the GPU agent (`simulate.fol
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from throttledjob.runtime.files import write_json_atomic
 
 from .backend import GpuBackend, GpuError, GpuReading
 
@@ -89,7 +94,7 @@ class FakeGpuBackend(GpuBackend):
     def __init__(self, count: int = 1, trace: str | Callable[[int], float] = "plateau",
                  fail_after: int | None = None, clock_sensitivity: float = 1.0,
                  load: Callable[[], SimulatedLoad] | None = None,
-                 idle_until_first_step: bool = False) -> None:
+                 idle_until_first_step: bool = False, limits_file: str | None = None) -> None:
         if not 1 <= count <= 64:
             raise GpuError(f"fake GPU count must be between 1 and 64, got {count}")
         if isinstance(trace, str):
@@ -106,7 +111,18 @@ class FakeGpuBackend(GpuBackend):
         self._fed = SimulatedLoad()
         # Asked once per read: the simulated workload's state over the interval it reports.
         self.load: Callable[[], SimulatedLoad] = load or (lambda: self._fed)
-        self.limits = [TDP_WATTS] * count
+        self.limits = [TDP_WATTS] * count   # each board's management limit (ours to set)
+        self.limits_file = limits_file
+        if limits_file:
+            try:
+                with open(limits_file) as f:
+                    self.limits = [float(w) for w in json.load(f)][:count]
+                self.limits += [TDP_WATTS] * (count - len(self.limits))
+            except FileNotFoundError:
+                pass
+        # A limiter outside the driver (the BMC's, a rack's power budget): the limit
+        # enforced, which a reading reports and the clock follows, is the lower of the two.
+        self.out_of_band_limits: list[float | None] = [None] * count
         self.clock_sensitivity = clock_sensitivity
         self._temps = [AMBIENT_CELSIUS + 10.0] * count
         self.limit_calls: list[tuple[int, float]] = []
@@ -124,7 +140,8 @@ class FakeGpuBackend(GpuBackend):
             raise GpuError(f"bad fake GPU setting: THROTTLEDJOB_FAKE_GPU_START={start!r} "
                            "(choose now or first-step)")
         return cls(count, env.get("THROTTLEDJOB_FAKE_GPU_TRACE", "plateau"), fail_after,
-                   idle_until_first_step=start == "first-step")
+                   idle_until_first_step=start == "first-step",
+                   limits_file=env.get("THROTTLEDJOB_FAKE_GPU_LIMITS_FILE") or None)
 
     def describe(self) -> str:
         return f"{self.count} fake GPU(s), trace {self.trace_name}"
@@ -158,7 +175,7 @@ class FakeGpuBackend(GpuBackend):
             index=i, uuid=fake_uuid(i), name="Simulated GPU",
             utilization_ratio=round(util, 4), memory_used_bytes=used,
             memory_total_bytes=MEMORY_BYTES, power_watts=round(watts, 2),
-            power_limit_watts=self.limits[i], temperature_celsius=round(self._temps[i], 2),
+            power_limit_watts=self.enforced_limit(i), temperature_celsius=round(self._temps[i], 2),
             sm_clock_hertz=round(MAX_SM_CLOCK_HERTZ * clock), throttle_reasons=frozenset(reasons),
             process_memory_bytes={},
         )
@@ -168,7 +185,11 @@ class FakeGpuBackend(GpuBackend):
         return min(1.0, max(0.0, self.trace(t) - 0.01 * i))
 
     def _clock(self, i: int, util: float) -> float:
-        return clock_within(self.limits[i], util)
+        return clock_within(self.enforced_limit(i), util)
+
+    def enforced_limit(self, i: int) -> float:
+        oob = self.out_of_band_limits[i]
+        return self.limits[i] if oob is None else min(self.limits[i], oob)
 
     def speed(self, index: int = 0) -> float:
         """The work the interval now running does (the next read reports it), as a
@@ -180,11 +201,20 @@ class FakeGpuBackend(GpuBackend):
     def power_limit_range_watts(self, index: int) -> tuple[float, float]:
         return MIN_LIMIT_WATTS, TDP_WATTS
 
+    def power_management_limit_watts(self, index: int) -> float:
+        return self.limits[index]
+
+    def index_of(self, uuid: str) -> int | None:
+        # Not through read(): a read is a step of the simulation's time.
+        return next((i for i in range(self.count) if fake_uuid(i) == uuid), None)
+
     def set_power_limit_watts(self, index: int, watts: float) -> None:
         if not MIN_LIMIT_WATTS <= watts <= TDP_WATTS:
             raise GpuError(f"power limit {watts} W outside [{MIN_LIMIT_WATTS}, {TDP_WATTS}]")
         self.limits[index] = watts
         self.limit_calls.append((index, watts))
+        if self.limits_file:
+            write_json_atomic(self.limits_file, self.limits)
 
 
 def clock_within(limit_watts: float, util: float) -> float:

@@ -3,7 +3,9 @@
 In a pod the sidecar has no GPU device files: the device plugin gives them only to the
 containers that request `nvidia.com/gpu`. The node agent reads every GPU of the node and
 answers each pod for its own GPUs (node/server.py: the protocol, and how it knows the
-pod). This backend is that conversation: a reading, a power limit range, a cap. An agent
+pod). This backend is that conversation: a reading, a power limit range, a cap, and a
+restore: the agent keeps each GPU's original limit (`keeps_originals`), so a sidecar
+restarted while its GPU was capped still puts the right one back. An agent
 that does not answer is a failed read (GpuError); after a few the GPU agent runs CPU-only,
 the workload untouched, and asks again every 5 s until the agent answers.
 """
@@ -22,6 +24,7 @@ from .backend import GpuBackend, GpuError, GpuReading
 class NodeAgentBackend(GpuBackend):
     kind = "node agent"
     recovers = True   # a restarted agent (crash, DaemonSet roll) serves the pod again
+    keeps_originals = True
 
     def __init__(self, path: Path, timeout_seconds: float = 2.0) -> None:
         self.path = path
@@ -43,6 +46,14 @@ class NodeAgentBackend(GpuBackend):
 
     def set_power_limit_watts(self, index: int, watts: float) -> None:
         self._ask({"op": "set_power_limit", "uuid": self._uuid(index), "watts": watts})
+
+    def original_power_limit_watts(self, index: int) -> float | None:
+        # None from an agent older than the field: no lever there, the hold-back holds.
+        original = self._ask({"op": "range", "uuid": self._uuid(index)}).get("original")
+        return None if original is None else float(original)
+
+    def restore_power_limit(self, index: int) -> None:
+        self._ask({"op": "restore", "uuid": self._uuid(index)})
 
     def close(self) -> None:
         if self._sock is not None:

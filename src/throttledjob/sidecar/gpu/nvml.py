@@ -1,7 +1,8 @@
 """The NVML backend: a thin adapter from pynvml (nvidia-ml-py) to GpuBackend.
 
-Only unit conversion and error translation live here; there is no logic to test
-beyond that, which is why the fake backend can stand in for it everywhere else.
+Only unit conversion, error translation and a GPU off the bus left out of reads live
+here (tested against a patched pynvml); there is no other logic, which is why the fake
+backend can stand in for it everywhere else.
 NVML units: power in milliwatts, clocks in MHz, memory in bytes, utilization in percent.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,6 +19,7 @@ from typing import Any, TypeVar
 from .backend import GpuBackend, GpuError, GpuReading
 
 T = TypeVar("T")
+log = logging.getLogger("throttledjob.sidecar")
 # Readers whose cursor into NVML's utilization samples is kept (the node agent's pods).
 MAX_READERS = 256
 
@@ -58,6 +61,7 @@ class NvmlBackend(GpuBackend):
         # Per reader, per GPU: the newest utilization sample it has read (NVML's
         # microseconds). The oldest reader is forgotten past MAX_READERS (pods gone).
         self._seen: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
+        self._lost: set[int] = set()   # GPUs found off the bus (said once each)
 
     def read(self) -> list[GpuReading]:
         return self.read_as("")
@@ -70,7 +74,21 @@ class NvmlBackend(GpuBackend):
         self._seen[reader] = seen
         while len(self._seen) > MAX_READERS:
             self._seen.popitem(last=False)
-        return [self._read_one(i, h, seen) for i, h in enumerate(self._handles)]
+        readings, lost = [], None
+        for i, h in enumerate(self._handles):
+            try:
+                readings.append(self._read_one(i, h, seen))
+            except self._nvml.NVMLError_GpuIsLost as e:
+                # One board off the bus must not blind the node agent to the others (nor
+                # stop their restores): it is left out. All of them lost: the GPUs are.
+                lost = e
+                if i not in self._lost:
+                    self._lost.add(i)
+                    log.warning("throttledjob: GPU %d has fallen off the bus: left out of "
+                                "the readings", i)
+        if lost is not None and not readings:
+            raise lost
+        return readings
 
     def _read_one(self, index: int, h: Any, seen: list[int]) -> GpuReading:
         n = self._nvml
@@ -161,6 +179,23 @@ class NvmlBackend(GpuBackend):
     def power_limit_range_watts(self, index: int) -> tuple[float, float] | None:
         low, high = self._nvml.nvmlDeviceGetPowerManagementLimitConstraints(self._handles[index])
         return low / 1000.0, high / 1000.0
+
+    @_translate
+    def power_management_limit_watts(self, index: int) -> float | None:
+        # Not the enforced limit of a reading: that one counts out-of-band limiters (the
+        # BMC's), and written back as the board's own it would keep their cut for good.
+        h = self._handles[index]
+        return self._optional(lambda: self._nvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0)
+
+    @_translate
+    def index_of(self, uuid: str) -> int | None:
+        # One GPU looked up, not all of them read: another board lost changes nothing here.
+        n = self._nvml
+        try:
+            index = n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByUUID(uuid))
+        except n.NVMLError_NotFound:
+            return None
+        return index if 0 <= index < len(self._handles) else None
 
     @_translate
     def set_power_limit_watts(self, index: int, watts: float) -> None:

@@ -5,10 +5,17 @@ one small object: what it needs, how it is applied, how it is put back.
   a board with a settable limit (the backend gives its range), and the right to set it
   (root on the node). Where one is missing it holds nothing and says why; the workload is
   then held back instead.
-- Applied: each watched GPU capped at the limit asked, within its board's range; the limit
-  each GPU had before is kept the first time it is capped.
+- Applied: each watched GPU capped at the limit asked, within its board's range and never
+  over the limit it had (a target over an admin's lower limit leaves that limit alone).
+  Nothing to cap and no cap of ours in force: the board is not written.
+- The original: locally, the board's management limit (not the enforced one, which
+  out-of-band limiters may hold lower), kept from the first cap while the board has the
+  cap set; a limit found changed since is someone else's, the original from then on.
+  Through the node agent (`backend.keeps_originals`), the agent's: it outlives this
+  process, and a sidecar restarted mid-cap would have read the cap as the original.
 - Restored: every GPU it capped, to the limit it had (on exit, when the GPU is lost, when
-  the policy no longer allows it). The cap outlives the process that set it otherwise.
+  the policy no longer allows it): written back locally, asked of the agent otherwise.
+  The cap outlives the process that set it otherwise.
 - Kept: a limit found over the one set (put back by someone else) is set again.
 """
 
@@ -19,6 +26,14 @@ import logging
 from .backend import GpuBackend, GpuError, GpuReading
 
 log = logging.getLogger("throttledjob.sidecar")
+# NVML keeps a limit in milliwatts: a limit read within this of one set is that one.
+SAME_WATTS = 0.5
+
+
+def capped_limit(target: float, original: float, span: tuple[float, float]) -> float:
+    """The limit that caps a board at `target`: within its range (min, max), and never
+    over the limit it had, which a cap must not raise."""
+    return min(original, span[1], max(span[0], target))
 
 
 class PowerCap:
@@ -26,39 +41,46 @@ class PowerCap:
 
     def __init__(self, backend: GpuBackend) -> None:
         self.backend = backend
-        self.saved: dict[int, float] = {}  # GPU index -> its limit before the first cap
-        self.applied: dict[int, float] = {}  # GPU index -> the limit last set
+        self.saved: dict[int, float] = {}    # GPU index -> its limit before our cap (local)
+        self.applied: dict[int, float] = {}  # GPU index -> our cap, while it is in force
+        self.watched: set[int] = set()       # GPUs `apply` was given
         self.holds = False    # the caps hold the limit asked on every watched GPU
         self.capping = False  # a cap under a board's own limit is in force
         self.error: str | None = None
 
     def unsaved(self, readings: list[GpuReading]) -> bool:
-        """A watched GPU not capped yet (first read, or a GPU newly watched)."""
-        return any(r.index not in self.saved for r in readings)
+        """A watched GPU not applied to yet (first read, or a GPU newly watched)."""
+        return any(r.index not in self.watched for r in readings)
 
     def lifted(self, readings: list[GpuReading]) -> bool:
         """A GPU's limit is over the one set (someone put it back: the node agent at its
         SIGTERM, an admin): the cap is to be set again."""
         return any(r.index in self.applied and r.power_limit_watts is not None
-                   and r.power_limit_watts > self.applied[r.index] + 0.5 for r in readings)
+                   and r.power_limit_watts > self.applied[r.index] + SAME_WATTS
+                   for r in readings)
 
     def apply(self, readings: list[GpuReading], limit: float | None) -> None:
         """Cap every GPU of `readings` at `limit` (None: back to its own limit)."""
         holds, capping, self.error = limit is not None, False, None
         for r in readings:
+            self.watched.add(r.index)
             try:
-                if r.index not in self.saved and r.power_limit_watts is not None:
-                    self.saved[r.index] = r.power_limit_watts
-                original = self.saved.get(r.index)
+                if limit is None:
+                    self._lift(r.index)
+                    continue
+                original = self._original(r.index)
                 span = self.backend.power_limit_range_watts(r.index)
                 if span is None or original is None:   # no such lever on this board
                     holds = False
                     continue
-                wanted = original if limit is None else min(span[1], max(span[0], limit))
+                wanted = capped_limit(limit, original, span)
                 holds = holds and wanted <= limit
-                capping = capping or wanted < original
-                self.backend.set_power_limit_watts(r.index, wanted)
-                self.applied[r.index] = wanted
+                if wanted < original:
+                    self.backend.set_power_limit_watts(r.index, wanted)
+                    self.applied[r.index] = wanted
+                    capping = True
+                else:   # the board's own limit is at or under the target
+                    self._lift(r.index)
             except GpuError as e:
                 self.error = f"cannot set the GPU power limit: {e}"
                 log.warning("throttledjob: %s", self.error)
@@ -70,12 +92,37 @@ class PowerCap:
 
     def restore(self) -> None:
         """Every GPU capped back to the limit it had (best effort: one may be gone)."""
-        for index, watts in self.saved.items():
+        for index in list(self.applied):
             try:
-                self.backend.set_power_limit_watts(index, watts)
+                self._lift(index)
             except GpuError as e:
                 log.warning("throttledjob: could not restore the power limit of GPU %d: %s",
                             index, e)
         self.saved.clear()
         self.applied.clear()
+        self.watched.clear()
         self.capping = self.holds = False
+
+    def _original(self, index: int) -> float | None:
+        """The limit GPU `index` had before our cap (None: it has no settable one)."""
+        if self.backend.keeps_originals:
+            return self.backend.original_power_limit_watts(index)
+        now = self.backend.power_management_limit_watts(index)
+        if now is None:
+            return None
+        ours = self.applied.get(index)
+        if ours is None or abs(now - ours) > SAME_WATTS:
+            # Not capped by us, or changed by someone since: the board's own limit.
+            self.saved[index] = now
+            self.applied.pop(index, None)
+        return self.saved[index]
+
+    def _lift(self, index: int) -> None:
+        """GPU `index` back to its own limit, where a cap of ours may be in force: the node
+        agent knows (a cap of this pod's sidecar before a restart is lifted too); locally,
+        only a GPU this object capped is written."""
+        if self.backend.keeps_originals:
+            self.backend.restore_power_limit(index)
+        elif index in self.applied:
+            self.backend.set_power_limit_watts(index, self.saved[index])
+        self.applied.pop(index, None)
