@@ -259,6 +259,7 @@ def _inject_lib(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 def _gpu_agent(prog: str, args: argparse.Namespace, policy):
     """The GPU agent for --gpu-backend, or an exit code when the backend cannot open."""
+    from throttledjob.runtime.progress import visible_devices
     from throttledjob.sidecar.exporter import log_to_stderr
     from throttledjob.sidecar.gpu import GpuError, open_gpu_agent
     from throttledjob.sidecar.gpu.agent import under_the_floor
@@ -266,6 +267,9 @@ def _gpu_agent(prog: str, args: argparse.Namespace, policy):
     log_to_stderr()
     try:
         agent = open_gpu_agent(args.gpu_backend, policy)
+        # The command runs in this environment: the GPUs it may use are the ones to watch
+        # (a program that reports no step declares none).
+        agent.default_visible = visible_devices()
         floor = policy.gpu_peak_power_watts and under_the_floor(
             policy.gpu_peak_power_watts, agent.backend.read())
     except GpuError as e:

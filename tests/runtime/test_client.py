@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -273,3 +274,104 @@ def test_runtime_does_not_import_heavy_libraries(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "THROTTLEDJOB_DIR": str(tmp_path)}, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_process_that_never_steps_writes_no_progress(tmp_path):
+    """Only processes that report steps share the quota: with a record at 0 steps from
+    every process that imported torch (what the hook's refresh did), two DataLoader
+    workers cut the trainer's share of the quota to a third."""
+    publish(str(tmp_path), cpu_quota_cores=0.6, max_pause_fraction=0.9)
+    idle = Throttle(str(tmp_path))
+    idle.refresh_levers()
+    idle.flush()
+    assert read_progress(str(tmp_path)) == []
+    trainer = Throttle(str(tmp_path))
+    trainer.step()
+    assert trainer._budget.rate_cores == pytest.approx(0.6)  # not 0.3
+    assert [r.steps for r in read_progress(str(tmp_path))] == [1]
+
+
+def run_python(code: str, directory, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "THROTTLEDJOB_DIR": str(directory)},
+                          timeout=timeout)
+
+
+def test_a_forked_child_counts_only_its_own_steps(tmp_path):
+    """A forked child inherited the default Throttle: at its exit it wrote the parent's
+    300 steps under its own pid (300 + 3 children x 10 were reported as 1230)."""
+    publish(str(tmp_path))
+    code = """
+import os, sys
+from throttledjob import runtime as tj
+for _ in range(300):
+    tj.step()
+children = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        for _ in range(10):
+            tj.step()
+        sys.exit(0)  # atexit flushes the child's record
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+print(os.getpid())
+"""
+    out = run_python(code, tmp_path)
+    assert out.returncode == 0, out.stderr
+    steps = {r.pid: r.steps for r in read_progress(str(tmp_path))}
+    parent = int(out.stdout)
+    assert steps.pop(parent) == 300
+    assert sorted(steps.values()) == [10, 10, 10]
+
+
+def test_a_fork_while_other_threads_start_stepping_never_hangs_the_child(tmp_path):
+    """Threads call step() as soon as the runtime is imported while the main thread
+    forks: a child forked during the threads' lazy import of the client hung forever."""
+    publish(str(tmp_path))
+    code = """
+import faulthandler, os, threading
+from throttledjob import runtime as tj
+def work():
+    while True:
+        tj.step()
+for _ in range(2):
+    threading.Thread(target=work, daemon=True).start()
+for _ in range(20):
+    pid = os.fork()
+    if pid == 0:
+        faulthandler.dump_traceback_later(5, exit=True)  # a hang exits 1
+        tj.step()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, status
+print("ok")
+"""
+    out = run_python(code, tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_default_is_made_once_when_threads_race_for_it(monkeypatch):
+    import threading
+
+    import throttledjob.runtime as runtime
+    from throttledjob.runtime import client
+
+    monkeypatch.delenv("THROTTLEDJOB_DIR", raising=False)
+    monkeypatch.setattr(runtime, "_default", None)
+    slow_init = client.Throttle.__init__
+
+    def __init__(self, *args, **kwargs):
+        time.sleep(0.05)  # wide open the window between the check and the assignment
+        slow_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(client.Throttle, "__init__", __init__)
+    made = []
+    threads = [threading.Thread(target=lambda: made.append(runtime.default()))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 4 and len({id(t) for t in made}) == 1

@@ -37,6 +37,8 @@ def test_round_trip_keeps_every_field():
     ("threads", 0), ("threads", 2.5), ("batch_scale", 0.0), ("batch_scale", 1.5),
     ("gpu_memory_fraction", 2.0), ("stale_after_seconds", 0), ("params", []),
     ("params", {"x": [1]}), ("params", {"x": float("inf")}), ("probing", 1),
+    # JSON reads 1e400 as inf: int() of it raised OverflowError, past the watcher
+    ("threads", float("inf")), ("seq", float("inf")), ("dataloader_workers", float("nan")),
 ])
 def test_invalid_field_is_refused_by_name(field, value):
     with pytest.raises(SettingsError, match=field):
@@ -154,7 +156,10 @@ def test_reads_settings_and_rechecks_only_after_interval(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ['{"schema": 1, "seq": ', "not json", '{"schema": 99}',
-                                 '{"schema": 1, "cpu_quota_cores": -1}', "[]"])
+                                 '{"schema": 1, "cpu_quota_cores": -1}', "[]",
+                                 # OverflowError and RecursionError reached the workload
+                                 '{"schema": 1, "threads": 1e400}', '{"schema": 1, "seq": 1e400}',
+                                 '{"schema": 1, "params": ' + "[" * 30_000 + "]" * 30_000 + "}"])
 def test_bad_file_keeps_last_good_settings_and_logs_once(tmp_path, caplog, bad):
     w, _, mono = watcher(tmp_path)
     write(tmp_path, good(seq=5))

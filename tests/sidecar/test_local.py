@@ -53,6 +53,22 @@ def test_a_hostile_progress_file_neither_stops_the_control_loop_nor_the_run(
     assert "control cycle failed" not in proc.stderr and report["exit_code"] == 0
 
 
+def test_the_gpus_watched_are_the_ones_the_command_may_use(throttledjob_cmd, tmp_path):
+    """A program that reports no step declares no GPU (only a process that steps writes
+    a record): the command's CUDA_VISIBLE_DEVICES says which to watch. Two simulated
+    boards, the second a point less busy."""
+    def busiest(**env: str) -> float:
+        proc, report = run(throttledjob_cmd, ["--gpu-backend", "fake", "--", sys.executable,
+                                              "-c", "import time; time.sleep(2.5)"],
+                           tmp_path, env={**os.environ, "THROTTLEDJOB_FAKE_GPUS": "2",
+                                          "THROTTLEDJOB_FAKE_GPU_TRACE": "steady", **env})
+        assert proc.returncode == 0, proc.stderr
+        return report["gpu"]["utilization_percent"]["max"]
+
+    assert busiest(CUDA_VISIBLE_DEVICES="1") == 94.0
+    assert busiest(CUDA_VISIBLE_DEVICES="") == 95.0   # none said: every board
+
+
 def test_killed_command_exits_128_plus_signal(throttledjob_cmd, tmp_path):
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     proc, _ = run(throttledjob_cmd, ["--", sys.executable, "-c", code], tmp_path)

@@ -100,10 +100,11 @@ def _number(obj: dict, key: str, kind: type, low: float, high: float | None, def
     value = obj.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SettingsError(f"settings field {key!r} must be a number, got {value!r:.40}")
-    if kind is int and value != int(value):
-        raise SettingsError(f"settings field {key!r} must be an integer, got {value!r}")
+    # Finite first: int() of 1e400 (JSON reads it as inf) raised OverflowError, no ValueError.
     if not math.isfinite(value) or value < low or (high is not None and value > high):
         raise SettingsError(f"settings field {key!r}={value!r} is outside [{low}, {high}]")
+    if kind is int and value != int(value):
+        raise SettingsError(f"settings field {key!r} must be an integer, got {value!r}")
     return kind(value)
 
 

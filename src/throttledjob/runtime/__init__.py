@@ -13,10 +13,19 @@ With no sidecar (THROTTLEDJOB_DIR unset) every call is a no-op.
 
 from __future__ import annotations
 
+import _thread  # built in, unlike threading: nothing to load at interpreter start
 import atexit
-from typing import TYPE_CHECKING, Any
+import os
+import sys
 
+from throttledjob.contracts.names import ENV_DIR
+
+# The injected auto-hook imports this package in every interpreter: typing costs ~6 ms
+# there, so it is not imported (type checkers and ruff read this name as typing's).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from throttledjob.contracts.settings import Settings
 
     from .batching import BatchPlan
@@ -29,6 +38,8 @@ _default: Throttle | None = None
 # Imported on first use, so that `import throttledjob.runtime` (done at every interpreter
 # start by the injected auto-hook) costs next to nothing.
 _LAZY = {"Throttle": ".client", "BatchPlan": ".batching", "Settings": ".settings"}
+# Held while the default Throttle is made: two threads' first step() made two.
+_lock = _thread.allocate_lock()
 
 
 def __getattr__(name: str) -> Any:
@@ -40,22 +51,32 @@ def __getattr__(name: str) -> Any:
 
 
 def default() -> Throttle:
-    """The process-wide Throttle, configured from the environment on first use."""
+    """The process-wide Throttle, configured from the environment on first use. Thread-safe."""
     global _default
     if _default is None:
-        from .client import Throttle
+        with _lock:
+            if _default is None:  # not made by another thread while this one waited
+                from .client import Throttle
 
-        _default = Throttle()
-        if _default.enabled:
-            atexit.register(_default.flush)
-            _flush_in_multiprocessing_children(_default)
+                throttle = Throttle()
+                if throttle.enabled:
+                    atexit.register(throttle.flush)
+                    _flush_in_multiprocessing_children(throttle)
+                _default = throttle
     return _default
+
+
+def _new_lock_in_child() -> None:
+    # A thread of the parent may have held it at the fork: it does not exist here.
+    global _lock
+    _lock = _thread.allocate_lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def _flush_in_multiprocessing_children(throttle: Throttle) -> None:
     """multiprocessing workers leave through os._exit, skipping atexit: use its finalizers."""
-    import sys
-
     util = sys.modules.get("multiprocessing.util")
     if util is not None:
         util.Finalize(throttle, throttle.flush, exitpriority=10)
@@ -83,3 +104,12 @@ def retry_on_oom(fn, batch: int, **options: Any):
 
 def settings() -> Settings:
     return default().settings
+
+
+# Pacing is on: load the client now, not in the first step(). A child forked while
+# another thread was half-way through that import inherited the import's lock, held by a
+# thread the child does not have, and hung in its first step(). Not when the injected
+# start-up hook loads this package (in every interpreter, torch or not, before any thread
+# runs): the client would cost ~25 ms at each start, and the torch hook loads it anyway.
+if os.environ.get(ENV_DIR) and not getattr(sys, "_throttledjob_starting", False):
+    from . import client  # noqa: F401

@@ -12,13 +12,18 @@ THROTTLEDJOB_AUTOHOOK=0 (or THROTTLEDJOB_DISABLE=1) turns it off.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
+import _thread  # built in, unlike threading: nothing to load
 import os
 import sys
-from typing import Any
 
 from throttledjob.contracts.names import ENV_AUTOHOOK, ENV_DIR, ENV_DISABLE
+
+# Every interpreter with the injected library loads this module at start-up: typing and
+# importlib.abc (which pulls in importlib.resources, tempfile, pathlib, ...) cost about
+# 15 ms there, so neither is imported (type checkers and ruff read this name as typing's).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
@@ -39,21 +44,39 @@ def install() -> bool:
     return True
 
 
-class _TorchWatcher(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps torch's loader so the hook runs once torch is loaded."""
+class _TorchWatcher:
+    """A meta path finder that finds nothing itself: it wraps the loader of the spec the
+    other finders return for torch, so the hook runs once torch has loaded.
+
+    It stays on sys.meta_path until then: libraries ask `importlib.util.find_spec("torch")`
+    before importing it (transformers, accelerate, lightning), and that lookup's spec is
+    thrown away, so the watcher must wrap the spec of the real import too.
+    """
+
+    def __init__(self) -> None:
+        self._looking_up: set[int] = set()  # threads inside our own find_spec below
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch":
+        if name != "torch" or _thread.get_ident() in self._looking_up:
             return None
-        sys.meta_path.remove(self)  # once, and no recursion in the lookup below
-        spec = importlib.util.find_spec("torch")
+        import importlib.util
+
+        thread = _thread.get_ident()
+        self._looking_up.add(thread)
+        try:
+            spec = importlib.util.find_spec("torch")
+        finally:
+            self._looking_up.discard(thread)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         original = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
             original(module)
-            _safely(on_torch_imported, module)
+            # Torch is loaded: hook it once. A failed import leaves the watcher for a retry.
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+                _safely(on_torch_imported, module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -107,8 +130,15 @@ def _override_dataloader_workers(dataloader: Any, throttle: Any) -> None:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         workers = throttle.settings.dataloader_workers
-        if workers is not None and len(args) < 5:  # num_workers is the 5th positional
+        # num_workers is the 6th positional (dataset, batch_size, shuffle, sampler,
+        # batch_sampler come first): one given there is left alone.
+        if workers is not None and len(args) < 6:
             kwargs["num_workers"] = workers
+            if workers == 0:
+                # Options for worker processes, which torch refuses without any (a
+                # ValueError in the user's code): they have nothing to act on.
+                kwargs.pop("persistent_workers", None)
+                kwargs.pop("prefetch_factor", None)
         original_init(self, *args, **kwargs)
 
     loader_class.__init__ = __init__

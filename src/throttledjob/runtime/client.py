@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -43,26 +44,14 @@ class Throttle:
         directory = directory if directory is not None else os.environ.get(ENV_DIR, "")
         self.enabled = bool(directory) and os.environ.get(ENV_DISABLE, "") not in ("1", "true")
         self.directory = directory
-        self.steps = 0
-        self.oom_events = 0
         self._oom_scale = 1.0
         self._settings = UNTHROTTLED
-        # The slowdown budget counts from start-up (import torch, loading data ran
-        # unpaused), not from the first step: counted from the first step, a 2-core loop
-        # held to 1 core ran its first second at 1.4 cores, its pauses capped.
-        self._budget = CpuBudget(burst_seconds=BURST_SECONDS, min_pause_seconds=MIN_PAUSE_SECONDS,
-                                 start_wall=time.monotonic())
         self._threads = ThreadCap()
         self._memory_fraction: float | None = None
-        self._next_step_at = 0.0
         self._progress_interval = progress_interval
-        self._next_tick = 0.0
-        # Tick quickly at first: processes of one job start together and must learn of
-        # each other before they share the CPU quota.
-        self._tick_gap = 0.05
         self._peers = 1
         self._last_batch: int | None = None
-        self._started = time.time()
+        self._start_counting()
         self._devices = visible_devices()
         self._params: dict[str, Param] = {}
         self._warned: set[str] = set()
@@ -70,6 +59,31 @@ class Throttle:
         if self.enabled:
             self._watcher = SettingsWatcher(directory, check_interval,
                                             on_stale or os.environ.get(ENV_ON_STALE, "open"))
+            # A forked child inherits this object: it must count its own steps under its
+            # own pid (its exit flushed the parent's 300 as its own), and pace its own CPU
+            # clock, which starts again at zero. Weak: the hook outlives the Throttle.
+            start_counting = weakref.WeakMethod(self._start_counting_in_child)
+            os.register_at_fork(after_in_child=lambda: _call_if_alive(start_counting))
+
+    def _start_counting(self) -> None:
+        """The counts and clocks that belong to this process alone."""
+        self.steps = 0
+        self.oom_events = 0
+        self._started = time.time()
+        # The slowdown budget counts from start-up (import torch, loading data ran
+        # unpaused), not from the first step: counted from the first step, a 2-core loop
+        # held to 1 core ran its first second at 1.4 cores, its pauses capped.
+        self._budget = CpuBudget(burst_seconds=BURST_SECONDS, min_pause_seconds=MIN_PAUSE_SECONDS,
+                                 start_wall=time.monotonic())
+        self._next_step_at = 0.0
+        self._next_tick = 0.0
+        # Tick quickly at first: processes of one job start together and must learn of
+        # each other before they share the CPU quota.
+        self._tick_gap = 0.05
+
+    def _start_counting_in_child(self) -> None:
+        self._start_counting()
+        self._apply(self._settings)  # the quota on the new budget
 
     @property
     def settings(self) -> Settings:
@@ -150,6 +164,18 @@ class Throttle:
         self._tick_gap = min(self._progress_interval, self._tick_gap * 2)
         assert self._watcher is not None
         wall = time.time()
+        # Only a process that reports steps is a cooperating process: with a record at 0
+        # steps (any process that imports torch: DataLoader workers), 2 spawned workers
+        # cut the trainer's share of a 0.6-core quota to 0.15. Every pause is in a step.
+        if self.steps > 0:
+            self._write_progress(wall)
+        settings = self._watcher.current()
+        peers = count_fresh_peers(self.directory, wall, PEER_MAX_AGE_SECONDS)
+        if settings is not self._settings or peers != self._peers:
+            self._peers = peers
+            self._apply(settings)
+
+    def _write_progress(self, wall: float) -> None:
         try:
             write_progress(self.directory, Progress(
                 pid=os.getpid(), steps=self.steps, time=wall, started=self._started,
@@ -159,11 +185,6 @@ class Throttle:
                 oom_events=self.oom_events, visible_devices=self._devices))
         except OSError as e:  # a full or read-only directory must not stop the work
             self._warn_once(f"cannot write progress in {self.directory}: {e.strerror}")
-        settings = self._watcher.current()
-        peers = count_fresh_peers(self.directory, wall, PEER_MAX_AGE_SECONDS)
-        if settings is not self._settings or peers != self._peers:
-            self._peers = peers
-            self._apply(settings)
 
     def _warn_once(self, problem: str) -> None:
         if problem not in self._warned:
@@ -184,3 +205,9 @@ class Throttle:
         earliest = self._next_step_at
         self._next_step_at = max(now, earliest) + n / rate
         return max(0.0, earliest - now)
+
+
+def _call_if_alive(method: weakref.WeakMethod) -> None:
+    bound = method()
+    if bound is not None:
+        bound()

@@ -58,8 +58,10 @@ class SettingsWatcher:
             try:
                 self._good = parse_settings(read_json_bounded(self.path))
                 self._last_problem = None
-            except (OSError, ValueError) as e:  # SettingsError and JSON errors are ValueErrors
-                self.report(f"keeping last good settings: {e}")
+            # Whatever the file holds must not reach the workload: besides OSError and
+            # ValueError (SettingsError, bad JSON), deep nesting raises RecursionError.
+            except Exception as e:
+                self.report(f"keeping last good settings: {type(e).__name__}: {str(e)[:200]}")
         if self._clock() - st.st_mtime > self._good.stale_after_seconds:
             self._set_stale("settings file is stale (is the sidecar alive?)")
         else:

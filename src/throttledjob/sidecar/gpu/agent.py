@@ -81,6 +81,9 @@ class GpuAgent:
     def __init__(self, backend: GpuBackend, policy: Policy, note: str = "") -> None:
         self.backend = backend
         self.note = note
+        # The GPUs to watch where no cooperating process has declared its own (only a
+        # process that steps writes a record): local mode's command's CUDA_VISIBLE_DEVICES.
+        self.default_visible: list[str] = []
         # The power-limit lever, while the policy allows it (set_policy).
         self.cap: PowerCap | None = None
         self.readings: list[GpuReading] = []
@@ -188,7 +191,7 @@ class GpuAgent:
             self._retry_in = LOST_RETRY_SECONDS
         # What the simulated board reads (gpu/simulate.py).
         self.hold_back, self.steps_seen = pause_fraction, self.steps_seen + steps
-        seen = self._measure(elapsed, visible)
+        seen = self._measure(elapsed, visible or self.default_visible)
         if seen is None:   # the read failed: the last duty, until the GPU counts as lost
             return self.decision.duty if self.decision and not self.error_lost else None
         if self.cap and (self._limits_stale or self.cap.unsaved(self.readings)
