@@ -356,15 +356,45 @@ def test_inject_auto_paces_a_workload_at_its_steps_with_the_injected_library(
     assert 0 < (status.get("observed") or {}).get("cpuPeakCores", 0) <= TARGET_CORES * 1.1
 
 
+def resize_policy(namespace: str, max_cores: int) -> list[dict[str, Any]]:
+    """A cluster's own ValidatingAdmissionPolicy (and its binding) refusing a resize that
+    gives a container of `namespace` more than `max_cores` CPU: what a platform team's
+    policy does to the operator's `pods/resize`."""
+    name = f"tj-e2e-resize-cap-{namespace}"
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": name},
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": [{
+                      "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                      "resources": ["pods/resize"]}]},
+                  "validations": [{
+                      "expression": "object.spec.containers.all(c, "
+                                    "!has(c.resources.limits) || !('cpu' in c.resources.limits)"
+                                    f" || quantity(c.resources.limits['cpu']).compareTo("
+                                    f"quantity('{max_cores}')) <= 0)",
+                      "message": f"no container over {max_cores} CPU"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name},
+         "spec": {"policyName": name, "validationActions": ["Deny"],
+                  "matchResources": {"namespaceSelector": {"matchLabels": {
+                      "kubernetes.io/metadata.name": namespace}}}}},
+    ]
+
+
 def test_a_live_edit_of_the_target_resizes_the_pods_cpu_limit_in_place(
         operator: str, real_node: Any, kubectl: Kubectl) -> None:
     """Enforcement Quota, target edited while the pod runs: the operator patches the pod's
     `resize` subresource (its RBAC grants exactly that), the kubelet changes the
     container's CFS quota in place, no restart, and the workload is held at the new
-    target from then on. Then a target no node can give (its request follows the limit,
-    as the user wrote none): the API server refuses the resize (Kubernetes 1.37 checks
-    the node's allocatable), the old quota holds, and a Warning says so."""
+    target from then on. Then a target an admission policy of the cluster refuses (no
+    container over 8 cores, on `pods/resize`): the old quota holds, and a Warning says
+    so. (A target over what the node has is no refusal: the limit moves, and the
+    request the API server defaulted is not raised with it, which needed room on the
+    node.)"""
     namespace, name = operator, "e2e-resize"
+    policy = resize_policy(namespace, max_cores=8)
+    kubectl.apply(*policy)
     tj = throttled_job(name, namespace, None)
     (container,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     container["resources"] = {"requests": {"memory": "64Mi"}}
@@ -397,6 +427,9 @@ def test_a_live_edit_of_the_target_resizes_the_pods_cpu_limit_in_place(
         wait = wait_complete(kubectl, namespace, name)
     finally:
         workload.stop()
+        for obj in reversed(policy):
+            kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--wait=false",
+                    check=False)
     pod, work = finished_work(kubectl, namespace, selector, wait)
     assert work["restartCount"] == 0, work
     (spec,) = pod["spec"]["containers"]

@@ -17,8 +17,10 @@ What a pod should have:
   limit.
 
 The sidecar has no API token: it says what it wants in /status and the operator applies
-it. What it may get is bounded where every resize is: the API server refuses a pod more
-CPU than its node has, and a namespace's ResourceQuota on `limits.cpu` applies.
+it. What it may get is bounded where every resize is: a namespace's ResourceQuota on
+`limits.cpu` and the cluster's admission policies on `pods/resize` apply. A limit over
+what the node has holds nothing back; it asks no room of the node, as the request the
+API server defaulted is not raised with it (cpu_limits.resize).
 """
 
 from __future__ import annotations
