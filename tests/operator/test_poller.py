@@ -163,19 +163,20 @@ def test_due_reads_follow_the_phase() -> None:
 
 
 class ResizingKube(MemoryKube):
-    """Records `pods/resize` patches; refuses a pod more than `node_cores` (as the API
-    server does for more CPU than the node has)."""
+    """Records `pods/resize` patches; refuses a pod more than `max_cores` (as a cluster's
+    admission policy on pods/resize may: the live test has one)."""
 
-    def __init__(self, node_cores: float) -> None:
+    def __init__(self, max_cores: float) -> None:
         super().__init__()
-        self.node_cores = node_cores
+        self.max_cores = max_cores
         self.patches: list[dict[str, Any]] = []
 
     def resize_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         asked = sum(int(c["resources"]["limits"]["cpu"].rstrip("m"))
                     for c in patch["spec"]["containers"])
-        if asked > self.node_cores * 1000:
-            raise ApiError(422, "Pod is invalid: spec.containers[0].resources: node too small")
+        if asked > self.max_cores * 1000:
+            raise ApiError(403, "pods \"train-0\" is forbidden: ValidatingAdmissionPolicy "
+                                "denied request: no container over 2 CPU")
         self.patches.append(patch)
         return {}
 
@@ -194,7 +195,7 @@ def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
         (reason, message)))
     monkeypatch.setattr(kopf, "warn", lambda _body, reason, message: events.append(
         (reason, message)))
-    kube = ResizingKube(node_cores=2)
+    kube = ResizingKube(max_cores=2)
     state = OperatorState(OperatorSettings(), kube, HttpStatusReader(DEADLINE))  # type: ignore[arg-type]
     tj = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {
         "jobTemplate": {"spec": {"template": {"spec": {"containers": [
@@ -227,7 +228,8 @@ def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
     lift(state, tj, [(running("1600m"), wants(None))])
     assert kube.patches[-1]["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "1000m"}
     assert events[-1][0] == "QuotaResized"
-    # More than the node has: refused once, with a Warning, and not asked for again.
+    # Refused (an admission policy, a ResourceQuota): once, with a Warning, and not asked
+    # for again.
     for _ in range(3):
         lift(state, tj, [(running("1000m"), wants(3.0))])
     assert [reason for reason, _ in events].count("QuotaResizeRefused") == 1
@@ -251,7 +253,7 @@ def test_under_kueue_a_lift_stays_within_the_admitted_requests(
     the target's share). The budget's lift would take more than was admitted: it stops
     at the template's requests, and where there are none it does not lift at all."""
     monkeypatch.setattr(operator_events, "normal", lambda *a, **k: None)
-    kube = ResizingKube(node_cores=4)
+    kube = ResizingKube(max_cores=4)
     state = OperatorState(OperatorSettings(), kube, HttpStatusReader(DEADLINE))  # type: ignore[arg-type]
     work = {"name": "work", "image": "train:1",
             **({"resources": {"requests": {"cpu": requests}}} if requests else {})}
@@ -275,7 +277,7 @@ def test_the_limit_is_split_by_what_each_container_wanted(
     events: list[tuple[str, str]] = []
     monkeypatch.setattr(operator_events, "normal", lambda _body, reason, message: events.append(
         (reason, message)))
-    kube = ResizingKube(node_cores=2)
+    kube = ResizingKube(max_cores=2)
     state = OperatorState(OperatorSettings(), kube, HttpStatusReader(DEADLINE))  # type: ignore[arg-type]
     containers = [{"name": n, "image": "i", "resources": {"requests": {"cpu": "100m"}}}
                   for n in ("train", "logs")]
