@@ -32,7 +32,7 @@ import yaml
 
 from testing import dashboard, promserver
 from testing.cluster_cli import Kubectl, tj_events, tj_status, wait_json
-from testing.helpers import wait_for
+from testing.helpers import require_tool, wait_for
 from testing.node_samples import CgroupSampler, on_real_node, summed
 from testing.paths import ROOT
 from testing.processes import stopped
@@ -306,6 +306,23 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
     cpu_bound = 0.02 if enforcement is None else 0.08
     assert statistics.mean(sidecar.cores) < cpu_bound, sidecar.cores
     assert max(sidecar.memory_bytes) < 40 * 2**20, sidecar.memory_bytes
+
+
+def test_the_operator_in_its_image_serves_its_own_metrics(operator: str,
+                                                          kubectl: Kubectl) -> None:
+    """The chart's operator (its image, `--metrics-port 8081`) answers what the chart's
+    PodMonitor scrapes, and promtool accepts it."""
+    system = operator.removesuffix("-jobs") + "-system"
+    (pod,) = kubectl.json("get", "pods", "-n", system, "-l",
+                          "app.kubernetes.io/name=throttledjob")["items"]
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8081/metrics",
+                                timeout=10) as answer:
+        text = answer.read().decode()
+    assert 'throttledjob_operator_sidecar_reads_total{result="success"}' in text, text
+    assert 'throttledjob_operator_build_info{version=' in text
+    check = subprocess.run([require_tool("promtool"), "check", "metrics"], input=text,
+                           capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_the_api_server_answers_pods_at_the_kubernetes_service(real_node: Any) -> None:
