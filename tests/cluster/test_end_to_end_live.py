@@ -435,6 +435,10 @@ def test_a_live_edit_of_the_target_resizes_the_pods_cpu_limit_in_place(
         wait_for(lambda: quota_cores() == 0.5, timeout=60, interval=0.5,
                  what="the container's CFS quota resized to 0.5 core")
         resized_at = time.time()
+        # What a user scripts after an edit; Ready stamped at the first generation read
+        # as stale to kubectl, which waited for good.
+        kubectl("wait", "--for=condition=Ready", f"tj/{name}", "-n", namespace,
+                "--timeout=30s")
         kubectl("patch", "tj", "-n", namespace, name, "--type", "merge", "-p",
                 '{"spec": {"throttle": {"targets": {"cpu": {"peak": "64"}}}}}')
         wait_for(lambda: ("Warning", "QuotaResizeRefused") in tj_events(kubectl, namespace,

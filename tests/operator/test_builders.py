@@ -35,6 +35,7 @@ from throttledjob.operator.children import (
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.status import (
     as_stored,
+    at_generation,
     condition,
     set_condition,
     status_from_job,
@@ -763,3 +764,26 @@ def test_a_pending_resize_turns_quota_resized_false_until_it_is_applied() -> Non
     assert "Infeasible" in c["message"]
     (c,) = status_with_resizes(held, [], NOW)["conditions"]
     assert (c["status"], c["reason"]) == ("True", "QuotaResized")
+
+
+def kubectl_wait_met(tj: dict[str, Any], type_: str) -> bool:
+    """`kubectl wait --for=condition=TYPE`'s rule: the condition True, and current: its
+    own observedGeneration where it has one, else status.observedGeneration, at least
+    metadata.generation (kubectl's condition.go)."""
+    status = tj.get("status") or {}
+    cond = condition(status, type_) or {}
+    seen = cond.get("observedGeneration", status.get("observedGeneration", 0))
+    return cond.get("status") == "True" and seen >= tj["metadata"]["generation"]
+
+
+def test_kubectl_wait_for_ready_works_after_a_live_edit() -> None:
+    """A throttle edit (generation 2) acted on: Ready, stamped at generation 1 when the
+    Job was made, is stamped 2 as well; before, `kubectl wait --for=condition=Ready`
+    read it as stale and waited for good. Not before the edit is acted on."""
+    tj = {"metadata": {"generation": 1},
+          "status": status_job_created({}, "train", 1, "2026-11-28T10:00:00Z")}
+    assert kubectl_wait_met(tj, "Ready")
+    tj["metadata"]["generation"] = 2
+    assert not kubectl_wait_met(tj, "Ready")
+    tj["status"] = at_generation(tj["status"], 2)
+    assert kubectl_wait_met(tj, "Ready") and tj["status"]["observedGeneration"] == 2

@@ -47,6 +47,7 @@ from .status import (
     Condition,
     Phase,
     Reason,
+    at_generation,
     now_iso,
     set_condition,
     status_from_job,
@@ -151,12 +152,18 @@ def _refuse(kube: Kube, body: kopf.Body, error: SpecError,
 
 
 def _set_condition(kube: Kube, body: kopf.Body, type_: Condition, ok: bool, reason: str,
-                   message: str, **status: Any) -> None:
-    """One condition of the ThrottledJob (and any other status fields) for this generation."""
+                   message: str, observed: bool = False) -> None:
+    """One condition of the ThrottledJob for this generation; `observed`: and the
+    generation acted on (status.at_generation)."""
     now, generation = now_iso(), body.meta.get("generation")
-    kube.update_status(body.meta.namespace or "", body.meta.name or "", lambda st, _: {
-        **st, **status, "conditions": set_condition(st.get("conditions"), type_, ok, reason,
-                                                    message, now, generation)})
+
+    def mutate(st: dict[str, Any], _: Any) -> dict[str, Any]:
+        out = at_generation(st, generation) if observed else dict(st)
+        out["conditions"] = set_condition(out.get("conditions"), type_, ok, reason, message,
+                                          now, generation)
+        return out
+
+    kube.update_status(body.meta.namespace or "", body.meta.name or "", mutate)
 
 
 def _wait_for_predecessor(kube: Kube, body: kopf.Body, obj: Mapping[str, Any],
@@ -311,7 +318,7 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
     except SpecError as e:
         # The running pod keeps its last good policy; say why the edit was not applied.
         _set_condition(state.kube, body, Condition.POLICY_APPLIED, False, e.reason, str(e),
-                       observedGeneration=body.meta.get("generation"))
+                       observed=True)
         kopf.warn(body, reason=e.reason, message=f"policy edit not applied: {e}")
         raise kopf.PermanentError(str(e)) from None
     cm = build_configmap(body.meta.name or "", doc)
@@ -320,7 +327,7 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
                                f"{cm['metadata']['name']}", {"data": cm["data"]})
         _set_condition(state.kube, body, Condition.POLICY_APPLIED, True,
                        Reason.CONFIG_MAP_UPDATED, "the sidecar reads the new policy live",
-                       observedGeneration=body.meta.get("generation"))
+                       observed=True)
     except ApiError as e:
         raise _retry_later(e, retry) from e
     events.normal(body, reason=Reason.POLICY_UPDATED,
@@ -366,7 +373,7 @@ def _observe(kube: Kube, body: kopf.Body) -> None:
     kubectl-style waits) read the ThrottledJob as in progress for good."""
     generation = body.meta.get("generation")
     kube.update_status(body.meta.namespace or "", body.meta.name or "",
-                       lambda st, _: {**st, "observedGeneration": generation})
+                       lambda st, _: at_generation(st, generation))
 
 
 @kopf.on.update(*RESOURCE, field="spec.jobTemplate")
@@ -385,7 +392,7 @@ def template_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
                "new template")
     _set_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
                    Reason.JOB_TEMPLATE_IMMUTABLE, message,
-                   observedGeneration=body.meta.get("generation"))
+                   observed=True)
     kopf.warn(body, reason=Reason.JOB_TEMPLATE_IMMUTABLE, message=message)
 
 
@@ -403,7 +410,7 @@ def _template_is_the_jobs(state: OperatorState, body: kopf.Body, job: str,
             return False
         _set_condition(state.kube, body, Condition.TEMPLATE_APPLIED, True,
                        Reason.TEMPLATE_MATCHES_JOB, f"the template is the one {job} runs",
-                       observedGeneration=body.meta.get("generation"))
+                       observed=True)
     except ApiError as e:
         raise _retry_later(e, retry) from e
     return True
@@ -423,7 +430,7 @@ def inject_changed(body: kopf.Body, memo: kopf.Memo, old: Any, new: Any, retry: 
                "Job (delete and re-create the ThrottledJob)")
     _set_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
                    Reason.INJECT_IMMUTABLE, message,
-                   observedGeneration=body.meta.get("generation"))
+                   observed=True)
     kopf.warn(body, reason=Reason.INJECT_IMMUTABLE, message=message)
 
 

@@ -140,6 +140,20 @@ def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: b
     return out
 
 
+def at_generation(status: Mapping[str, Any], generation: int | None) -> dict[str, Any]:
+    """`status` as of `generation`, acted on: status.observedGeneration, and each condition
+    that carries one stamped with it too (each still says how the ThrottledJob stands at
+    this generation). kubectl wait reads a condition's own observedGeneration first and a
+    stale one as not met: after a live edit, `--for=condition=Ready` waited for good."""
+    out = dict(status)
+    out["observedGeneration"] = generation
+    if generation is not None and out.get("conditions"):
+        out["conditions"] = [{**c, "observedGeneration": generation}
+                             if "observedGeneration" in c else dict(c)
+                             for c in out["conditions"]]
+    return out
+
+
 def as_stored(obj: Any) -> Any:
     """`obj` as a merge patch of it leaves it stored: a member set to null is removed (in
     every nested object; a list is stored whole, nulls and all). A status that differs
@@ -158,10 +172,9 @@ def status_invalid(status: Mapping[str, Any], reason: str, message: str,
                    generation: int | None, now: str) -> dict[str, Any]:
     """A refused spec: phase Failed, Ready False, Failed True with the reason (a
     validation.Refusal) and its message."""
-    out = dict(status)
+    out = at_generation(status, generation)
     out["phase"] = Phase.FAILED
-    out["observedGeneration"] = generation
-    conds = set_condition(status.get("conditions"), Condition.READY, False, reason, message,
+    conds = set_condition(out.get("conditions"), Condition.READY, False, reason, message,
                           now, generation)
     out["conditions"] = set_condition(conds, Condition.FAILED, True, reason, message, now,
                                       generation)
@@ -170,12 +183,11 @@ def status_invalid(status: Mapping[str, Any], reason: str, message: str,
 
 def status_job_created(status: Mapping[str, Any], job: str, generation: int | None,
                        now: str) -> dict[str, Any]:
-    out = dict(status)
+    out = at_generation(status, generation)
     out["jobName"] = job
-    out["observedGeneration"] = generation
     if out.get("phase") in (None, Phase.FAILED) and not condition(status, Condition.COMPLETE):
         out["phase"] = Phase.PENDING
-    conds = set_condition(status.get("conditions"), Condition.READY, True, Reason.JOB_CREATED,
+    conds = set_condition(out.get("conditions"), Condition.READY, True, Reason.JOB_CREATED,
                           f"Job {job} created with the throttle sidecar", now, generation)
     failed = condition(status, Condition.FAILED)
     if failed and failed.get("reason") in set(Refusal):
@@ -285,11 +297,10 @@ def _throttling_stopped(status: Mapping[str, Any], conds: list[dict[str, Any]], 
 def status_held_back(status: Mapping[str, Any], generation: int | None,
                      now: str) -> dict[str, Any]:
     """Suspended before its Job was made (spec.suspend under Kueue): no Job yet."""
-    out = dict(status)
+    out = at_generation(status, generation)
     out["phase"] = Phase.SUSPENDED
-    out["observedGeneration"] = generation
     out["conditions"] = set_condition(
-        status.get("conditions"), Condition.SUSPENDED, True, Reason.SUSPEND_REQUESTED,
+        out.get("conditions"), Condition.SUSPENDED, True, Reason.SUSPEND_REQUESTED,
         "spec.suspend is true: the Job is made when it is cleared (Kueue would admit it "
         "before it could be held)", now, generation)
     return out
