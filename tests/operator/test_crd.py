@@ -240,7 +240,7 @@ def test_the_crd_and_the_parser_agree_at_every_bound() -> None:
 def test_the_cpu_peak_rule_is_the_parsers_grammar_and_bounds() -> None:
     (f,) = [f for f in POLICY_FIELDS if f.type == "cpu"]
     (rule,) = _throttle_node(f.path)["x-kubernetes-validations"]
-    literal = re.search(r"matches\('(.*)'\)", rule["rule"]).group(1)
+    literal = re.search(r"matches\('(.*?)'\)", rule["rule"]).group(1)
     # A CEL string knows no escape `\.`: every backslash must come doubled.
     assert "\\" not in literal.replace("\\\\", "")
     assert literal.replace("\\\\", "\\") == CPU_QUANTITY_PATTERN
@@ -248,6 +248,13 @@ def test_the_cpu_peak_rule_is_the_parsers_grammar_and_bounds() -> None:
         r"self >= (\d+) && self <= (\d+)", rule["rule"]).groups())
     assert parse_cpu_quantity(low) and parse_cpu_quantity(high)
     for outside in (low - 1, high + 1):
+        with pytest.raises(PolicyError):
+            parse_cpu_quantity(outside)
+    # A string's bounds too (the live test has the API server refuse "5m" and "5000").
+    (smallest,) = set(re.findall(r"\) >= ([0-9.]+)", rule["rule"]))
+    (largest,) = set(re.findall(r"\) <= ([0-9.]+)\)", rule["rule"]))
+    assert (float(smallest), float(largest)) == (f.minimum, f.maximum)
+    for outside in (f"{float(smallest) * 1000 - 1:g}m", f"{float(largest) + 1:g}"):
         with pytest.raises(PolicyError):
             parse_cpu_quantity(outside)
 

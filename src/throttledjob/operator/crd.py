@@ -49,14 +49,19 @@ _GENERATED_HEADER = (
 
 def _cpu_quantity_rule(f: PolicyField) -> dict[str, str]:
     """The parser's grammar of a CPU quantity (the same regular expression, escaped for a
-    CEL string) and its bounds where the API server can check them: a whole number of
-    cores; a string's are the operator's to check (InvalidPolicy)."""
+    CEL string) and its bounds, for a whole number of cores and for a string alike ("5m"
+    passed the API server and failed later, InvalidPolicy). A bare 1.5 in YAML is a
+    number no int-or-string field takes: the message says to quote it."""
     low, high = math.ceil(f.minimum or 0), math.floor(f.maximum or 0)
     grammar = CPU_QUANTITY_PATTERN.replace("\\", "\\\\")
+    cores = "(self.endsWith('m') ? double(self.substring(0, size(self) - 1)) / 1000.0 " \
+            ": double(self))"
     return rule(f"type(self) == int ? (self >= {low} && self <= {high}) : "
-                 f"(self.matches('{grammar}') && size(self) <= 16)",
-                 f"{f.key} must be a CPU quantity like 1500m or 1.5, between "
-                 f"{(f.minimum or 0) * 1000:g}m and {f.maximum:g}")
+                 f"(self.matches('{grammar}') && size(self) <= 16 && "
+                 f"{cores} >= {f.minimum or 0!r} && {cores} <= {float(f.maximum or 0)!r})",
+                 f"{f.key} must be a CPU quantity like \"1500m\" or \"1.5\" (quoted), "
+                 f"or a whole number of cores, between {(f.minimum or 0) * 1000:g}m and "
+                 f"{f.maximum:g}")
 
 
 def policy_field_schema(f: PolicyField) -> dict[str, Any]:
