@@ -5,6 +5,7 @@ chart allows it (a ThrottledJob must not be a way around RBAC or Pod Security)."
 from __future__ import annotations
 
 import copy
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +21,9 @@ ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBindin
                    "ClusterRole")
 
 
-def install_admission(kubectl: Kubectl, tmp: Path, **values: Any) -> list[dict[str, Any]]:
-    release = f"adm-{uuid.uuid4().hex[:6]}"
+def install_admission(kubectl: Kubectl, tmp: Path, release: str | None = None,
+                      **values: Any) -> list[dict[str, Any]]:
+    release = release or f"adm-{uuid.uuid4().hex[:6]}"
     objs = [o for o in helm_template(release, {"admission": values} if values else {}, tmp)
             if o["kind"] in ADMISSION_KINDS and ("aggregate-to-edit" in str(o["metadata"])
                                                  or "aggregate-to-view" in str(o["metadata"])
@@ -162,3 +164,52 @@ def test_a_jobsets_author_needs_the_right_to_create_jobsets_and_no_host_access(
     hosty["spec"]["jobSetTemplate"]["spec"]["replicatedJobs"][1]["template"]["spec"][
         "template"]["spec"]["hostNetwork"] = True
     eventually_refused(kubectl, hosty, "are refused in a ThrottledJob")
+
+
+def test_the_operators_own_writes_are_not_judged_by_its_rights(
+        cluster: Any, kubectl: Kubectl, crd_installed: None, namespace: str,
+        tmp_path: Path) -> None:
+    """kopf marks a ThrottledJob handled with an annotation, an UPDATE the policy would
+    judge by the operator's rights: without JobSet support it may not create JobSets,
+    so a JobSet's ThrottledJob could never be marked. Anyone else with the same rights
+    is still refused."""
+    release = f"adm-{uuid.uuid4().hex[:6]}"
+    rendered = helm_template(release, {}, tmp_path)
+    objs = install_admission(kubectl, tmp_path, release=release)
+    try:
+        (account,) = [o["metadata"] for o in rendered if o["kind"] == "ServiceAccount"]
+        kubectl("create", "namespace", account["namespace"], check=False)
+        kubectl("create", "serviceaccount", "-n", account["namespace"], account["name"])
+        patcher = {"apiGroups": ["throttledjob.io"], "resources": ["throttledjobs"],
+                   "verbs": ["get", "patch"]}
+        author = user(cluster, kubectl, namespace, tmp_path, rules=[
+            {"apiGroups": ["throttledjob.io"], "resources": ["throttledjobs"],
+             "verbs": ["create", "get"]},
+            {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["create"]}])
+        tj = eventually_created(author, of_a_jobset(tj_manifest("handled", namespace)))
+        kubectl.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                       "metadata": {"name": "patcher", "namespace": namespace},
+                       "rules": [patcher]},
+                      {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                       "metadata": {"name": "operator-patcher", "namespace": namespace},
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                   "name": "patcher"},
+                       "subjects": [{"kind": "ServiceAccount", "name": account["name"],
+                                     "namespace": account["namespace"]}]})
+        token = cluster.service_account_token(account["namespace"], account["name"])
+        operator = Kubectl(cluster.kubeconfig_for(token, tmp_path / "operator.kubeconfig",
+                                                  account["name"]))
+        other = user(cluster, kubectl, namespace, tmp_path, rules=[patcher])
+        def mark(as_: Kubectl, value: str) -> Any:
+            patch = {"metadata": {"annotations": {"throttledjob.io/handled": value}}}
+            return as_("patch", "tj", "-n", namespace, tj, "--type", "merge", "-p",
+                       json.dumps(patch), check=False)
+
+        # The policy in force (it refuses the other), then the operator's mark accepted.
+        wait_for(lambda: mark(other, "other").returncode != 0, 30, interval=0.5,
+                 what="the policy refusing an UPDATE by one who may not create JobSets")
+        assert "may not create JobSets" in mark(other, "other").stderr
+        done = mark(operator, "operator")
+        assert done.returncode == 0, done.stderr
+    finally:
+        remove(kubectl, objs)
