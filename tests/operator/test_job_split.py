@@ -549,3 +549,12 @@ def test_the_status_figures_are_the_ones_the_schema_is_generated_from() -> None:
     r = rank("r0", 0.5, 0.4, 2.0)
     assert set(job_split.rank_status(r)) == {"pod", "index", *job_split.RANK_FIGURES}
     assert set(job_split.job_wide(1.0, [r])) == set(job_split.JOB_WIDE_FIGURES)
+
+
+def test_a_job_grown_past_the_ranks_the_status_takes_still_gets_its_status() -> None:
+    """Parallelism raised on the Job after creation (it is mutable): status.ranks keeps
+    the schema's bound, so the API server does not refuse every status write; the
+    job-wide figures count every pod."""
+    many = [Rank(f"p{i}", f"u{i}", i, 0.01, 0.01, 0.01, 1.0) for i in range(70)]
+    status = status_with_split({}, 1.0, many, "now")
+    assert len(status["ranks"]) == 64 and status["jobWide"]["limitCores"] == 0.7

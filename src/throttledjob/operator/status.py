@@ -23,7 +23,7 @@ from throttledjob.contracts.status import (
 
 from .job_split import Rank, job_wide, rank_status
 from .kueue import admission, queued_by_kueue
-from .names import MAX_GPUS, MAX_UUID_LENGTH
+from .names import MAX_GPUS, MAX_RANKS, MAX_UUID_LENGTH
 from .validation import Refusal
 
 # A sidecar read whose figures are all within OBSERVED_TOLERANCE of the written ones is
@@ -460,7 +460,9 @@ def status_with_split(status: Mapping[str, Any], target: float, ranks: list[Rank
     out = dict(status)
     wide = job_wide(target, ranks)
     out["jobWide"] = wide
-    out["ranks"] = [rank_status(r) for r in ranks]
+    # The first MAX_RANKS (the schema's bound): a Job's parallelism raised past it after
+    # creation must not make the API server refuse every status write.
+    out["ranks"] = [rank_status(r) for r in ranks[:MAX_RANKS]]
     limits = wide["limitCores"]
     if limits is None:
         return out
