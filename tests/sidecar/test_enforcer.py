@@ -4,6 +4,7 @@ leaves anything stopped once closed, whatever it was doing."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
 import time
@@ -110,3 +111,25 @@ def test_closing_before_start_is_harmless(spawn):
     enforcer = SignalEnforcer(ProcessTree(root_pid=child.pid))
     enforcer.close()
     assert not stopped(child.pid)
+
+
+class DescheduledTree(ProcessTree):
+    """A tree whose SIGSTOP goes out late, as from a sidecar descheduled between writing
+    its lease and signalling (a busy node)."""
+
+    def signal(self, sig: int, pids: list[int] | None = None) -> list[int]:
+        if sig == signal.SIGSTOP:
+            time.sleep(0.2)
+        return super().signal(sig, pids)
+
+
+def test_a_stop_made_after_its_lease_ended_is_undone_at_once(spawn):
+    """Its lease over before the stop landed, the guard may have passed it by: nobody
+    else would resume the workload if the sidecar died now, so the enforcer does."""
+    child = spawn(BUSY)
+    enforcer = SignalEnforcer(DescheduledTree(root_pid=child.pid))
+    try:
+        assert enforcer._stop(0.05) is False
+        assert never_stopped_for(child.pid, 0.2)
+    finally:
+        enforcer.close()

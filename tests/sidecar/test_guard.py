@@ -25,6 +25,7 @@ from testing.processes import stopped
 from testing.workloads import LONG, tree
 from throttledjob.sidecar.enforcer import SignalEnforcer
 from throttledjob.sidecar.guard import (
+    LATE_SECONDS,
     POLL_SECONDS,
     SLACK_SECONDS,
     Guard,
@@ -88,6 +89,32 @@ def test_a_lease_round_trips_and_junk_is_no_lease(tmp_path) -> None:
     assert read_lease(path) is None
 
 
+def test_a_lease_file_removed_or_replaced_is_written_anew_and_never_blocks(tmp_path) -> None:
+    """The shared directory is the workload's too: a lease file it removes (tidying up)
+    was still written, to the removed file, and the guard saw none; a FIFO put in its
+    place blocked the sidecar in its open. Written anew where the guard reads, or
+    refused (OSError: the sidecar then stops nothing)."""
+    path = lease_path(str(tmp_path))
+    writer = LeaseWriter(path)
+    writer.write(StopLease(1.0, (7,)))
+    os.unlink(path)
+    writer.write(StopLease(2.0, (7,)))
+    assert read_lease(path) == StopLease(2.0, (7,))
+    os.unlink(path)
+    os.mkfifo(path)
+    began = time.monotonic()
+    with pytest.raises(OSError):
+        writer.write(StopLease(3.0, (7,)))
+    assert time.monotonic() - began < 1.0
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)   # a FIFO with a reader opens
+    try:
+        with pytest.raises(OSError, match="not a regular file"):
+            LeaseWriter(path).write(StopLease(4.0, (7,)))
+    finally:
+        os.close(reader)
+    writer.close()
+
+
 def test_the_guard_resumes_a_stop_when_its_lease_ends_and_not_before(tmp_path,
                                                                      sleeper) -> None:
     """A lease of 0.4 s whose writer never resumes: still stopped while the lease runs
@@ -130,7 +157,33 @@ def test_a_renewed_lease_is_not_cut_short(tmp_path, sleeper) -> None:
     clock[0] = 100.6
     guard.step()
     assert not stopped(sleeper.pid) and guard.rescues == 1
-    assert guard.step() == POLL_SECONDS  # a lease is handled once
+    assert guard.step() == POLL_SECONDS
+
+
+def test_a_stop_landing_after_its_lease_fell_due_is_resumed_too(tmp_path, sleeper) -> None:
+    """The sidecar wrote its lease, then was descheduled (a busy node) and sent its
+    SIGSTOP after the lease had ended; killed then, nobody resumed it: the guard had
+    looked at the lease once, found nothing stopped, and passed it by. It watches an
+    overdue lease for LATE_SECONDS, then lets it be."""
+    path = lease_path(str(tmp_path))
+    clock = [100.0]
+    guard = Guard(path, clock=lambda: clock[0])
+    write_lease(path, StopLease(100.1, (sleeper.pid,)))
+    clock[0] = 100.2
+    guard.step()   # overdue, nothing stopped: nothing to do yet
+    os.kill(sleeper.pid, signal.SIGSTOP)   # the late stop lands; the sidecar dies
+    wait_for(lambda: stopped(sleeper.pid), interval=0.001, what="the process stopped")
+    clock[0] = 100.4
+    guard.step()
+    assert not stopped(sleeper.pid) and guard.rescues == 1
+    clock[0] = 100.1 + SLACK_SECONDS + LATE_SECONDS
+    guard.step()   # the window ends: the lease is passed by
+    os.kill(sleeper.pid, signal.SIGSTOP)   # the workload's own stop, much later
+    wait_for(lambda: stopped(sleeper.pid), interval=0.001, what="the process stopped")
+    clock[0] += 5
+    guard.step()
+    assert stopped(sleeper.pid) and guard.rescues == 1
+    os.kill(sleeper.pid, signal.SIGCONT)
 
 
 @pytest.fixture
@@ -166,7 +219,8 @@ def test_a_stop_sent_but_not_yet_taken_is_resumed_too(tmp_path, sleeper) -> None
     assert not stopped(sleeper.pid) and held(sleeper.pid)
     write_lease(path, StopLease(time.monotonic() - 1.0, (sleeper.pid,)))
     guard = Guard(path)
-    assert guard.step() == 0.0 and guard.rescues == 1
+    guard.step()
+    assert guard.rescues == 1
     assert not held(sleeper.pid)  # discarded: it will run when it can
 
 

@@ -170,10 +170,16 @@ class SignalEnforcer:
     def _stop(self, pause: float) -> bool:
         """Announce a stop of `pause` seconds and make it; False: not made."""
         pids = self.tree.pids()
-        if not self._announce(StopLease(time.monotonic() + pause, tuple(pids))):
+        lease = StopLease(time.monotonic() + pause, tuple(pids))
+        if not self._announce(lease):
             return False
         self._stopped = self.tree.signal(signal.SIGSTOP, pids)
         self._signal_group(signal.SIGSTOP)
+        if time.monotonic() >= lease.until:
+            # Made after its lease ended (this thread descheduled between the two): the
+            # guard may have passed that lease by already, so nobody else would resume it.
+            self._resume()
+            return False
         return True
 
     def _announce(self, lease: StopLease) -> bool:

@@ -10,7 +10,10 @@ SIGCONT. It never sends any other signal: it cannot stop anything.
 
 The workload is stopped at most until the lease's end plus `slack` plus one `poll`
 (a lease shorter than a poll is seen after it ended): 0.1 + 0.05 + 0.05 s with the
-defaults, where the sidecar's stops last at most 0.1 s (enforcer.MAX_STOP_SECONDS).
+defaults, where the sidecar's stops last at most 0.1 s (enforcer.MAX_STOP_SECONDS). A
+stop that lands after its lease ended (the sidecar descheduled between the two; it
+undoes such a stop itself at once) is still resumed if the sidecar dies then: the guard
+watches an overdue lease for LATE_SECONDS.
 A healthy sidecar resumes the workload itself well before; then the guard finds nothing
 stopped. Stdlib only: the whole process is a few MiB.
 """
@@ -35,6 +38,10 @@ log = logging.getLogger("throttledjob.guard")
 
 POLL_SECONDS = 0.05
 SLACK_SECONDS = 0.05
+# How long an overdue lease is watched: a stop the sidecar made late (descheduled between
+# its lease and its SIGSTOP) lands after the lease fell due, and a sidecar killed then
+# leaves it to the guard. Looked at once, the lease was passed by before the stop landed.
+LATE_SECONDS = 1.0
 
 
 _STOP_SIGNALS = 1 << (signal.SIGSTOP - 1)
@@ -96,8 +103,9 @@ class Guard:
                 log.warning("throttledjob guard: resumed %s, still stopped %.2f s after "
                             "the sidecar's lease ended (sidecar gone?)", resumed,
                             now - lease.until)
-        self.handled = lease
-        return 0.0
+        if now >= lease.until + self.slack + LATE_SECONDS:
+            self.handled = lease
+        return self.poll
 
     def release(self) -> list[int]:
         """Resume whatever the current lease names, due or not (the guard is leaving)."""

@@ -19,8 +19,10 @@ Stdlib only: the guard imports nothing else and stays a few MiB.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
+import stat
 from dataclasses import dataclass
 
 from throttledjob.contracts.names import STOP_LEASE_FILE
@@ -70,9 +72,17 @@ class LeaseWriter:
         self._longest = 0
 
     def write(self, lease: StopLease) -> None:
+        if self._fd is not None and not self._still_the_file():
+            self.close()   # removed or replaced (a workload tidying the shared directory)
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
-                               | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            # Non-blocking: a FIFO put at the path (the directory is the workload's too)
+            # blocked the open, and the sidecar with it, holding the enforcer's lock.
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+                         | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(errno.EINVAL, f"{self.path} is not a regular file")
+            self._fd = fd
             # A predecessor's longer line, if any, is blanked by the first write.
             self._longest = os.fstat(self._fd).st_size
         self._seq += 1
@@ -81,6 +91,16 @@ class LeaseWriter:
         padded = line + b" " * max(0, self._longest - len(line))
         self._longest = max(self._longest, len(line))
         os.pwrite(self._fd, padded, 0)
+
+    def _still_the_file(self) -> bool:
+        """The open file is still the one at the path: written to a file that was
+        removed, a lease reaches no guard."""
+        assert self._fd is not None
+        try:
+            here, mine = os.stat(self.path, follow_symlinks=False), os.fstat(self._fd)
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
 
     def close(self) -> None:
         if self._fd is not None:
