@@ -192,6 +192,20 @@ def test_stale_file_fails_open_or_holds(tmp_path, on_stale, expect_quota):
     assert w.stale
 
 
+def test_a_dead_sidecars_file_is_stale_even_if_the_clock_went_back(tmp_path):
+    """The wall clock stepped back an hour after the sidecar died: by its mtime the file
+    looked new for that hour, and the workload paced to a dead sidecar's rate. It is
+    stale too once it has not changed for its stale_after_seconds."""
+    w, clock, mono = watcher(tmp_path)
+    write(tmp_path, good(stale_after_seconds=10.0))
+    assert w.current().cpu_quota_cores == 1.5
+    clock.t -= 3600   # the clock steps back; the file is never rewritten again
+    mono.t += 5.0
+    assert w.current().cpu_quota_cores == 1.5 and not w.stale
+    mono.t += 6.0
+    assert w.current().cpu_quota_cores is None and w.stale
+
+
 def test_unknown_failure_behaviour_is_refused(tmp_path):
     with pytest.raises(ValueError, match="on_stale"):
         SettingsWatcher(str(tmp_path), on_stale="maybe")

@@ -34,6 +34,7 @@ class SettingsWatcher:
         self._monotonic = monotonic
         self._next_check = 0.0
         self._stamp: tuple[float, int] | None = None
+        self._changed_at = 0.0   # monotonic: when the file was last seen to change
         self._good = UNTHROTTLED
         self._current = UNTHROTTLED
         self._last_problem: str | None = None
@@ -54,7 +55,7 @@ class SettingsWatcher:
             return
         stamp = (st.st_mtime, st.st_size)
         if stamp != self._stamp:
-            self._stamp = stamp
+            self._stamp, self._changed_at = stamp, self._monotonic()
             try:
                 self._good = parse_settings(read_json_bounded(self.path))
                 self._last_problem = None
@@ -62,7 +63,11 @@ class SettingsWatcher:
             # ValueError (SettingsError, bad JSON), deep nesting raises RecursionError.
             except Exception as e:
                 self.report(f"keeping last good settings: {type(e).__name__}: {str(e)[:200]}")
-        if self._clock() - st.st_mtime > self._good.stale_after_seconds:
+        # By its age, and by how long it has not changed (the sidecar rewrites it every
+        # interval): the wall clock stepped back made a dead sidecar's file look new.
+        limit = self._good.stale_after_seconds
+        if (self._clock() - st.st_mtime > limit
+                or self._monotonic() - self._changed_at > limit):
             self._set_stale("settings file is stale (is the sidecar alive?)")
         else:
             self.stale = False
