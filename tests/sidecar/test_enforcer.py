@@ -4,6 +4,7 @@ leaves anything stopped once closed, whatever it was doing."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import textwrap
@@ -133,3 +134,29 @@ def test_a_stop_made_after_its_lease_ended_is_undone_at_once(spawn):
         assert never_stopped_for(child.pid, 0.2)
     finally:
         enforcer.close()
+
+
+def test_a_process_the_workload_keeps_stopped_stays_stopped(spawn):
+    """The workload stopped one of its processes itself (job control, a supervisor's
+    pause): the enforcer's stops and resumes leave it so, where each resume let it run
+    (a review saw it gain 28 CPU ticks a second)."""
+    busy_loop = " ".join(BUSY[:2]) + " 'while True: pass'"
+    parent = spawn(["sh", "-c", f"{busy_loop} & {busy_loop} & wait"])
+    wait_for(lambda: len(psutil.Process(parent.pid).children()) == 2, timeout=10,
+             what="the two workload processes")
+    paused, busy = psutil.Process(parent.pid).children()
+    os.kill(paused.pid, signal.SIGSTOP)
+    wait_for(lambda: stopped(paused.pid), interval=0.001, what="the workload's own stop")
+    enforcer = SignalEnforcer(ProcessTree(root_pid=parent.pid))
+    enforcer.set(0.2, 0.95)
+    enforcer.start()
+    try:
+        wait_for(lambda: stopped(busy.pid), timeout=5, interval=0.002,
+                 what="the enforcer stopping the other")
+        before = psutil.Process(paused.pid).cpu_times()
+        time.sleep(1.0)
+        assert psutil.Process(paused.pid).cpu_times() == before
+    finally:
+        enforcer.close()
+    assert stopped(paused.pid) and never_stopped_for(busy.pid, 0.2)
+    os.kill(paused.pid, signal.SIGCONT)

@@ -23,6 +23,7 @@ from typing import Protocol
 from throttledjob.runtime.budget import CpuBudget
 
 from .cgroups.throttling import ThrottleStats
+from .guard import held
 from .lease import LeaseWriter, StopLease
 from .processes import ProcessTree, resume
 
@@ -169,7 +170,9 @@ class SignalEnforcer:
 
     def _stop(self, pause: float) -> bool:
         """Announce a stop of `pause` seconds and make it; False: not made."""
-        pids = self.tree.pids()
+        # Not a process the workload keeps stopped itself (job control, a supervisor's
+        # pause): stopped with the rest, our resume would have let it run.
+        pids = [p for p in self.tree.pids() if not held(p)]
         lease = StopLease(time.monotonic() + pause, tuple(pids))
         if not self._announce(lease):
             return False
