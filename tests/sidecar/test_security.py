@@ -82,3 +82,30 @@ def test_a_connection_flood_leaves_the_sidecar_serving_within_bounds(workload, s
             s.close()
     wait_for(lambda: get(side.url + "/metrics")[0] == 200,
              timeout=CONNECTION_TIMEOUT_SECONDS + 10, what="/metrics after the flood")
+
+
+def test_one_slow_client_cannot_lock_the_kubelet_out(workload, sidecar):
+    """Sixteen connections from one address, each sending its request a line every few
+    seconds, held every slot: the kubelet's /healthz (and /prestop) failed. One client
+    holds at most MAX_PER_CLIENT; another is served meanwhile."""
+    import contextlib
+    import socket
+
+    from throttledjob.sidecar.server import MAX_PER_CLIENT
+
+    proc = workload("--workers", "1", "--units", "100000")
+    side = sidecar("targets: {cpu: {peak: 1}}\n", proc.pid)
+    wait_for(lambda: side.status(), timeout=20, what="the sidecar to serve")
+    host, port = side.url.removeprefix("http://").split(":")
+    slow = []
+    try:
+        for _ in range(3 * MAX_PER_CLIENT):   # another loopback address: another client
+            s = socket.create_connection((host, int(port)), timeout=5,
+                                         source_address=("127.0.0.2", 0))
+            with contextlib.suppress(OSError):  # over its share: closed at once
+                s.send(b"GET /healthz HTTP/1.1\r\n")
+            slow.append(s)
+        assert get(side.url + "/healthz")[0] == 200
+    finally:
+        for s in slow:
+            s.close()

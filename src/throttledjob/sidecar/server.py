@@ -24,8 +24,11 @@ STALE_INTERVALS = 5.0
 # Requests served at once, and how long one connection may take to send its request:
 # 1,000 half-sent requests once made 1,000 threads (+26 MB against a 128 MiB limit, and
 # threads count against the pod's process limit, which the workload shares). Prometheus
-# and the operator need one connection each.
-MAX_CONNECTIONS = 16
+# and the operator need one connection each; the kubelet (probes, a preStop call per
+# workload container) a few. One client holds at most MAX_PER_CLIENT: 16 slow ones from
+# one address locked the kubelet's /healthz and /prestop out.
+MAX_CONNECTIONS = 24
+MAX_PER_CLIENT = 8
 CONNECTION_TIMEOUT_SECONDS = 5.0
 
 
@@ -39,24 +42,43 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], handler: type,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS,
+                 max_per_client: int = MAX_PER_CLIENT) -> None:
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._max_per_client = max_per_client
+        self._per_client: dict[str, int] = {}
+        self._count_lock = threading.Lock()
 
     def process_request(self, request, client_address) -> None:  # type: ignore[override]
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+        client = client_address[0] if isinstance(client_address, tuple) else ""
+        with self._count_lock:
+            if self._per_client.get(client, 0) >= self._max_per_client:
+                self.shutdown_request(request)
+                return
+            if not self._slots.acquire(blocking=False):
+                self.shutdown_request(request)
+                return
+            self._per_client[client] = self._per_client.get(client, 0) + 1
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release(client)
             raise
 
     def process_request_thread(self, request, client_address) -> None:  # type: ignore[override]
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._release(client_address[0] if isinstance(client_address, tuple) else "")
+
+    def _release(self, client: str) -> None:
+        with self._count_lock:
+            left = self._per_client.get(client, 1) - 1
+            if left:
+                self._per_client[client] = left
+            else:
+                self._per_client.pop(client, None)
             self._slots.release()
 
 
