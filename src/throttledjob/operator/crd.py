@@ -184,8 +184,72 @@ def parameters_schema() -> dict[str, Any]:
     }
 
 
+# `kubectl explain` of the nodes whose schema above says nothing of itself (by path; the
+# fields of the templates are the Job's and JobSet's own, described by their APIs).
+DESCRIPTIONS = {
+    "": "A Job (or JobSet) run with its CPU and GPU peaks held to targets at the least "
+        "slowdown: the operator creates the child, injects the throttle sidecar and "
+        "reports what it did.",
+    "spec": "The child to run (jobTemplate or jobSetTemplate), its throttle and live "
+            "parameters.",
+    "spec.jobTemplate.spec": "The Job's spec (batch/v1 JobSpec), as the Job controller "
+                             "reads it.",
+    "spec.jobTemplate.spec.template": "The pod template (v1 PodTemplateSpec).",
+    "spec.jobTemplate.spec.template.spec": "The pod's spec (v1 PodSpec); the operator "
+                                           "adds the sidecar, its volumes and the CPU "
+                                           "limits of enforcement Quota.",
+    "spec.jobTemplate.spec.template.spec.containers": "The workload's containers.",
+    "spec.jobTemplate.spec.template.spec.containers.name": "The container's name.",
+    "spec.jobTemplate.spec.template.spec.initContainers": "Init containers (v1 Container).",
+    "spec.jobTemplate.spec.template.spec.initContainers.name": "The container's name.",
+    "spec.jobTemplate.spec.parallelism": "Pods that run at once (scope Job: the ranks the "
+                                         "target is split among).",
+    "spec.jobSetTemplate.spec": "The JobSet's spec (jobset.x-k8s.io/v1alpha2).",
+    "spec.jobSetTemplate.spec.replicatedJobs": "The JobSet's groups of Jobs.",
+    "spec.jobSetTemplate.spec.replicatedJobs.name": "The group's name.",
+    "spec.jobSetTemplate.spec.replicatedJobs.replicas": "How many Jobs of this template.",
+    "spec.jobSetTemplate.spec.replicatedJobs.template": "The Job template of the group.",
+    "spec.jobSetTemplate.spec.replicatedJobs.template.spec": "The Job's spec (batch/v1 "
+                                                             "JobSpec).",
+    "status": "What the operator observed: phase, conditions, the Job's name, the peaks "
+              "the sidecars measured and, under scope Job, the split.",
+    "status.phase": "Pending, Queued (Kueue holds the Job), Suspended, Running, Succeeded "
+                    "or Failed (the child's, or a refused spec: conditions say why).",
+    "status.jobName": "The Job (or JobSet) the operator made; it is made once.",
+    "status.observedGeneration": "The generation of the spec the operator last acted on.",
+    "status.startTime": "When the Job started.",
+    "status.completionTime": "When the Job completed.",
+    "status.conditions": "Ready, Failed, Complete, Throttling, TargetMet, PolicyApplied, "
+                         "TemplateApplied, Suspended, Admitted and QuotaResized "
+                         "(docs/operator.md); `kubectl wait --for=condition=Complete`.",
+    "status.conditions.type": "The condition's type.",
+    "status.conditions.status": "True, False or Unknown.",
+    "status.conditions.observedGeneration": "The generation it was set for.",
+    "status.conditions.lastTransitionTime": "When the status last changed.",
+    "status.conditions.reason": "Why, in one CamelCase word.",
+    "status.conditions.message": "Why, in words.",
+    "status.ranks.pod": "The pod's name.",
+    "status.observed.pods": "Pods whose sidecar answered the last read.",
+    "status.observed.errors": "Sidecars that did not answer the last read, and why.",
+}
+
+
+def describe(schema: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """Fill each node's missing description from DESCRIPTIONS (array items by their
+    field's path and the JobSet's nested Job template by the Job template's)."""
+    key = path.replace("spec.jobSetTemplate.spec.replicatedJobs.template.spec.",
+                       "spec.jobTemplate.spec.")
+    if "description" not in schema and key in DESCRIPTIONS:
+        schema["description"] = DESCRIPTIONS[key]
+    for name, node in (schema.get("properties") or {}).items():
+        describe(node, f"{path}.{name}" if path else name)
+    if isinstance(schema.get("items"), dict):
+        describe(schema["items"], path)
+    return schema
+
+
 def openapi_schema() -> dict[str, Any]:
-    return {
+    return describe({
         "type": "object",
         "required": ["spec"],
         "properties": {
@@ -221,7 +285,7 @@ def openapi_schema() -> dict[str, Any]:
                   f"self.spec.jobTemplate.spec.parallelism <= {MAX_RANKS}",
                   f"scope Job splits its target among at most {MAX_RANKS} pods: "
                   f"jobTemplate.spec.parallelism must be at most {MAX_RANKS}")],
-    }
+    })
 
 
 def printer_columns() -> list[dict[str, Any]]:
