@@ -107,7 +107,7 @@ BAD = [
     ("spec.throttle.scope", "Job", "scope Job is held by the pods' CPU limits: enforcement "
                                    "must be Quota"),
     ("spec.jobTemplate.metadata.labels", {"team": 7}, "must be of type string"),
-    ("metadata.name", "x" * 64, "the name must be at most 63 characters"),
+    ("metadata.name", "x" * 64, "metadata.name: Too long"),
 ]
 
 

@@ -255,11 +255,23 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # The Job is named after it (the one restriction metadata's schema may make).
+            "metadata": {"type": "object", "properties": {
+                "name": {"type": "string", "maxLength": MAX_NAME_LENGTH,
+                         "description": f"At most {MAX_NAME_LENGTH} characters: the Job "
+                                        "is named after it."}}},
             "spec": {
                 "type": "object",
                 "required": ["throttle"],
-                "x-kubernetes-validations": [rule(r.cel, r.message) for r in SPEC_RULES],
+                "x-kubernetes-validations": [
+                    *(rule(r.cel, r.message) for r in SPEC_RULES),
+                    {**rule("!has(self.throttle.scope) || self.throttle.scope != 'Job' || "
+                            "!has(self.jobTemplate) || "
+                            "!has(self.jobTemplate.spec.parallelism) || "
+                            f"self.jobTemplate.spec.parallelism <= {MAX_RANKS}",
+                            f"scope Job splits its target among at most {MAX_RANKS} pods: "
+                            f"jobTemplate.spec.parallelism must be at most {MAX_RANKS}"),
+                     "fieldPath": ".jobTemplate.spec.parallelism"}],
                 "properties": {
                     "jobTemplate": job_template_schema(),
                     "jobSetTemplate": jobset_template_schema(),
@@ -275,16 +287,6 @@ def openapi_schema() -> dict[str, Any]:
             },
             "status": status_schema(),
         },
-        "x-kubernetes-validations": [
-            rule(f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
-                  f"the name must be at most {MAX_NAME_LENGTH} characters: the Job is named "
-                  "after it"),
-            rule("!has(self.spec.throttle.scope) || self.spec.throttle.scope != 'Job' || "
-                  "!has(self.spec.jobTemplate) || "
-                  "!has(self.spec.jobTemplate.spec.parallelism) || "
-                  f"self.spec.jobTemplate.spec.parallelism <= {MAX_RANKS}",
-                  f"scope Job splits its target among at most {MAX_RANKS} pods: "
-                  f"jobTemplate.spec.parallelism must be at most {MAX_RANKS}")],
     })
 
 
