@@ -160,3 +160,20 @@ def test_a_process_the_workload_keeps_stopped_stays_stopped(spawn):
         enforcer.close()
     assert stopped(paused.pid) and never_stopped_for(busy.pid, 0.2)
     os.kill(paused.pid, signal.SIGCONT)
+
+
+def test_a_pid_another_process_took_since_the_scan_is_not_stopped(spawn):
+    """A workload process exits and its pid goes to another process before the next
+    scan (a review made it happen in a pid namespace, 3 of 3): the outsider was stopped
+    with the workload. Signals go through a pidfd, to the process the scan found only
+    (its start time the one psutil recorded; here made another's)."""
+    child = spawn(BUSY)
+    tree = ProcessTree(root_pid=child.pid)
+    member = tree._members[child.pid]
+    member._ident = (child.pid, member.create_time() - 100.0)   # the scan saw another
+    assert tree.signal(signal.SIGSTOP) == []
+    assert never_stopped_for(child.pid, 0.2)
+    fresh = ProcessTree(root_pid=child.pid)   # the process the scan really found
+    assert fresh.signal(signal.SIGSTOP) == [child.pid]
+    wait_for(lambda: stopped(child.pid), interval=0.001, what="the stop")
+    fresh.signal(signal.SIGCONT)

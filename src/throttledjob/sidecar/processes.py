@@ -8,6 +8,7 @@ pause container's (a pod with a shared process namespace).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import threading
@@ -106,15 +107,42 @@ class ProcessTree:
         return total
 
     def signal(self, sig: int, pids: list[int] | None = None) -> list[int]:
-        """Send `sig` to members (or to `pids`); returns the pids it reached."""
+        """Send `sig` to members (or to `pids`); returns the pids it reached. A member
+        whose pid another process has taken since the scan (it exited, the pid was
+        reused) is not signalled: stopped, that process was nobody's to stop."""
+        with self._lock:
+            members = dict(self._members)
         reached = []
         for pid in self.pids() if pids is None else pids:
             try:
-                os.kill(pid, sig)
-                reached.append(pid)
+                if _send(pid, sig, members.get(pid)):
+                    reached.append(pid)
             except (ProcessLookupError, PermissionError):
                 continue
         return reached
+
+
+def _send(pid: int, sig: int, member: psutil.Process | None) -> bool:
+    """Signal `pid` if it is still `member`, the process the scan found (same pid and
+    start time): checked through a pidfd, which names that one process whatever then
+    becomes of the pid. Without a member or pidfds, by pid."""
+    if member is None or not hasattr(os, "pidfd_open"):
+        os.kill(pid, sig)
+        return True
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError as e:
+        if e.errno != errno.ENOSYS:   # gone (ProcessLookupError), or not ours
+            raise
+        os.kill(pid, sig)
+        return True
+    try:
+        if not member.is_running():   # another process's now
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    finally:
+        os.close(fd)
 
 
 def descendants(root: int) -> list[int]:
