@@ -32,12 +32,10 @@ from typing import Any
 
 from throttledjob.runtime.files import read_json_bounded, write_json_atomic
 from throttledjob.sidecar.gpu.backend import GpuBackend, GpuError, GpuReading
+from throttledjob.sidecar.gpu.power_cap import SAME_WATTS, capped_limit
 
 log = logging.getLogger("throttledjob.node")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-# NVML keeps a limit in milliwatts and the agent writes whole ones: a limit read back
-# within this of one it set is that one.
-SAME_WATTS = 0.5
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,7 @@ class CapKeeper:
                 raise GpuError(f"GPU {gpu.uuid} has no settable power limit")
             cap = self._still_ours(gpu.uuid, now)
             original = cap.original_watts if cap else now
-            wanted = min(original, span[1], max(span[0], watts))
+            wanted = capped_limit(watts, original, span)
             if wanted >= original:
                 self.restore(gpu.uuid)
                 return original
