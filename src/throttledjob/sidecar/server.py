@@ -8,6 +8,7 @@ scraper cannot stall the control loop (it only reads the latest snapshot).
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 import time
@@ -45,21 +46,18 @@ class BoundedHTTPServer(ThreadingHTTPServer):
                  max_connections: int = MAX_CONNECTIONS,
                  max_per_client: int = MAX_PER_CLIENT) -> None:
         super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._max_per_client = max_per_client
-        self._per_client: dict[str, int] = {}
-        self._count_lock = threading.Lock()
+        self._max_connections, self._max_per_client = max_connections, max_per_client
+        self._per_client: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
 
     def process_request(self, request, client_address) -> None:  # type: ignore[override]
-        client = client_address[0] if isinstance(client_address, tuple) else ""
-        with self._count_lock:
-            if self._per_client.get(client, 0) >= self._max_per_client:
+        client = _client(client_address)
+        with self._lock:
+            if (self._per_client.total() >= self._max_connections
+                    or self._per_client[client] >= self._max_per_client):
                 self.shutdown_request(request)
                 return
-            if not self._slots.acquire(blocking=False):
-                self.shutdown_request(request)
-                return
-            self._per_client[client] = self._per_client.get(client, 0) + 1
+            self._per_client[client] += 1
         try:
             super().process_request(request, client_address)
         except BaseException:
@@ -70,16 +68,18 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release(client_address[0] if isinstance(client_address, tuple) else "")
+            self._release(_client(client_address))
 
     def _release(self, client: str) -> None:
-        with self._count_lock:
-            left = self._per_client.get(client, 1) - 1
-            if left:
-                self._per_client[client] = left
-            else:
-                self._per_client.pop(client, None)
-            self._slots.release()
+        with self._lock:
+            self._per_client[client] -= 1
+            if not self._per_client[client]:
+                del self._per_client[client]
+
+
+def _client(address: object) -> str:
+    """The address connections are counted by (a UNIX socket's: one client)."""
+    return address[0] if isinstance(address, tuple) else ""
 
 
 class MetricsServer:
