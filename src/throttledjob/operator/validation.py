@@ -169,8 +169,7 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False,
         _check_pod(pod, allow_host_access)
     _check_split(spec, doc)
     for pod in pods:
-        _check_reachable(doc, pod.get("containers") or [], child.pods_at_once(spec)
-                         if job_split.job_scoped(spec) else 1)
+        _check_reachable(spec, doc, pod.get("containers") or [])
     return doc
 
 
@@ -223,20 +222,19 @@ def _check_split(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> None:
                                                       f"at most {MAX_RANKS} pods, not {ranks}")
     # Each template's pods need their own floor (a launcher's requests are not its
     # workers').
-    groups = child.pod_groups(spec)
-    need = sum(count * job_split.rank_floor(pod.get("containers") or [])
-               for _, count, pod in groups)
+    groups = [(count, pod.get("containers") or []) for _, count, pod in child.pod_groups(spec)]
+    floors = [(count, job_split.rank_floor(containers)) for count, containers in groups]
+    need = sum(count * floor for count, floor in floors)
     if target + 1e-9 < need:
-        floors = ", ".join(f"{count} x {job_split.rank_floor(pod.get('containers') or []):g}"
-                           for _, count, pod in groups)
         raise SpecError(Refusal.UNREACHABLE_TARGET,
                         f"targets.cpu.peak {target:g} cores is under the {need:g} cores its "
-                        f"{ranks} pods need at least ({floors}: their CPU requests, or "
-                        f"{job_split.MIN_RANK_CORES:g} each)")
+                        f"{ranks} pods need at least "
+                        f"({', '.join(f'{count} x {floor:g}' for count, floor in floors)}: "
+                        f"their CPU requests, or {job_split.MIN_RANK_CORES:g} each)")
     # Where scope Pod falls back to signals (quota_warning), scope Job has no lever: each
     # sidecar would hold its pod to the whole job-wide figure.
-    for pod in child.pod_specs(spec):
-        why = cpu_limits.request_over_limit(pod.get("containers") or [], target / ranks)
+    for _, containers in groups:
+        why = cpu_limits.request_over_limit(containers, target / ranks)
         if why:
             raise SpecError(Refusal.UNREACHABLE_TARGET,
                             f"scope Job holds its target by the pods' CPU limits, which "
@@ -258,18 +256,19 @@ def _refuse_host_access(pod: Mapping[str, Any], containers: list[Mapping[str, An
                             "(operator setting THROTTLEDJOB_ALLOW_HOST_ACCESS)")
 
 
-def _check_reachable(doc: Mapping[str, Any], containers: list[Mapping[str, Any]],
-                     pods: int = 1) -> None:
-    """`pods`: how many pods share the target (scope Job: each pod's part is its even
-    share, so a limit is compared with that, not with the job-wide figure)."""
+def _check_reachable(spec: Mapping[str, Any], doc: Mapping[str, Any],
+                     containers: list[Mapping[str, Any]]) -> None:
+    """A pod's limit against its own target: under scope Job its even share, not the
+    job-wide figure (job_split.pod_target)."""
     targets = doc.get("targets") or {}
     peak = (targets.get("cpu") or {}).get("peak")
     limit = _cpu_limit_cores(containers)
     if peak is not None and limit is not None:
-        cores = parse_cpu_quantity(peak, "targets.cpu.peak") / pods
+        cores = job_split.pod_target(spec, parse_cpu_quantity(peak, "targets.cpu.peak")) or 0.0
         if cores > limit:
             # The kernel already caps the pod below the target: it can never bind and the
             # user probably meant something else.
+            pods = child.pods_at_once(spec) if job_split.job_scoped(spec) else 1
             each = f"{cores:g} cores for each of {pods} pods" if pods > 1 else f"{cores:g} cores"
             raise SpecError(Refusal.UNREACHABLE_TARGET,
                             f"targets.cpu.peak {peak} ({each}) exceeds the pod's CPU "
