@@ -45,21 +45,22 @@ def progress_path(directory: str, pid: int) -> str:
 MAX_PID = 1 << 22
 
 
-def _whole(value: Any, name: str) -> int:
-    """A whole number from JSON; ValueError for anything else (1e400 decodes as inf, which
-    int() would raise OverflowError on: a file anyone in the pod may write must not
+def _finite(value: Any, name: str) -> int | float:
+    """A finite number from JSON; ValueError for anything else (1e400 decodes as inf,
+    which int() would raise OverflowError on: a file anyone in the pod may write must not
     reach the sidecar's loop with an error it does not expect)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not math.isfinite(value):
         raise ValueError(f"{name} is not a finite number")
-    return int(value)
+    return value
+
+
+def _whole(value: Any, name: str) -> int:
+    return int(_finite(value, name))
 
 
 def _real(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value):
-        raise ValueError(f"{name} is not a finite number")
-    return float(value)
+    return float(_finite(value, name))
 
 
 def parse_progress(obj: Any) -> Progress:
