@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from testing.helpers import require_tool, wait_for
@@ -21,6 +22,11 @@ TIMEOUT = 60.0
 def helm(cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([require_tool("helm"), "--kubeconfig", str(cluster.kubeconfig),
                            *args], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and "-n" in args:
+        # helm --wait says only "context deadline exceeded": say which pods and why.
+        pods = Kubectl(cluster.kubeconfig).json("get", "pods", "-n", args[args.index("-n") + 1])
+        stuck = [f"{p['metadata']['name']}: {why_not(p)}" for p in (pods or {}).get("items", [])]
+        proc.stderr += " | ".join(stuck)
     assert proc.returncode == 0, f"helm {' '.join(args)}: {proc.stdout}{proc.stderr}"
     return proc
 
@@ -84,8 +90,29 @@ def wait_json(kubectl: Kubectl, predicate: Any, *args: str, what: str,
         holder["obj"] = kubectl.json("get", *args)
         return holder["obj"] is not None and bool(predicate(holder["obj"]))
 
-    wait_for(check, timeout, interval=0.2, what=what)
+    try:
+        wait_for(check, timeout, interval=0.2, what=what)
+    except pytest.fail.Exception as timed_out:
+        pytest.fail(f"{timed_out.msg}; last seen: {why_not(holder.get('obj'))}")
     return holder["obj"]
+
+
+def why_not(obj: dict[str, Any] | None) -> str:
+    """One line on where an object stands: its phase, the conditions not True with their
+    reasons, its containers' waiting reasons (a pod Pending on a tainted node, an image
+    it cannot pull), so a timed-out wait in CI's log says why."""
+    if not obj:
+        return "not found"
+    status = obj.get("status") or {}
+    parts = [f"phase {status['phase']}"] if status.get("phase") else []
+    parts += [f"{c['type']}={c['status']} {c.get('reason', '')}: {c.get('message', '')}"
+              for c in status.get("conditions") or [] if c.get("status") != "True"]
+    for c in status.get("containerStatuses") or []:
+        state = c.get("state") or {}
+        for how in ("waiting", "terminated"):
+            if how in state:
+                parts.append(f"{c['name']} {how} {state[how].get('reason', '')}")
+    return "; ".join(parts)[:600] or "no status"
 
 
 def job_finished(kubectl: Kubectl, namespace: str, name: str, timeout: float) -> Any:

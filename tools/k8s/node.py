@@ -248,8 +248,11 @@ class RealNode:
             "makeIPTablesUtilChains": False,
             # The images were loaded by hand and cannot be pulled again: never collect them.
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
-                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+            # The node's disk is the machine's, shared with builds and caches: a full
+            # one is the machine's problem, and eviction of the tests' pods (DiskPressure
+            # taints the node, every pod then waits Pending) would only hide it.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "0%",
+                             "imagefs.available": "0%", "nodefs.inodesFree": "0%"},
             "failSwapOn": False, "maxPods": 20,
             "resolvConf": "/etc/resolv.conf", "staticPodPath": "",
             "serializeImagePulls": False, "registerNode": True,
