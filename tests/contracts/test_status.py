@@ -56,6 +56,9 @@ def test_status_numbers_that_are_not_finite_become_none_and_flags_must_be_true()
     assert doc["observed"]["cpuPeakCores"] is None and doc["observed"]["slowdown"] is None
     assert doc["observed"]["throttleLevel"] == 0.5
     assert doc["targetMet"] is False and doc["errors"] == []
+    # null is the sidecar's "not measured yet"; a missing verdict is no verdict of met.
+    assert parse_status({"observed": {}, "targetMet": None})["targetMet"] is None
+    assert parse_status({"observed": {}})["targetMet"] is False
 
 
 @pytest.mark.parametrize("doc, message", [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from prometheus_client import generate_latest
 
 from testing.fake_tree import FakeTree
 from throttledjob.contracts.policy import Policy
@@ -13,8 +14,9 @@ from throttledjob.contracts.progress import Progress
 from throttledjob.runtime.progress import write_progress
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.local import build_report
+from throttledjob.sidecar.metrics import make_registry
 from throttledjob.sidecar.record import CycleResult
-from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
+from throttledjob.sidecar.snapshot import Health, SnapshotHolder, snapshot_of, status_document
 from throttledjob.sidecar.stats import PeakTracker
 from throttledjob.sidecar.summary import summarize
 
@@ -274,3 +276,21 @@ def test_a_process_leaving_the_tree_does_not_understate_the_cost_of_a_step():
         cpu += 14 * 0.05 - (3.0 if second == 6 else 0.0)
         pace = window.add(second, 14 * second, cpu)
     assert pace.cpu_seconds_per_step == pytest.approx(0.05, rel=0.1)
+
+
+@pytest.mark.parametrize(("cpu_peak", "met"), [(0.5, None), (1.5, False)])
+def test_a_target_with_no_sample_is_not_called_met(tmp_path, cpu_peak: float,
+                                                    met: bool | None) -> None:
+    """A GPU power target where no GPU is read: unknown while the CPU target holds (the
+    operator's TargetMet Unknown, the gauge absent), missed once the CPU target is."""
+    policy = Policy(cpu_peak_cores=1.0, gpu_peak_power_watts=200.0)
+    _, result = run(tmp_path, policy, [cpu_peak] * 5)
+    assert summarize(result).target_met is met
+    assert status_document(snapshot_of(result, Health()))["targetMet"] is met
+    holder = SnapshotHolder()
+    holder.publish(result, Health())
+    exposed = generate_latest(make_registry(holder, process_metrics=False)).decode()
+    assert ("throttledjob_target_met 0.0" in exposed) is (met is False)
+    assert ("throttledjob_target_met " in exposed) is (met is not None)
+    _, before_any_sample = run(tmp_path, Policy(cpu_peak_cores=1.0), [])
+    assert summarize(before_any_sample).target_met is None

@@ -134,7 +134,7 @@ class StatusDocument(TypedDict):
     observed: Observed
     # Both judged over the same recent window (the last minute of 1-second samples):
     # budgetExhausted says the budget stood in a target's way within it.
-    targetMet: bool
+    targetMet: bool | None  # None: none missed, but one has no sample yet
     budgetExhausted: bool
     # Why the budget stands in the way, in words (None: it does not, or an older sidecar).
     budgetReason: str | None
@@ -187,9 +187,15 @@ def parse_status(doc: Any) -> StatusDocument:
     numbers = {k: finite_number(v) for k, v in demand.items() if isinstance(k, str)} \
         if isinstance(demand, dict) else {}
     return {**doc, "version": STATUS_VERSION, "observed": observed,  # type: ignore[typeddict-item]
-            "targetMet": doc.get("targetMet") is True,
+            "targetMet": _verdict(doc.get("targetMet", False)),
             "budgetExhausted": doc.get("budgetExhausted") is True,
             "budgetReason": reason[:MAX_REASON_CHARS] if isinstance(reason, str) else None,
             "cpuLimitWantedCores": wanted,
             "cpuDemandCores": {k: v for k, v in numbers.items() if v is not None and v >= 0},
             "errors": [str(e) for e in errors] if isinstance(errors, list) else []}
+
+
+def _verdict(v: Any) -> bool | None:
+    """A sidecar's targetMet: True, False, or None (not yet measured); anything else is
+    not a verdict that the target is met."""
+    return v if v is None or isinstance(v, bool) else False

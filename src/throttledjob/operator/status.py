@@ -75,6 +75,7 @@ class Reason(Choice):
     TARGET_MET = "TargetMet"
     BUDGET_EXHAUSTED = "BudgetExhausted"
     CONVERGING = "Converging"
+    NOT_MEASURED = "NotMeasured"  # TargetMet Unknown: a target has no sample yet
     CONFIG_MAP_UPDATED = "ConfigMapUpdated"  # PolicyApplied True
     JOB_TEMPLATE_IMMUTABLE = "JobTemplateImmutable"  # TemplateApplied False; also the event
     INJECT_IMMUTABLE = "InjectImmutable"  # TemplateApplied False; also the event
@@ -120,12 +121,13 @@ def _seconds_between(earlier: str, later: str) -> float:
         return float("inf")
 
 
-def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: bool,
+def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: bool | None,
                   reason: str, message: str, now: str,
                   generation: int | None = None) -> list[dict[str, Any]]:
-    """A new list with condition `type_` set; lastTransitionTime moves only on a flip."""
+    """A new list with condition `type_` set (status None: Unknown); lastTransitionTime
+    moves only on a flip."""
     out = [dict(c) for c in conditions or []]
-    value = "True" if status else "False"
+    value = "Unknown" if status is None else "True" if status else "False"
     new = {"type": type_, "status": value, "reason": reason, "message": message[:32000],
            "lastTransitionTime": now}
     if generation is not None:
@@ -439,14 +441,21 @@ def status_with_observed(status: Mapping[str, Any], reports: list[Mapping[str, A
                           Reason.THROTTLING if level > 0 else Reason.UNDER_TARGET,
                           f"throttle level {level:.2f}, slowdown {observed['slowdown']:.2f}",
                           now)
-    met = all(bool(r.get("targetMet")) for r in reports)
+    # Missed by any pod: False; else Unknown while a pod has a target with no sample yet.
+    verdicts = [r.get("targetMet") for r in reports]
+    met = False if False in verdicts else None if None in verdicts else True
     exhausted = [r for r in reports if r.get("budgetExhausted")]
     why = next((r["budgetReason"] for r in exhausted if r.get("budgetReason")), None)
-    reason = (Reason.TARGET_MET if met else
-              Reason.BUDGET_EXHAUSTED if exhausted else Reason.CONVERGING)
-    message = ("the peak is at or under the target" if met else
-               "the target is unreachable within maxSlowdown" + (f": {why}" if why else "")
-               if exhausted else "the peak is over the target; throttling harder")
+    if met is None:
+        reason, message = Reason.NOT_MEASURED, (
+            "a target has no sample yet (a GPU target stays so where no GPU is read)")
+    elif met:
+        reason, message = Reason.TARGET_MET, "the peak is at or under the target"
+    elif exhausted:
+        reason = Reason.BUDGET_EXHAUSTED
+        message = "the target is unreachable within maxSlowdown" + (f": {why}" if why else "")
+    else:
+        reason, message = Reason.CONVERGING, "the peak is over the target; throttling harder"
     out["conditions"] = set_condition(conds, Condition.TARGET_MET, met, reason, message, now)
     return out
 

@@ -138,7 +138,8 @@ def _control(s: Snapshot) -> Iterator[Metric]:
     yield from _gauge("throttling", "1 while a controller is holding the workload back.",
                       float(result.last.throttling))
     yield from _gauge("target_met", "1 while the recent p99 of every target is at or under "
-                      "it.", float(run.target_met))
+                      "it; absent while a target not missed has no sample yet.",
+                      None if run.target_met is None else float(run.target_met))
     yield from _gauge("budget_exhausted", "1 while the slowdown budget stops a target from "
                       "being met (within the recent window target_met is judged over).",
                       float(result.budget_exhausted_recently))

@@ -25,6 +25,7 @@ Rules (each in one place, so the two outputs cannot disagree):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from throttledjob.contracts.status import LEVERS
@@ -61,7 +62,9 @@ class RunSummary:
     slowdown_high: float   # the interval's top: lever costs at the most they can be
     throttle_level: float  # the last interval's held-back fraction, 0..1
     levers: tuple[str, ...]
-    target_met: bool
+    # None: no target is missed, but one has no sample yet (the first seconds, or a GPU
+    # target where no GPU is read): not met, not missed either.
+    target_met: bool | None
 
 
 def summarize(result: CycleResult) -> RunSummary:
@@ -99,9 +102,9 @@ def summarize(result: CycleResult) -> RunSummary:
         slowdown_high=_slowdown(wall, paused + result.lever_cost_bound_seconds),
         throttle_level=min(1.0, max(0.0, result.last.pause_fraction)),
         levers=tuple(name for name in LEVERS if used[name]),
-        target_met=(_cpu_met(result.cpu.recent_p99, p.cpu_peak_cores)
-                    and _met(util.recent_p99, util_target)
-                    and _met(power.recent_p99, p.gpu_peak_power_watts)),
+        target_met=_all_met((_met(result.cpu.recent_p99, p.cpu_peak_cores, cpu_peak_bound),
+                             _met(util.recent_p99, util_target, _bound),
+                             _met(power.recent_p99, p.gpu_peak_power_watts, _bound))),
     )
 
 
@@ -114,9 +117,20 @@ def cpu_peak_bound(target: float) -> float:
     return target + max(TARGET_TOLERANCE * target, KERNEL_SLACK_CORES)
 
 
-def _cpu_met(observed: float | None, target: float | None) -> bool:
-    return target is None or observed is None or observed <= cpu_peak_bound(target)
+def _bound(target: float) -> float:
+    return target * (1 + TARGET_TOLERANCE)
 
 
-def _met(observed: float | None, target: float | None) -> bool:
-    return target is None or observed is None or observed <= target * (1 + TARGET_TOLERANCE)
+def _met(observed: float | None, target: float | None,
+         bound: Callable[[float], float]) -> bool | None:
+    """True or False for a target with a sample; None for one without (no target: True)."""
+    if target is None:
+        return True
+    return None if observed is None else observed <= bound(target)
+
+
+def _all_met(verdicts: tuple[bool | None, ...]) -> bool | None:
+    """Missed if any target is missed; else unknown while any has no sample."""
+    if False in verdicts:
+        return False
+    return None if None in verdicts else True
