@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "The operator's init container runs this."))
     lib.add_argument("dest", metavar="DIR", help="where to write (created if missing)")
     lib.set_defaults(func=_inject_lib)
+    for subparser in sub.choices.values():
+        subparser.set_defaults(subparser=subparser)
     return parser
 
 
@@ -171,7 +173,9 @@ def _add_sidecar_flags(p: argparse.ArgumentParser, metrics_port: int | None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:   # said by the subcommand ('throttledjob run: error: ...'), as other errors
+        args.subparser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args, parser)
     except KeyboardInterrupt:   # before a command started (after, it is forwarded to it)
@@ -228,7 +232,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                          status_stream=None if args.quiet else sys.stderr, gpu=gpu,
                          metrics_address=None if args.metrics_port is None
                          else (args.metrics_host, args.metrics_port),
-                         inject=args.inject)
+                         inject=args.inject, die_of_sigint=True)
     except ExporterError as e:
         return _fail(prog, str(e))
     except CommandNotStarted as e:

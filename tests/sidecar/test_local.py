@@ -291,7 +291,8 @@ def test_sigkill_of_the_tool_never_leaves_descendants_stopped(start_until_stoppe
     (["--cpu-peak", "-1", "--", "touch", "{marker}"], "--cpu-peak"),
     (["--max-slowdown", "0.5", "--", "touch", "{marker}"], "--max-slowdown"),
     (["--interval", "0", "--", "touch", "{marker}"], "--interval"),
-    (["--frobnicate", "--", "touch", "{marker}"], "unrecognized arguments"),
+    (["--frobnicate", "--", "touch", "{marker}"],
+     "throttledjob run: error: unrecognized arguments: --frobnicate"),
     (["--mode", "wild", "--", "touch", "{marker}"], "--mode"),
     (["--cpu-peak", "1"], "missing command"),
     (["--policy", "{missing}", "--", "touch", "{marker}"], "cannot read policy file"),
@@ -406,7 +407,8 @@ def test_a_ctrl_c_as_the_command_starts_reaches_it(throttledjob_cmd, tmp_path):
                  what="the command started")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 128 + signal.SIGINT and "Traceback" not in err, err
+        # Dead of SIGINT as the command is, as a calling shell expects (it shows 130).
+        assert proc.returncode == -signal.SIGINT and "Traceback" not in err, err
         assert not [p for p in psutil.process_iter(["cmdline"])
                     if "31.337" in (p.info["cmdline"] or [])]
 
@@ -499,3 +501,112 @@ def test_a_fifo_and_a_symlink_in_the_shared_directory_neither_hang_nor_mislead(
     assert proc.returncode == 0, proc.stderr
     assert time.monotonic() - started < 30
     assert report["steps"] == 0
+
+
+def _kill_commands_marked(marker: str) -> None:
+    """Whatever a failed test left: the commands it started (their command line holds
+    `marker`), resumed and killed."""
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if marker in " ".join(p.info["cmdline"] or []):
+                p.resume()
+                p.kill()
+
+
+USR_SIGNALS = """
+import signal, sys, time
+signal.signal(signal.SIGUSR1, lambda s, f: open(sys.argv[1], "a").write("usr1 "))
+signal.signal(signal.SIGUSR2, lambda s, f: sys.exit(4))
+open(sys.argv[2], "w").write("started")
+while True:
+    time.sleep(0.05)   # usr-signals-marker
+"""
+
+
+def test_sigusr1_and_sigusr2_reach_the_command_and_never_orphan_it(throttledjob_cmd,
+                                                                    tmp_path):
+    """SLURM and PyTorch Lightning ask a job to checkpoint with SIGUSR1: sent to us, it
+    killed us (its default action) and left the command running on, orphaned."""
+    got, started = tmp_path / "got", tmp_path / "started"
+    proc = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--", sys.executable, "-c",
+                             USR_SIGNALS, str(got), str(started)])
+    try:
+        wait_for(started.exists, timeout=30, what="the command to start")
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: got.exists() and "usr1" in got.read_text(), what="SIGUSR1 to arrive")
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGUSR2)
+        assert proc.wait(timeout=30) == 4
+    finally:
+        proc.kill()
+        proc.wait()
+        _kill_commands_marked("usr-signals-marker")
+
+
+CLEAN_UP_ON_TERM = """
+import signal, sys, time
+def stop(sig, frame):
+    start = time.monotonic()
+    end = time.process_time() + 0.5
+    while time.process_time() < end:   # a checkpoint: half a second of CPU
+        pass
+    open(sys.argv[1], "w").write(str(time.monotonic() - start))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+open(sys.argv[2], "w").write("started")
+while True:   # clean-up-marker
+    pass
+"""
+
+
+@pytest.mark.parametrize("enforcement, sig", [("signals", signal.SIGTERM),
+                                               ("signals", signal.SIGINT),
+                                               ("quota", signal.SIGTERM)])
+def test_a_command_asked_to_end_cleans_up_at_full_speed(throttledjob_cmd, tmp_path,
+                                                        enforcement, sig):
+    """After SIGTERM or Ctrl-C the command was held to its target through its clean-up
+    (a checkpoint of 0.5 s of CPU took 10 s at 0.05 cores): as in a pod that terminates,
+    throttling ends once the command is asked to end."""
+    took, started = tmp_path / "took", tmp_path / "started"
+    proc = subprocess.Popen([*throttledjob_cmd, "run", "--quiet", "--cpu-peak", "0.05",
+                             "--max-slowdown", "40", "--enforcement", enforcement, "--",
+                             sys.executable, "-c", CLEAN_UP_ON_TERM, str(took), str(started)])
+    try:
+        wait_for(started.exists, timeout=30, what="the command to start")
+        time.sleep(2.5)   # held to the target by now
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+        assert float(took.read_text()) < 4   # about 1 s on 2 busy cores
+    finally:
+        proc.kill()
+        proc.wait()
+        _kill_commands_marked("clean-up-marker")
+
+
+def test_a_ctrl_c_stops_a_calling_shell_script_as_without_us(throttledjob_cmd):
+    """bash ends a script on Ctrl-C only when its command died of SIGINT: we exited 130
+    instead, so a sweep (`for lr in ...; do throttledjob run -- python train.py; done`)
+    went on to its next run after each Ctrl-C."""
+    script = '"$@"; echo after'
+    shell = subprocess.Popen(["bash", "-c", script, "bash", *throttledjob_cmd, "run",
+                              "--quiet", "--", "sleep", "31.338"],
+                             start_new_session=True, stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: [p for p in psutil.process_iter(["cmdline"])
+                          if p.info["cmdline"] == ["sleep", "31.338"]],
+                 timeout=30, what="the command started")
+        os.killpg(shell.pid, signal.SIGINT)   # as a terminal sends it
+        out, _ = shell.communicate(timeout=30)
+        assert shell.returncode == -signal.SIGINT and out == "", out
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()
+        _kill_commands_marked("31.338")
+
+
+def test_an_empty_command_name_is_not_found_as_in_a_shell(throttledjob_cmd, tmp_path):
+    proc, _ = run(throttledjob_cmd, ["--", ""], tmp_path)
+    assert proc.returncode == 127
+    assert proc.stderr.strip() == "throttledjob run: error: command not found: ''"

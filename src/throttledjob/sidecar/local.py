@@ -13,7 +13,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TextIO
 
 from throttledjob.contracts.names import ENV_DIR
@@ -24,7 +26,7 @@ from throttledjob.runtime.inject import pythonpath_with, write_library
 from .agent import Agent
 from .cgroups.detection import detect
 from .cgroups.throttling import ThrottleStats
-from .enforcement import local_enforcer, local_plan, without_kernel_quota
+from .enforcement import Plan, local_enforcer, local_plan, without_kernel_quota
 from .enforcer import Enforcer
 from .loop import run_loop
 from .processes import ProcessTree, resume
@@ -35,7 +37,11 @@ from .summary import summarize
 if TYPE_CHECKING:
     from .gpu import GpuAgent
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# Signals that ask the command to end: throttling ends with them (_StandDown).
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# SIGUSR1/2 too: their default action killed us and orphaned the command, where a scheduler
+# (SLURM, Lightning) meant it for the command, to checkpoint.
+FORWARDED_SIGNALS = (*ENDING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2)
 # Held back while the command starts, with the forwarded ones (_spawn).
 START_HELD_SIGNALS = (*FORWARDED_SIGNALS, signal.SIGTSTP)
 _PR_SET_PDEATHSIG = 1
@@ -44,11 +50,13 @@ _PR_SET_PDEATHSIG = 1
 def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
               status_stream: TextIO | None = None, extra_env: dict[str, str] | None = None,
               gpu: GpuAgent | None = None, metrics_address: tuple[str, int] | None = None,
-              inject: bool = False) -> int:
+              inject: bool = False, die_of_sigint: bool = False) -> int:
     """Run `cmd` under `policy`; returns its exit code (128+N when killed by signal N).
 
     With `metrics_address` (host, port) it serves /metrics and /status as the pod sidecar
-    does; the port is bound before the command starts, so a taken port fails fast.
+    does; the port is bound before the command starts, so a taken port fails fast. With
+    `die_of_sigint`, a command killed by SIGINT ends this process by SIGINT too, once all
+    is done: a calling shell stops its script on a Ctrl-C only when its command died of it.
     """
     exporter = None
     if metrics_address:
@@ -60,8 +68,9 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
     started = time.monotonic()
     proc = agent = guardian = None
     previous_handlers = {}
+    stand_down = _StandDown()
     try:
-        proc, tree, previous_handlers = _spawn(cmd, env)
+        proc, tree, previous_handlers = _spawn(cmd, env, stand_down)
         found = detect() if policy.enforcement is Enforcement.QUOTA else None
         plan = local_plan(policy, found)
         enforcer = local_enforcer(plan, tree, proc.pid, found)
@@ -70,22 +79,25 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         if exporter:
             exporter.attach(agent, f"psutil: process tree of pid {proc.pid}").start()
         _start(agent, proc.pid)
+        stand_down.attach(agent)
         loop_started, loop_cpu_started = time.monotonic(), _own_cpu_seconds()
         host = LocalHost(proc, status_stream)
         run_loop(agent, host)
         with contextlib.suppress(Exception):  # as run_loop: never the command's exit code
             agent.cycle()  # the last partial interval, for the statistics
-        exit_code = host.exit_code
+        exit_code, killed_by = host.exit_code, host.killed_by
         loop_wall = time.monotonic() - loop_started
         loop_cpu = _own_cpu_seconds() - loop_cpu_started
     finally:
+        stand_down.join()
         _clean_up(agent, exporter, proc, guardian, previous_handlers, settings_dir)
     if status_stream is not None:
         status_stream.write("\n" if _is_tty(status_stream) else "")
-    if warning := uncooperative(agent.result):
+    result = stand_down.as_held(agent.result)
+    if warning := uncooperative(result):
         sys.stderr.write(f"throttledjob run: warning: {warning}\n")
     if report_path:
-        report = build_report(agent.result, time.monotonic() - started, exit_code,
+        report = build_report(result, time.monotonic() - started, exit_code,
                               agent.choice.report(), gpu.report() if gpu else None)
         # The control loop's own cost in steady state, apart from start-up (imports, spawn).
         report["controller"]["loop_cpu_percent"] = round(
@@ -95,7 +107,59 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         except (OSError, ValueError) as e:
             sys.stderr.write(f"throttledjob run: error: --report: cannot write "
                              f"{report_path}: {getattr(e, 'strerror', None) or e}\n")
+    if die_of_sigint and killed_by == signal.SIGINT:
+        _die_of(signal.SIGINT)
     return exit_code
+
+
+def _die_of(sig: signal.Signals) -> None:
+    """End this process by `sig`, as the command ended (returns only if it is blocked)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+    os.kill(os.getpid(), sig)
+
+
+class _StandDown:
+    """A signal that asks the command to end stands the agent down, as a pod's preStop
+    does: a command that checkpoints on SIGTERM or Ctrl-C does so at full speed, not held
+    to the target. From a thread: the signal may land inside a cycle, which holds the
+    agent's lock."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self._agent: Agent | None = None
+        self._thread: threading.Thread | None = None
+        # The policy and plan that held the command until then, for the report.
+        self._held: tuple[Policy, Plan] | None = None
+
+    def ask(self) -> None:
+        self.asked = True
+        if self._agent is not None and self._held is None:
+            self._held = (self._agent.policy, self._agent.plan)
+            self._thread = threading.Thread(target=self._agent.stand_down, daemon=True)
+            self._thread.start()
+
+    def attach(self, agent: Agent) -> None:
+        """The agent, once it runs; asked before (as the command started), it stands down
+        now."""
+        self._agent = agent
+        if self.asked and self._held is None:
+            self._held = (agent.policy, agent.plan)
+            agent.stand_down()
+
+    def as_held(self, result: CycleResult) -> CycleResult:
+        """`result` with the targets the command was held to, not the none it ended with."""
+        if self._held is None:
+            return result
+        return replace(result, policy=self._held[0], plan=self._held[1])
+
+    def join(self) -> None:
+        """Before the agent closes and the shared directory goes."""
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
 
 class CommandNotStarted(Exception):
@@ -103,7 +167,8 @@ class CommandNotStarted(Exception):
     found but not runnable)."""
 
     def __init__(self, command: str, error: OSError) -> None:
-        not_found = isinstance(error, FileNotFoundError)
+        # An empty name: a shell's "command not found", not execvp's EACCES from PATH.
+        not_found = isinstance(error, FileNotFoundError) or not command
         what = ("command not found" if not_found else "is a directory"
                 if os.path.isdir(command) else "permission denied"
                 if isinstance(error, PermissionError) else f"cannot run ({error.strerror})")
@@ -111,7 +176,7 @@ class CommandNotStarted(Exception):
         self.exit_code = 127 if not_found else 126
 
 
-def _spawn(cmd: list[str], env: dict[str, str]
+def _spawn(cmd: list[str], env: dict[str, str], stand_down: _StandDown
            ) -> tuple[subprocess.Popen, ProcessTree, dict]:
     """Start the command, with our signals forwarded to it from the first instant: a
     Ctrl-C while it starts reaches it, never us alone (which orphaned it).
@@ -135,7 +200,7 @@ def _spawn(cmd: list[str], env: dict[str, str]
         except OSError as e:
             raise CommandNotStarted(cmd[0], e) from None
         tree = ProcessTree(root_pid=proc.pid)
-        return proc, tree, _forward_signals(proc, tree)
+        return proc, tree, _forward_signals(proc, tree, stand_down)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
@@ -239,12 +304,14 @@ class LocalHost:
         self._stream = status_stream if status_stream is not None and _is_tty(
             status_stream) else None
         self.exit_code = 0
+        self.killed_by: int | None = None   # the signal that killed the command
 
     def wait(self, timeout: float) -> bool:
         code = self._wait(timeout)
         if code is None:
             return False
         self.exit_code = 128 - code if code < 0 else code
+        self.killed_by = -code if code < 0 else None
         return True
 
     def before_cycle(self) -> None:
@@ -386,10 +453,13 @@ def _own_cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _forward_signals(proc: subprocess.Popen, tree: ProcessTree) -> dict:
+def _forward_signals(proc: subprocess.Popen, tree: ProcessTree,
+                     stand_down: _StandDown) -> dict:
     def forward(sig, _frame):
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, sig)
+        if sig in ENDING_SIGNALS:
+            stand_down.ask()
         # A stopped process cannot act on the signal: wake the whole tree.
         resume(tree.pids())
 
