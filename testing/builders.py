@@ -21,11 +21,12 @@ def owned(tj: dict[str, Any]) -> dict[str, Any]:
     return tj
 
 
-def built(tj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def built(tj: dict[str, Any], settings: OperatorSettings = SETTINGS
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(Job, ConfigMap) as the handler sends them: built, then kopf.adopt-ed."""
     tj = owned(tj)
     doc = validate(tj)
-    job, cm = build_child(tj, doc, SETTINGS), build_configmap(tj["metadata"]["name"], doc)
+    job, cm = build_child(tj, doc, settings), build_configmap(tj["metadata"]["name"], doc)
     kopf.adopt([job, cm], owner=tj)
     return job, cm
 

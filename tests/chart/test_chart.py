@@ -136,6 +136,7 @@ def test_operator_gets_its_flags_probes_and_sidecar_defaults(tmp_path) -> None:
     assert settings.sidecar_memory_request == "64Mi"
     assert settings.shared_dir_size_limit == "16Mi"
     assert settings.status_timeout_seconds == 2.0
+    assert settings.scrape_annotations  # no PodMonitor: the annotations are the way in
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["ports"] == [{"name": "health", "containerPort": 9090, "protocol": "TCP"},
@@ -179,6 +180,9 @@ def test_optional_parts_take_their_namespace_and_labels(tmp_path) -> None:
         "containers"][0]["ports"] if p["name"] == "metrics"]
     assert op_pm["spec"]["podMetricsEndpoints"][0]["port"] == port["name"]
     assert op_pm["metadata"]["namespace"] == "monitoring"
+    # The PodMonitor scrapes the sidecars: no prometheus.io annotation asks for a second.
+    env = {e["name"]: e["value"] for e in operator_pod(objs)["containers"][0]["env"]}
+    assert not OperatorSettings.from_env(env).scrape_annotations
     (rule,) = by_kind(objs, "PrometheusRule")
     (cm,) = by_kind(objs, "ConfigMap")
     assert pm["metadata"]["namespace"] == rule["metadata"]["namespace"] == "monitoring"

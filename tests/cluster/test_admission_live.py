@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from testing.cluster_cli import Kubectl, helm_template
+from testing.cluster_cli import Kubectl, helm_template, wait_json
 from testing.helpers import wait_for
 from testing.manifests import tj_manifest
+from throttledjob.contracts.names import NODE_CSI_DRIVER, NODE_POWER_CAP_ATTRIBUTE
 
 ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                    "ClusterRole")
@@ -90,8 +91,8 @@ def eventually_refused(as_: Kubectl, tj: dict[str, Any], message: str) -> str:
     def attempt() -> bool:
         outcome["ok"], outcome["err"] = create(as_, tj)
         if outcome["ok"]:  # the policy was not in force yet: undo and retry
-            as_("delete", "tj", "-n", tj["metadata"]["namespace"], tj["metadata"]["name"],
-                check=False)
+            as_("delete", tj["kind"].lower(), "-n", tj["metadata"]["namespace"],
+                tj["metadata"]["name"], check=False)
         return not outcome["ok"]
 
     wait_for(attempt, 30, interval=0.5, what="the create to be refused")
@@ -211,5 +212,49 @@ def test_the_operators_own_writes_are_not_judged_by_its_rights(
         assert "may not create JobSets" in mark(other, "other").stderr
         done = mark(operator, "operator")
         assert done.returncode == 0, done.stderr
+    finally:
+        remove(kubectl, objs)
+
+
+def with_agent_volume(name: str, namespace: str, kind: str) -> dict[str, Any]:
+    """A Pod or a Job of a "restricted" pod that mounts the GPU node agent's volume,
+    as a pod that wants to cap its own board would."""
+    pod = tj_manifest(name, namespace)["spec"]["jobTemplate"]["spec"]["template"]
+    pod["spec"]["volumes"] = [{"name": "agent", "csi": {
+        "driver": NODE_CSI_DRIVER, "volumeAttributes": {NODE_POWER_CAP_ATTRIBUTE: "true"}}}]
+    meta = {"name": name, "namespace": namespace}
+    if kind == "Pod":
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod["spec"]}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+            "spec": {"template": {**pod, "spec": {**pod["spec"], "restartPolicy": "Never"}}}}
+
+
+def test_only_the_operators_pods_may_mount_the_gpu_node_agents_volume(
+        cluster: Any, kubectl: Kubectl, namespace: str, tmp_path: Path) -> None:
+    """The volume's attribute is the agent's word that a pod may cap its GPU: a user who
+    may create Pods and Jobs (the edit role) may not make one that mounts it, a Job made
+    with the right (here an admin's) gets its pod from the Job controller, and a user
+    granted nodeagentvolumes in the namespace may."""
+    release = f"agent-{uuid.uuid4().hex[:6]}"
+    objs = [o for o in helm_template(release, {"gpu": {"nodeAgent": {"enabled": True}}},
+                                     tmp_path)
+            if o["metadata"]["name"] == f"{release}-throttledjob-node-agent-volume"]
+    assert {o["kind"] for o in objs} == {*ADMISSION_KINDS, "ClusterRoleBinding"}
+    kubectl.apply(*objs)
+    try:
+        editor = user(cluster, kubectl, namespace, tmp_path, cluster_role="edit")
+        for kind in ("Pod", "Job"):
+            eventually_refused(editor, with_agent_volume(f"own-{kind.lower()}", namespace, kind),
+                               "may not use nodeagentvolumes.throttledjob.io")
+        eventually_created(kubectl, with_agent_volume("admins", namespace, "Job"))
+        wait_json(kubectl, lambda o: o["items"], "pods", "-n", namespace,
+                  "-l", "job-name=admins", what="the Job controller to make the Job's pod")
+        # Kept on an update by the editor: only adding the volume is judged.
+        editor("label", "-n", namespace, "job", "admins", "edited=yes")
+        (role,) = [o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRole"]
+        granted = user(cluster, kubectl, namespace, tmp_path, cluster_role=role)
+        kubectl("create", "rolebinding", "-n", namespace, "editor", "--clusterrole=edit",
+                f"--serviceaccount={namespace}:{granted.kubeconfig.stem}")
+        eventually_created(granted, with_agent_volume("granted", namespace, "Pod"))
     finally:
         remove(kubectl, objs)

@@ -22,6 +22,7 @@ import pytest
 
 from testing.cluster_cli import Kubectl, wait_json
 from testing.paths import VENV_BIN
+from throttledjob.contracts.names import NODE_POWER_CAP_ATTRIBUTE
 from throttledjob.node.pod_resources import gpus_by_pod
 from throttledjob.node.process import TIDY_SECONDS
 from throttledjob.sidecar.gpu.fake import TDP_WATTS, fake_uuid
@@ -171,8 +172,11 @@ def agent_pod(namespace: str) -> dict[str, Any]:
     (container,) = pod["spec"]["containers"]
     container["command"] = ["python", "-c", ASK_AGENT, fake_uuid(0), fake_uuid(1)]
     container["volumeMounts"] = [{"name": "node-agent", "mountPath": "/run/throttledjob/node"}]
-    pod["spec"]["volumes"] = [{"name": "node-agent", "csi": {"driver": CSI_DRIVER["metadata"]
-                                                             ["name"]}}]
+    # As the operator makes it for a ThrottledJob that allows the cap: the real kubelet
+    # passes the attribute on to the agent, which refuses a cap without it.
+    pod["spec"]["volumes"] = [{"name": "node-agent", "csi": {
+        "driver": CSI_DRIVER["metadata"]["name"],
+        "volumeAttributes": {NODE_POWER_CAP_ATTRIBUTE: "true"}}}]
     return pod
 
 

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,8 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 needs_cgroup_v1 = pytest.mark.skipif(
     not (os.access(CPU_CGROUP, os.W_OK) or os.environ.get("CI")),
     reason="places processes in a cgroup v1 cpu hierarchy (root)")
-POD_A = PodRef("team", "train-a", str(uuid.uuid4()))
-POD_B = PodRef("team", "train-b", str(uuid.uuid4()))
+POD_A = PodRef("team", "train-a", str(uuid.uuid4()), power_cap=True)
+POD_B = PodRef("team", "train-b", str(uuid.uuid4()), power_cap=True)
 
 
 @pytest.mark.parametrize("text, pod", [
@@ -89,6 +90,7 @@ def pod_cgroups():
 
 ASK = """
 import json, sys
+from dataclasses import replace
 from pathlib import Path
 from throttledjob.sidecar.gpu.node_backend import NodeAgentBackend
 from throttledjob.sidecar.gpu.backend import GpuError
@@ -411,6 +413,40 @@ def test_a_limit_that_is_not_a_finite_positive_number_is_refused(node, watts):
         POD_A, {"op": "set_power_limit", "uuid": uuids[0], "watts": watts})
     assert answer == {"error": "watts must be a positive number"}
     assert board.limit_calls == []
+
+
+def test_a_pod_whose_throttledjob_does_not_allow_the_cap_reads_but_never_caps(node):
+    """The volume's attribute, not the sidecar's word: a pod made without it (its policy
+    denies levers.gpuPowerLimit, or a pod the operator did not make) reads its GPU and
+    may put its limit back, never lower it."""
+    board, uuids, _, keeper, _ = node
+    agent = NodeAgent(board, keeper, lambda: {POD_A.key: frozenset({uuids[0]})})
+    denied = replace(POD_A, power_cap=False)
+    assert agent.answer(denied, {"op": "read"})["gpus"][0]["uuid"] == uuids[0]
+    answer = agent.answer(denied, {"op": "set_power_limit", "uuid": uuids[0], "watts": 150})
+    assert "may not cap its GPU" in answer["error"] and "gpuPowerLimit" in answer["error"]
+    assert agent.answer(denied, {"op": "restore", "uuid": uuids[0]}) == {"watts": TDP_WATTS}
+    assert board.limit_calls == [] and board.limits == [TDP_WATTS, TDP_WATTS]
+
+
+@pytest.mark.parametrize(("attributes", "power_cap"), [
+    ({"powerCap": "true"}, True), ({"powerCap": "false"}, False), ({}, False),
+    ({"powerCap": "True"}, False)])
+def test_the_kubelets_publish_names_the_pod_and_whether_it_may_cap(tmp_path, attributes,
+                                                                    power_cap):
+    """NodePublishVolume as the kubelet sends it (podInfoOnMount, the volume's
+    attributes): the pod it publishes for carries the operator's word on the cap."""
+    from throttledjob.node.csi import POD_INFO, _Plugin
+    from throttledjob.node.kubelet import csi_pb2
+
+    published = []
+    plugin = _Plugin("node-0", tmp_path / "csi.sock", lambda d, pod: published.append(pod),
+                     lambda d: None)
+    info = {POD_INFO + "namespace": POD_A.namespace, POD_INFO + "name": POD_A.name,
+            POD_INFO + "uid": POD_A.uid, **attributes}
+    plugin.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
+        volume_id="v", target_path=str(tmp_path / "mount"), volume_context=info), None)
+    assert published == [replace(POD_A, power_cap=power_cap)]
 
 
 def test_a_state_file_that_cannot_be_read_is_set_aside_not_a_crash_at_every_start(tmp_path,

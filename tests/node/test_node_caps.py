@@ -18,8 +18,8 @@ from throttledjob.node.process import Node
 from throttledjob.sidecar.gpu.backend import GpuError, GpuReading
 from throttledjob.sidecar.gpu.fake import TDP_WATTS, FakeGpuBackend, fake_uuid
 
-POD_A = PodRef("team", "train-a", "8b1f7f4e-0000-4000-8000-00000000000a")
-POD_B = PodRef("team", "train-b", "8b1f7f4e-0000-4000-8000-00000000000b")
+POD_A = PodRef("team", "train-a", "8b1f7f4e-0000-4000-8000-00000000000a", power_cap=True)
+POD_B = PodRef("team", "train-b", "8b1f7f4e-0000-4000-8000-00000000000b", power_cap=True)
 
 
 class OneGpuLost(FakeGpuBackend):
@@ -222,7 +222,7 @@ def test_a_request_in_flight_caps_nothing_once_its_volume_went(tmp_path: Path) -
     assert "not served any more" in node.agent.answer(POD_A, CAP)["error"]
     assert board.limits == [TDP_WATTS] and node.keeper.caps == {}
     # A pod of the same name after it (a StatefulSet's): served once its volume is.
-    again = PodRef(POD_A.namespace, POD_A.name, POD_A.uid.replace("a", "c"))
+    again = PodRef(POD_A.namespace, POD_A.name, POD_A.uid.replace("a", "c"), power_cap=True)
     (tmp_path / "vol2").mkdir()
     node.publish(tmp_path / "vol2", again)
     assert node.agent.answer(again, CAP) == {"watts": 150.0}

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from testing.chart import ALL_ON, by_kind, render
+from throttledjob.contracts.names import NODE_CSI_DRIVER
 from throttledjob.node.csi import socket_paths
 from throttledjob.node.pod_resources import socket_path as pod_resources_socket
 
@@ -48,3 +49,37 @@ def test_the_node_agent_mounts_what_its_code_opens_and_no_more(tmp_path, kubelet
                if m["mountPath"].startswith(kubelet_dir)), (host, mounts)
     # The probe looks where the driver's socket is.
     assert str(endpoint) in container["livenessProbe"]["exec"]["command"]
+
+
+@pytest.mark.parametrize(("admission", "rbac", "jobset"), [
+    (True, True, False), (True, True, True), (True, False, False), (False, True, False)])
+def test_the_agents_volume_is_kept_to_the_operators_pods(tmp_path, admission, rbac, jobset):
+    """With admission on, a policy refuses the agent's driver to anyone who may not "use"
+    nodeagentvolumes; the chart grants that to the operator, the Job controller and (with
+    JobSet) the JobSet controller, and leaves the grant to you without rbac.create."""
+    values = {**ALL_ON, "admission": {"enabled": admission}, "rbac": {"create": rbac},
+              "jobset": {"enabled": jobset}}
+    objs = render(values, tmp_path)
+    policies = [p for p in by_kind(objs, "ValidatingAdmissionPolicy")
+                if p["metadata"]["name"].endswith("-node-agent-volume")]
+    if not admission:
+        assert policies == []
+        return
+    (policy,) = policies
+    (check,) = policy["spec"]["validations"]
+    assert "nodeagentvolumes" in check["expression"]
+    assert all(f"driver == '{NODE_CSI_DRIVER}'" in v["expression"]
+               for v in policy["spec"]["variables"] if v["name"].startswith("mount"))
+    bindings = [b for b in by_kind(objs, "ClusterRoleBinding")
+                if b["metadata"]["name"] == policy["metadata"]["name"]]
+    if not rbac:
+        assert bindings == []
+        return
+    (binding,) = bindings
+    (account,) = by_kind(objs, "ServiceAccount")
+    subjects = {(s["kind"], s.get("namespace"), s["name"]) for s in binding["subjects"]}
+    assert ("ServiceAccount", account["metadata"]["namespace"],
+            account["metadata"]["name"]) in subjects
+    assert ("ServiceAccount", "kube-system", "job-controller") in subjects
+    assert (("ServiceAccount", "jobset-system", "jobset-controller-manager")
+            in subjects) is jobset

@@ -92,6 +92,10 @@ def test_job_keeps_the_users_template_and_adds_the_sidecar() -> None:
     labels = job["spec"]["template"]["metadata"]["labels"]
     assert labels[LABEL_NAME] == "train"
     assert job["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9400"
+    # Where a PodMonitor scrapes the sidecars, no annotation asks for a second scrape.
+    quiet, _ = built(tj, OperatorSettings(scrape_annotations=False))
+    assert not any(k.startswith("prometheus.io/")
+                   for k in quiet["spec"]["template"]["metadata"].get("annotations", {}))
     # The input is not mutated (kopf hands the same body to later handlers).
     user_pod = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert user_pod["initContainers"] == [{"name": "fetch", "image": "busybox"}]
@@ -160,19 +164,25 @@ def test_pod_meets_restricted_and_gets_no_token_by_default() -> None:
     assert pod["initContainers"][0]["securityContext"]["runAsUser"] == 1000
 
 
-@pytest.mark.parametrize("node_agent, gpus, mounted", [
-    (True, 1, True), (True, 0, False), (False, 1, False)])
+@pytest.mark.parametrize("node_agent, gpus, power_cap, mounted", [
+    (True, 1, "Allow", True), (True, 1, "Deny", True), (True, 0, "Allow", False),
+    (False, 1, "Allow", False)])
 def test_the_sidecar_of_a_gpu_pod_gets_the_node_agents_volume_where_it_runs(
-        node_agent: bool, gpus: int, mounted: bool) -> None:
+        node_agent: bool, gpus: int, power_cap: str, mounted: bool) -> None:
     """With the chart's node agent on, a pod that requests a GPU: the agent's CSI volume
-    in the sidecar alone (its socket answers for this pod's GPUs), still "restricted"."""
-    tj = make_tj(throttle={"targets": {"cpu": {"peak": 1}}, "enforcement": "Signals"})
+    in the sidecar alone (its socket answers for this pod's GPUs), still "restricted";
+    the volume tells the agent whether the ThrottledJob allows the power cap."""
+    tj = make_tj(throttle={"targets": {"cpu": {"peak": 1}}, "enforcement": "Signals",
+                           "levers": {"gpuPowerLimit": power_cap}})
     _container_set(tj, resources={"limits": {"nvidia.com/gpu": gpus}} if gpus else {})
     doc = validate(owned(tj))
     pod = pod_of(build_child(owned(tj), doc, OperatorSettings(node_agent=node_agent)))
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert (volumes.get(names.NODE_AGENT_VOLUME) == {
-        "name": names.NODE_AGENT_VOLUME, "csi": {"driver": "node.throttledjob.io"}}) is mounted
+        "name": names.NODE_AGENT_VOLUME, "csi": {
+            "driver": "node.throttledjob.io",
+            "volumeAttributes": {"powerCap": "true" if power_cap == "Allow" else "false"}},
+    }) is mounted
     mounts = {c["name"]: [m["mountPath"] for m in c.get("volumeMounts", [])]
               for c in [*pod["initContainers"], *pod["containers"]]}
     assert [c for c, paths in mounts.items() if "/run/throttledjob/node" in paths] == (
@@ -450,7 +460,7 @@ def test_the_workload_is_held_to_the_throttledjobs_suspend() -> None:
     assert active_patch({"spec": {}}, suspend=False) is None  # active by default
 
 
-def report(cpu: float, level: float, met: bool = True, exhausted: bool = False,
+def report(cpu: float, level: float, met: bool | None = True, exhausted: bool = False,
            errors: list[str] | None = None) -> dict[str, Any]:
     return {"observed": {"cpuPeakCores": cpu, "cpuMaxCores": cpu + 0.5,
                          "gpuPeakUtilizationPercent": None, "gpuPeakPowerWatts": None,
@@ -467,6 +477,16 @@ def test_observed_is_the_worst_pod_and_target_met_needs_all() -> None:
     assert condition(st, "TargetMet")["status"] == "False"
     assert condition(st, "TargetMet")["reason"] == "Converging"
     assert condition(st, "Throttling")["status"] == "True"
+
+
+def test_target_met_is_unknown_while_a_pod_has_a_target_with_no_sample() -> None:
+    st = status_with_observed({}, [report(1.2, 0.2), report(1.0, 0.0, met=None)], [], NOW)
+    assert condition(st, "TargetMet")["status"] == "Unknown"
+    assert condition(st, "TargetMet")["reason"] == "NotMeasured"
+    # A pod that misses its target outweighs one not yet measured.
+    st = status_with_observed(st, [report(1.6, 0.5, met=False), report(1.0, 0.0, met=None)],
+                              [], NOW)
+    assert condition(st, "TargetMet")["status"] == "False"
 
 
 def test_observed_tells_what_held_the_peak_and_the_work_reported() -> None:

@@ -255,7 +255,10 @@ class Cluster:
             "--kubeconfig", str(admin), "--leader-elect=false", "--secure-port", "0",
             "--service-account-private-key-file", str(self.dir / "sa.key"),
             "--root-ca-file", str(self.dir / "certs" / "apiserver.crt"),
-            "--use-service-account-credentials=false", "--concurrent-job-syncs", "20",
+            # Each controller as its own ServiceAccount, judged by its bootstrap role, as
+            # in a real cluster: the Job controller's pod creates meet the chart's
+            # admission policies as kube-system/job-controller, not as an admin.
+            "--use-service-account-credentials=true", "--concurrent-job-syncs", "20",
             "--kube-api-qps", "200", "--kube-api-burst", "400", "--v", "1"])
         self._start("kube-scheduler", [
             "--kubeconfig", str(admin), "--leader-elect=false", "--secure-port", "0",

@@ -38,6 +38,10 @@ GPU_BACKENDS = ("auto", "node", "nvml", "fake", "none")
 # CSI volume of the agent's driver (node/csi.py), unless THROTTLEDJOB_NODE_SOCKET says
 # otherwise.
 NODE_CSI_DRIVER = "node.throttledjob.io"
+# The volume's attribute by which the operator tells the agent that the pod's ThrottledJob
+# allows the power cap (levers.gpuPowerLimit: Allow): "true"; the agent refuses a cap
+# without it. Only the operator's pods may carry the volume (the chart's admission policy).
+NODE_POWER_CAP_ATTRIBUTE = "powerCap"
 # The extended resource a pod's GPUs are requested as (NVIDIA's device plugin's).
 GPU_RESOURCE = "nvidia.com/gpu"
 NODE_SOCKET_DIR = "/run/throttledjob/node"

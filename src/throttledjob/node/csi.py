@@ -21,7 +21,7 @@ import grpc
 
 from throttledjob import __version__
 from throttledjob.contracts.names import NODE_CSI_DRIVER as DRIVER
-from throttledjob.contracts.names import NODE_SOCKET
+from throttledjob.contracts.names import NODE_POWER_CAP_ATTRIBUTE, NODE_SOCKET
 
 from .identity import PodRef
 from .kubelet import csi_pb2 as csi
@@ -71,7 +71,8 @@ class _Plugin(csi_rpc.IdentityServicer, csi_rpc.NodeServicer, reg_rpc.Registrati
     def NodePublishVolume(self, request, context):
         info = request.volume_context
         pod = PodRef(info.get(POD_INFO + "namespace", ""), info.get(POD_INFO + "name", ""),
-                     info.get(POD_INFO + "uid", ""))
+                     info.get(POD_INFO + "uid", ""),
+                     power_cap=info.get(NODE_POWER_CAP_ATTRIBUTE) == "true")
         if not (pod.namespace and pod.name and pod.uid):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"no pod information: the CSIDriver {DRIVER} needs podInfoOnMount")

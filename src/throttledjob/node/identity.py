@@ -34,6 +34,9 @@ class PodRef:
     namespace: str
     name: str
     uid: str
+    # The pod's ThrottledJob allowed the power cap when the pod was made: its volume's
+    # attribute, which the operator sets (and only the operator's pods carry the volume).
+    power_cap: bool = False
 
     @property
     def key(self) -> str:

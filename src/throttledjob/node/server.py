@@ -99,6 +99,9 @@ class NodeAgent:
             ok = False
         if not ok:
             return {"error": "watts must be a positive number"}
+        if not pod.power_cap:
+            return {"error": f"pod {pod.key} may not cap its GPU: its ThrottledJob does not "
+                             "allow levers.gpuPowerLimit"}
         if gpu.uuid in shared_gpus(assigned):
             self.keeper.restore(gpu.uuid)   # capped while it was one pod's
             return {"error": f"GPU {gpu.uuid} is shared with another pod: never capped"}

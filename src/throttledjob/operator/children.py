@@ -20,8 +20,10 @@ from throttledjob.contracts.names import (
     ENV_USER_PYTHONPATH,
     GPU_RESOURCE,
     NODE_CSI_DRIVER,
+    NODE_POWER_CAP_ATTRIBUTE,
     NODE_SOCKET_DIR,
 )
+from throttledjob.contracts.policy import parse_policy
 
 from . import child, cpu_limits, job_split
 from .kueue import QUEUE_LABEL, carried_labels
@@ -251,9 +253,10 @@ def inject_pod(pod_template: dict[str, Any], body: Mapping[str, Any],
     pod_meta.setdefault("labels", {}).update({**settings.extra_pod_labels, **_labels(name)})
     # The chart's PodMonitor selects on the label; these annotations serve a Prometheus
     # that uses the common annotation-based discovery instead.
-    pod_meta.setdefault("annotations", {}).update({
-        "prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
-        "prometheus.io/path": "/metrics"})
+    if settings.scrape_annotations:
+        pod_meta.setdefault("annotations", {}).update({
+            "prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+            "prometheus.io/path": "/metrics"})
     pod = pod_template["spec"]
     pod.setdefault("automountServiceAccountToken", False)
     # The sidecar measures the workload's CPU from /proc and, with Signals, SIGSTOPs and
@@ -296,7 +299,7 @@ def inject_pod(pod_template: dict[str, Any], body: Mapping[str, Any],
             c["volumeMounts"].append({"name": INJECT_VOLUME, "mountPath": INJECT_DIR,
                                       "readOnly": True})
     if settings.node_agent and requests_gpus(pod):
-        volumes.append(node_agent_volume(sidecar))
+        volumes.append(node_agent_volume(sidecar, allows_power_cap(policy_doc)))
     pod["initContainers"] = [*ours, *(pod.get("initContainers") or [])]
     pod.setdefault("volumes", []).extend(volumes)
 
@@ -306,11 +309,19 @@ def requests_gpus(pod: Mapping[str, Any]) -> bool:
                for c in [*pod["containers"], *(pod.get("initContainers") or [])])
 
 
-def node_agent_volume(sidecar: dict[str, Any]) -> dict[str, Any]:
+def node_agent_volume(sidecar: dict[str, Any], power_cap: bool) -> dict[str, Any]:
     """The GPU node agent's CSI volume, mounted in the sidecar alone: its socket answers
-    for this pod's GPUs (node/csi.py). A CSI volume is allowed under "restricted"."""
+    for this pod's GPUs (node/csi.py), and caps them only with `power_cap` (the agent's
+    own check of levers.gpuPowerLimit, as the pod was made). A CSI volume is allowed under
+    "restricted"."""
     sidecar["volumeMounts"].append({"name": NODE_AGENT_VOLUME, "mountPath": NODE_SOCKET_DIR})
-    return {"name": NODE_AGENT_VOLUME, "csi": {"driver": NODE_CSI_DRIVER}}
+    return {"name": NODE_AGENT_VOLUME, "csi": {
+        "driver": NODE_CSI_DRIVER,
+        "volumeAttributes": {NODE_POWER_CAP_ATTRIBUTE: str(power_cap).lower()}}}
+
+
+def allows_power_cap(policy_doc: Mapping[str, Any]) -> bool:
+    return parse_policy(policy_doc).allows_gpu_power_limit
 
 
 def build_child(body: Mapping[str, Any], policy_doc: Mapping[str, Any],

@@ -38,6 +38,10 @@ class OperatorSettings:
     node_agent: bool = False
     # The operator's own /metrics (operator/metrics.py) on this port; 0: not served.
     metrics_port: int = 0
+    # The prometheus.io/scrape|port|path annotations on every pod, for a Prometheus that
+    # discovers pods by them. Off where the chart's PodMonitor scrapes the sidecars: a
+    # Prometheus doing both would scrape each twice and double every sum.
+    scrape_annotations: bool = True
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -56,12 +60,12 @@ class OperatorSettings:
                           ("resync_seconds", "THROTTLEDJOB_RESYNC_INTERVAL")):
             if env.get(var):
                 values[attr] = float(env[var])
-        if env.get("THROTTLEDJOB_ALLOW_HOST_ACCESS"):
-            values["allow_host_access"] = env["THROTTLEDJOB_ALLOW_HOST_ACCESS"] == "true"
-        if env.get("THROTTLEDJOB_JOBSETS"):
-            values["jobsets"] = env["THROTTLEDJOB_JOBSETS"] == "true"
-        if env.get("THROTTLEDJOB_NODE_AGENT"):
-            values["node_agent"] = env["THROTTLEDJOB_NODE_AGENT"] == "true"
+        for attr, var in (("allow_host_access", "THROTTLEDJOB_ALLOW_HOST_ACCESS"),
+                          ("jobsets", "THROTTLEDJOB_JOBSETS"),
+                          ("node_agent", "THROTTLEDJOB_NODE_AGENT"),
+                          ("scrape_annotations", "THROTTLEDJOB_SCRAPE_ANNOTATIONS")):
+            if env.get(var):
+                values[attr] = env[var] == "true"
         if env.get("THROTTLEDJOB_HANDLER_THREADS"):
             values["handler_threads"] = int(env["THROTTLEDJOB_HANDLER_THREADS"])
         if env.get("THROTTLEDJOB_METRICS_PORT"):
