@@ -61,9 +61,9 @@ class Plan:
 
     @property
     def kernel_quota(self) -> bool:
-        """A kernel quota of ours holds the target: every 100 ms period at the quota, so
-        the controller aims at the target itself and its time held back counts as the
-        quota lever's."""
+        """A kernel quota of ours holds the target: every period (the container's, or
+        local mode's 50 ms) at the quota, so the controller aims at the target itself and
+        its time held back counts as the quota lever's."""
         return self.enforcement is Enforcement.QUOTA
 
 

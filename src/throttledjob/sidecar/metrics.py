@@ -148,7 +148,8 @@ def _control(s: Snapshot) -> Iterator[Metric]:
     c.add_metric([], result.budget_exhausted_seconds)
     yield c
     paused = CounterMetricFamily(P + "paused_seconds", "Time the workload was held back, in "
-                                 "seconds, by lever (signals or pacing).", labels=["lever"])
+                                 "seconds, by lever (quota, signals or pacing).",
+                                 labels=["lever"])
     for lever, seconds in sorted(run.paused_by_lever.items()):
         paused.add_metric([lever], seconds)
     yield paused
