@@ -9,6 +9,7 @@ import os
 import time
 from dataclasses import replace
 
+import psutil
 import pytest
 
 from testing.fake_tree import FakeTree
@@ -219,3 +220,25 @@ def test_the_workloads_cpu_counter_never_goes_down(tmp_path) -> None:
         meter.measure(now, None)
         seen.append(meter.cpu_seconds)
     assert seen == [30.0, 60.0, 60.0, 61.0]
+
+
+def test_steps_keep_counting_past_the_processes_the_meter_keeps(tmp_path) -> None:
+    """A pipeline that starts a stepping process per task, 1,500 in all, 100 at a time:
+    each one's steps count once, past the 1,024 whose counts the meter keeps (the count
+    stopped there)."""
+    from throttledjob.sidecar.measure import MAX_STEP_PIDS
+
+    meter = Meter(FakeTree(), str(tmp_path), now=0.0)
+    # Pids no process has here (under pid_max, so the parser takes them): each task gone.
+    pids = iter(range(3_000_000, 4_000_000))
+    tasks = 0
+    for interval in range(1, 16):
+        for _ in range(100):
+            pid = next(pids)
+            while psutil.pid_exists(pid):
+                pid = next(pids)
+            write_progress(str(tmp_path), Progress(pid=pid, steps=3, paused_seconds=0.0))
+            tasks += 1
+        sample = meter.measure(float(interval), None)
+        assert sample.steps == 3 * tasks and sample.new_steps == 300
+    assert tasks > MAX_STEP_PIDS

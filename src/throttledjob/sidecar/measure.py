@@ -75,8 +75,9 @@ class PaceWindow:
         return (cpu - cpu0) / (steps - steps0) if steps > steps0 else None
 
 
-# Processes whose steps are counted over a run (the meter keeps each one's last count):
-# bounded, whatever the shared directory holds.
+# Processes whose last count the meter keeps: past this, the dead ones no longer read
+# are folded into one total (a pipeline that starts a stepping process per task would
+# otherwise have its count stop at its 1,024th process).
 MAX_STEP_PIDS = 4 * MAX_PROGRESS_FILES
 
 
@@ -182,6 +183,7 @@ class Meter:
         self._used = 0.0   # summed intervals: cpu_seconds
         self._pace = PaceWindow()
         self._steps_by_pid: dict[int, int] = {}
+        self._retired_steps = 0   # of processes gone, their files no longer read
         self._last_steps = 0
         self._last_coop_paused: dict[int, float] = {}
         self._last_signal_paused = 0.0
@@ -190,6 +192,14 @@ class Meter:
         self.kernel_paused_seconds = 0.0
         self.cpu_peaks = PeakTracker()  # of 1-second samples, in cores
         self.last_step_time = -1e18  # when a step was last reported (never: long ago)
+
+    def _retire(self, read: set[int]) -> None:
+        """Fold the counts of processes gone whose files were not read (newer files
+        pushed them out of the newest MAX_PROGRESS_FILES; their times never change, so
+        they are not read again) into one total. A live process is kept: its next write
+        brings its file back with its whole count."""
+        for pid in [p for p in self._steps_by_pid if p not in read and not alive(p)]:
+            self._retired_steps += self._steps_by_pid.pop(pid)
 
     def baseline(self) -> None:
         """What ran before the agent is not the agent's to count (the containers' quota
@@ -215,10 +225,11 @@ class Meter:
 
         everyone = read_progress(self.settings_dir)
         for r in everyone:  # the count survives the process that made it
-            if r.pid in self._steps_by_pid or len(self._steps_by_pid) < MAX_STEP_PIDS:
-                self._steps_by_pid[r.pid] = max(r.steps, self._steps_by_pid.get(r.pid, 0))
+            self._steps_by_pid[r.pid] = max(r.steps, self._steps_by_pid.get(r.pid, 0))
+        if len(self._steps_by_pid) > MAX_STEP_PIDS:
+            self._retire({r.pid for r in everyone})
         records = tuple(r for r in everyone if alive(r.pid))
-        steps = sum(self._steps_by_pid.values())
+        steps = self._retired_steps + sum(self._steps_by_pid.values())
         new_steps, self._last_steps = steps - self._last_steps, steps
         if new_steps:
             self.last_step_time = now
