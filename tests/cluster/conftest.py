@@ -34,6 +34,17 @@ REAL_NODE_START_TIMEOUT = 600.0  # a cold start builds the images (about 5 minut
 ONE_MACHINE_VALUES = ROOT / "examples/one-machine/values.yaml"
 
 
+@pytest.fixture(scope="module")
+def jobset_controller(cluster: Any) -> Iterator[None]:
+    """JobSet alone (tools/k8s/batch.py) for one module: no Kueue webhooks there."""
+    batch.build(["jobset"])
+    started = batch.start(cluster, ["jobset"])
+    try:
+        yield
+    finally:
+        batch.stop(cluster, started)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Any]:
     shared = k8s.Cluster(ROOT / ".cluster")

@@ -225,14 +225,19 @@ def with_agent_volume(name: str, namespace: str, kind: str) -> dict[str, Any]:
     meta = {"name": name, "namespace": namespace}
     if kind == "Pod":
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod["spec"]}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
-            "spec": {"template": {**pod, "spec": {**pod["spec"], "restartPolicy": "Never"}}}}
+    job = {"template": {**pod, "spec": {**pod["spec"], "restartPolicy": "Never"}}}
+    if kind == "Job":
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": meta,
+            "spec": {"replicatedJobs": [{"name": "w", "replicas": 1,
+                                         "template": {"spec": job}}]}}
 
 
 def test_only_the_operators_pods_may_mount_the_gpu_node_agents_volume(
-        cluster: Any, kubectl: Kubectl, namespace: str, tmp_path: Path) -> None:
+        cluster: Any, kubectl: Kubectl, jobset_controller: None, namespace: str,
+        tmp_path: Path) -> None:
     """The volume's attribute is the agent's word that a pod may cap its GPU: a user who
-    may create Pods and Jobs (the edit role) may not make one that mounts it, a Job made
+    may create Pods, Jobs and JobSets may not make one that mounts it, a Job made
     with the right (here an admin's) gets its pod from the Job controller, and a user
     granted nodeagentvolumes in the namespace may."""
     release = f"agent-{uuid.uuid4().hex[:6]}"
@@ -243,7 +248,13 @@ def test_only_the_operators_pods_may_mount_the_gpu_node_agents_volume(
     kubectl.apply(*objs)
     try:
         editor = user(cluster, kubectl, namespace, tmp_path, cluster_role="edit")
-        for kind in ("Pod", "Job"):
+        kubectl.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                       "metadata": {"name": "jobsets", "namespace": namespace},
+                       "rules": [{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+                                  "verbs": ["create", "delete", "get"]}]})
+        kubectl("create", "rolebinding", "-n", namespace, "jobset-maker", "--role=jobsets",
+                f"--serviceaccount={namespace}:{editor.kubeconfig.stem}")
+        for kind in ("Pod", "Job", "JobSet"):
             eventually_refused(editor, with_agent_volume(f"own-{kind.lower()}", namespace, kind),
                                "may not use nodeagentvolumes.throttledjob.io")
         eventually_created(kubectl, with_agent_volume("admins", namespace, "Job"))

@@ -29,7 +29,6 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +42,7 @@ from throttledjob.contracts.policy import parse_cpu_quantity
 from throttledjob.operator import names
 from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
-from tools.k8s import batch, images
+from tools.k8s import images
 
 # bench/distributed.py sets the pairs (THROTTLEDJOB_DDP_PAIRS, three or more) and reads
 # the figures the job-wide test writes, and judges them against its goal (0.85x); the
@@ -355,17 +354,6 @@ def jobset_job_wide(name: str, namespace: str) -> dict[str, Any]:
                                              "template": job}]}},
                      "throttle": {"scope": "Job",
                                   "targets": {"cpu": {"peak": f"{JOB_CORES:g}"}}}}}
-
-
-@pytest.fixture(scope="module")
-def jobset_controller(cluster: Any) -> Iterator[None]:
-    """JobSet alone (tools/k8s/batch.py) for this module: no Kueue webhooks here."""
-    batch.build(["jobset"])
-    started = batch.start(cluster, ["jobset"])
-    try:
-        yield
-    finally:
-        batch.stop(cluster, started)
 
 
 def test_a_jobset_under_a_job_wide_target_splits_it_between_its_jobs(
