@@ -269,3 +269,79 @@ def test_only_the_operators_pods_may_mount_the_gpu_node_agents_volume(
         eventually_created(granted, with_agent_volume("granted", namespace, "Pod"))
     finally:
         remove(kubectl, objs)
+
+
+def test_the_agents_volume_is_not_reached_through_a_throttledjob_a_workload_or_an_edit(
+        cluster: Any, kubectl: Kubectl, crd_installed: None, jobset_controller: None,
+        namespace: str, tmp_path: Path) -> None:
+    """The ways around the volume's policy: a ThrottledJob whose template carries the
+    volume (the operator, which may use it, would make the Job as written), a Deployment
+    or CronJob (where the controllers act as system:kube-controller-manager, their pods
+    would pass), and an update that keeps a volume but says powerCap "true" where it said
+    "false" (a JobSet's pod template: JobSet's own webhook holds it too, after this
+    policy, but not where JobSet runs without it). An editor's workloads without the
+    volume, and Kueue-like updates keeping it, still pass."""
+    release = f"agent-{uuid.uuid4().hex[:6]}"
+    objs = [o for o in helm_template(release, {"gpu": {"nodeAgent": {"enabled": True}}},
+                                     tmp_path)
+            if o["metadata"]["name"] == f"{release}-throttledjob-node-agent-volume"]
+    kubectl.apply(*objs)
+    try:
+        editor = user(cluster, kubectl, namespace, tmp_path, cluster_role="edit")
+        kubectl.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                       "metadata": {"name": "tj-and-jobsets", "namespace": namespace},
+                       "rules": [{"apiGroups": ["jobset.x-k8s.io", "throttledjob.io"],
+                                  "resources": ["jobsets", "throttledjobs"],
+                                  "verbs": ["create", "delete", "get", "patch", "update"]}]})
+        kubectl("create", "rolebinding", "-n", namespace, "tj-and-jobsets",
+                "--role=tj-and-jobsets",
+                f"--serviceaccount={namespace}:{editor.kubeconfig.stem}")
+        refused = "may not use nodeagentvolumes.throttledjob.io"
+        tj = tj_manifest("own-tj", namespace)
+        tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["volumes"] = \
+            with_agent_volume("x", namespace, "Pod")["spec"]["volumes"]
+        eventually_refused(editor, tj, refused)
+        pod = with_agent_volume("x", namespace, "Job")["spec"]["template"]
+        meta = {"namespace": namespace}
+        labels = {"app": "agent"}
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                      "metadata": {**meta, "name": "own-deployment"},
+                      "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+                               "template": {"metadata": {"labels": labels},
+                                            "spec": {**pod["spec"],
+                                                     "restartPolicy": "Always"}}}}
+        cronjob = {"apiVersion": "batch/v1", "kind": "CronJob",
+                   "metadata": {**meta, "name": "own-cronjob"},
+                   "spec": {"schedule": "0 0 1 1 *", "suspend": True,
+                            "jobTemplate": {"spec": {"template": pod}}}}
+        for obj in (deployment, cronjob):
+            eventually_refused(editor, obj, refused)
+        # Without the volume, the policy's expressions hold for every kind it sees.
+        for obj in (deployment, cronjob, tj):
+            clean = copy.deepcopy(obj)
+            clean["metadata"]["name"] += "-clean"
+            specs = [clean["spec"]["template"]["spec"]] if obj is deployment else \
+                [clean["spec"]["jobTemplate"]["spec"]["template"]["spec"]]
+            for spec in specs:
+                del spec["volumes"]
+            eventually_created(editor, clean)
+        # The admin's JobSet, suspended as Kueue holds it, says "false".
+        jobset = with_agent_volume("admins-jobset", namespace, "JobSet")
+        jobset["spec"]["suspend"] = True
+        template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+        template["spec"]["volumes"][0]["csi"]["volumeAttributes"][
+            NODE_POWER_CAP_ATTRIBUTE] = "false"
+        eventually_created(kubectl, jobset)
+        # Kueue's kind of update (labels, a nodeSelector) keeps the volume: allowed.
+        path = "/spec/replicatedJobs/0/template/spec/template/spec"
+        editor("patch", "-n", namespace, "jobset", "admins-jobset", "--type=json", "-p",
+               json.dumps([{"op": "add", "path": f"{path}/nodeSelector",
+                            "value": {"queued": "yes"}}]))
+        changed = editor("patch", "-n", namespace, "jobset", "admins-jobset", "--type=json",
+                         "-p", json.dumps([{
+                             "op": "replace", "value": "true",
+                             "path": f"{path}/volumes/0/csi/volumeAttributes/"
+                                     f"{NODE_POWER_CAP_ATTRIBUTE}"}]), check=False)
+        assert changed.returncode != 0 and refused in changed.stderr, changed.stderr
+    finally:
+        remove(kubectl, objs)

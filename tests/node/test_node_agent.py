@@ -436,17 +436,45 @@ def test_the_kubelets_publish_names_the_pod_and_whether_it_may_cap(tmp_path, att
                                                                     power_cap):
     """NodePublishVolume as the kubelet sends it (podInfoOnMount, the volume's
     attributes): the pod it publishes for carries the operator's word on the cap."""
-    from throttledjob.node.csi import POD_INFO, _Plugin
+    from throttledjob.node.csi import EPHEMERAL, POD_INFO, _Plugin
     from throttledjob.node.kubelet import csi_pb2
 
     published = []
     plugin = _Plugin("node-0", tmp_path / "csi.sock", lambda d, pod: published.append(pod),
                      lambda d: None)
     info = {POD_INFO + "namespace": POD_A.namespace, POD_INFO + "name": POD_A.name,
-            POD_INFO + "uid": POD_A.uid, **attributes}
+            POD_INFO + "uid": POD_A.uid, EPHEMERAL: "true", **attributes}
     plugin.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
         volume_id="v", target_path=str(tmp_path / "mount"), volume_context=info), None)
     assert published == [replace(POD_A, power_cap=power_cap)]
+
+
+@pytest.mark.parametrize("ephemeral", ["false", None])
+def test_a_persistent_volume_of_the_driver_is_refused(tmp_path, ephemeral):
+    """A PersistentVolume naming the driver (its attributes are its author's; the kubelet
+    says "false"): refused, whatever its attributes say, should the CSIDriver allow the
+    Persistent mode."""
+    from throttledjob.node.csi import EPHEMERAL, POD_INFO, _Plugin
+    from throttledjob.node.kubelet import csi_pb2
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        def abort(self, code, details):
+            raise Aborted(code, details)
+
+    published = []
+    plugin = _Plugin("node-0", tmp_path / "csi.sock", lambda d, pod: published.append(pod),
+                     lambda d: None)
+    info = {POD_INFO + "namespace": POD_A.namespace, POD_INFO + "name": POD_A.name,
+            POD_INFO + "uid": POD_A.uid, "powerCap": "true",
+            **({EPHEMERAL: ephemeral} if ephemeral else {})}
+    with pytest.raises(Aborted, match="PersistentVolume"):
+        plugin.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
+            volume_id="v", target_path=str(tmp_path / "mount"), volume_context=info),
+            Context())
+    assert published == []
 
 
 def test_a_state_file_that_cannot_be_read_is_set_aside_not_a_crash_at_every_start(tmp_path,
@@ -456,3 +484,49 @@ def test_a_state_file_that_cannot_be_read_is_set_aside_not_a_crash_at_every_star
     assert keeper.caps == {}
     assert (tmp_path / "caps.bad").read_text() == "" and not (tmp_path / "caps.json").exists()
     assert any("unreadable" in r.message for r in caplog.records)
+
+
+def test_a_second_volume_of_the_driver_in_one_pod_is_refused_so_the_pod_never_starts(
+        tmp_path):
+    """A pod template may carry a volume of the driver besides the operator's (written in a
+    ThrottledJob: the operator, which may use the volume, makes the Job as written), one
+    saying powerCap "true" where the operator's says "false". The agent serves one volume
+    a pod: the other's publish is refused (the kubelet starts none of a pod's containers
+    until every volume is set up), whichever comes first; publishing the same one again is
+    not refused."""
+    import grpc
+
+    from throttledjob.node.csi import EPHEMERAL, POD_INFO, _Plugin
+    from throttledjob.node.kubelet import csi_pb2
+    from throttledjob.node.process import Node
+
+    node = Node(FakeGpuBackend(1, "steady"), tmp_path / "kubelet", tmp_path / "state",
+                list_gpus=dict)
+    plugin = _Plugin("node-0", tmp_path / "csi.sock", node.publish, node.unpublish)
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        def abort(self, code, details):
+            raise Aborted(code, details)
+
+    def publish(volume: str, power_cap: str) -> None:
+        info = {POD_INFO + "namespace": POD_A.namespace, POD_INFO + "name": POD_A.name,
+                POD_INFO + "uid": POD_A.uid, EPHEMERAL: "true",
+                "powerCap": power_cap}
+        plugin.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
+            volume_id=volume, target_path=str(tmp_path / volume / "mount"),
+            volume_context=info), Context())
+
+    try:
+        publish("operators", "false")
+        publish("operators", "false")   # the kubelet again: idempotent
+        with pytest.raises(Aborted) as refused:
+            publish("users", "true")
+        assert refused.value.args[0] == grpc.StatusCode.FAILED_PRECONDITION
+        assert [p for _, p in node.listeners.values()] == [replace(POD_A, power_cap=False)]
+        node.unpublish(tmp_path / "operators" / "mount")
+        publish("users", "true")   # the pod gone (UIDs are not reused): nothing holds it
+    finally:
+        node.stop()

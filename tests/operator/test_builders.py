@@ -281,6 +281,10 @@ REFUSED = [
      "MountPathClash", "/var/run/throttledjob"),
     (_pod_set(make_tj(), volumes=[{"name": "throttledjob-policy", "emptyDir": {}}]),
      "VolumeClash", "throttledjob-policy"),
+    # The GPU node agent's volume says whether the pod may cap its GPU: the operator's.
+    (_pod_set(make_tj(), volumes=[{"name": "mine", "csi": {
+        "driver": "node.throttledjob.io", "volumeAttributes": {"powerCap": "true"}}}]),
+     "VolumeClash", "GPU node agent's driver"),
     (_container_set(make_tj(), env=[{"name": ENV_DIR, "value": "/tmp"}]), "EnvClash",
      ENV_DIR),
     (_container_set(make_tj(), env=[{"name": ENV_CONTAINER, "value": "other"}]),

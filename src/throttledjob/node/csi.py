@@ -31,7 +31,17 @@ from .kubelet import pluginregistration_pb2_grpc as reg_rpc
 
 SOCKET_NAME = Path(NODE_SOCKET).name   # in each pod's volume
 POD_INFO = "csi.storage.k8s.io/pod."
+# "true" from the kubelet (podInfoOnMount) for an inline volume of a pod's spec alone, not
+# a PersistentVolume's (whose attributes are the PV author's; the CSIDriver allows the
+# Ephemeral mode alone, this holds where it was changed). The kubelet's keys are written
+# over any of the same name in the volume's attributes.
+EPHEMERAL = "csi.storage.k8s.io/ephemeral"
 log = logging.getLogger("throttledjob.node")
+
+
+class OneVolumeAPod(ValueError):
+    """A pod's second volume of the driver (process.py): the kubelet is told, and never
+    starts the pod."""
 
 
 class _Plugin(csi_rpc.IdentityServicer, csi_rpc.NodeServicer, reg_rpc.RegistrationServicer):
@@ -76,9 +86,16 @@ class _Plugin(csi_rpc.IdentityServicer, csi_rpc.NodeServicer, reg_rpc.Registrati
         if not (pod.namespace and pod.name and pod.uid):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"no pod information: the CSIDriver {DRIVER} needs podInfoOnMount")
+        if info.get(EPHEMERAL) != "true":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{DRIVER} serves a pod's inline volume alone, not a "
+                          "PersistentVolume")
         target = Path(request.target_path)
         target.mkdir(parents=True, exist_ok=True)
-        self.publish(target, pod)
+        try:
+            self.publish(target, pod)
+        except OneVolumeAPod as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return csi.NodePublishVolumeResponse()
 
     def NodeUnpublishVolume(self, request, context):

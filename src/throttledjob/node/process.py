@@ -31,7 +31,7 @@ from throttledjob.runtime.files import read_json_bounded, write_json_atomic
 from throttledjob.sidecar.gpu.backend import GpuBackend
 
 from .caps import CapKeeper
-from .csi import SOCKET_NAME, serve_csi
+from .csi import SOCKET_NAME, OneVolumeAPod, serve_csi
 from .identity import PodRef
 from .pod_resources import gpus_by_pod
 from .pod_resources import socket_path as pod_resources_socket
@@ -91,6 +91,11 @@ class Node:
         with self._lock:
             if directory in self.listeners:   # the kubelet may publish a volume again
                 return
+            if any(p.uid == pod.uid for _, p in self.listeners.values()):
+                # A second volume of the driver in one pod (its own attributes, written
+                # in a ThrottledJob's template): refused, the pod's containers never start.
+                raise OneVolumeAPod(f"pod {pod.key} has a volume of this driver already: "
+                                    "a pod gets one, the operator's")
             server = serve(directory / SOCKET_NAME, self.agent, pod)
             # Listed before it serves: a first request must find its pod served.
             self.listeners[directory] = (server, pod)

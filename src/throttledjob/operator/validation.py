@@ -12,7 +12,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from throttledjob.contracts.names import ENV_CONTAINER, ENV_DIR, ENV_USER_PYTHONPATH
+from throttledjob.contracts.names import (
+    ENV_CONTAINER,
+    ENV_DIR,
+    ENV_USER_PYTHONPATH,
+    NODE_CSI_DRIVER,
+)
 from throttledjob.contracts.policy import Choice, PolicyError, parse_cpu_quantity, parse_policy
 
 from . import child, cpu_limits, job_split
@@ -29,6 +34,7 @@ from .names import (
     INJECT_VOLUME,
     MAX_NAME_LENGTH,
     MAX_RANKS,
+    NODE_AGENT_VOLUME,
     POLICY_VOLUME,
     RESERVED_CONTAINERS,
     SHARED_VOLUME,
@@ -205,9 +211,15 @@ def _check_pod(pod: Mapping[str, Any], allow_host_access: bool) -> None:
                         "shareProcessNamespace: false hides the workload from the sidecar, "
                         "which measures it; remove the field")
     for v in pod.get("volumes") or []:
-        if v.get("name") in (SHARED_VOLUME, POLICY_VOLUME, INJECT_VOLUME):
+        if v.get("name") in (SHARED_VOLUME, POLICY_VOLUME, INJECT_VOLUME, NODE_AGENT_VOLUME):
             raise SpecError(Refusal.VOLUME_CLASH, f"volume name {v.get('name')} is reserved "
                                                   "for the operator's volumes")
+        # The agent caps a GPU where this volume says so: it is the operator's to write,
+        # from levers.gpuPowerLimit, also where no admission policy refuses it.
+        if (v.get("csi") or {}).get("driver") == NODE_CSI_DRIVER:
+            raise SpecError(Refusal.VOLUME_CLASH,
+                            f"volume {v.get('name')} names the GPU node agent's driver "
+                            f"{NODE_CSI_DRIVER}, which the operator mounts itself")
 
 
 def _check_split(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> None:
