@@ -9,7 +9,7 @@ A document with no `version` is version 1 (sidecars before the field was added).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -193,6 +193,16 @@ def parse_status(doc: Any) -> StatusDocument:
             "cpuLimitWantedCores": wanted,
             "cpuDemandCores": {k: v for k, v in numbers.items() if v is not None and v >= 0},
             "errors": [str(e) for e in errors] if isinstance(errors, list) else []}
+
+
+def all_met(verdicts: Iterable[bool | None]) -> bool | None:
+    """Targets' (or pods') verdicts as one: missed if any is missed; else unknown (None)
+    while any has no sample yet; else met. The sidecar's targetMet and the operator's
+    TargetMet both read so."""
+    verdicts = list(verdicts)
+    if False in verdicts:
+        return False
+    return None if None in verdicts else True
 
 
 def _verdict(v: Any) -> bool | None:

@@ -18,6 +18,7 @@ from throttledjob.contracts.status import (
     OBSERVED_NAMES,
     Aggregate,
     ObservedField,
+    all_met,
     finite_number,
 )
 
@@ -442,8 +443,7 @@ def status_with_observed(status: Mapping[str, Any], reports: list[Mapping[str, A
                           f"throttle level {level:.2f}, slowdown {observed['slowdown']:.2f}",
                           now)
     # Missed by any pod: False; else Unknown while a pod has a target with no sample yet.
-    verdicts = [r.get("targetMet") for r in reports]
-    met = False if False in verdicts else None if None in verdicts else True
+    met = all_met(r.get("targetMet") for r in reports)
     exhausted = [r for r in reports if r.get("budgetExhausted")]
     why = next((r["budgetReason"] for r in exhausted if r.get("budgetReason")), None)
     if met is None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from throttledjob.contracts.status import LEVERS
+from throttledjob.contracts.status import LEVERS, all_met
 
 from .record import CycleResult
 from .stats import PeakSummary
@@ -102,9 +102,9 @@ def summarize(result: CycleResult) -> RunSummary:
         slowdown_high=_slowdown(wall, paused + result.lever_cost_bound_seconds),
         throttle_level=min(1.0, max(0.0, result.last.pause_fraction)),
         levers=tuple(name for name in LEVERS if used[name]),
-        target_met=_all_met((_met(result.cpu.recent_p99, p.cpu_peak_cores, cpu_peak_bound),
-                             _met(util.recent_p99, util_target, _bound),
-                             _met(power.recent_p99, p.gpu_peak_power_watts, _bound))),
+        target_met=all_met((_met(result.cpu.recent_p99, p.cpu_peak_cores, cpu_peak_bound),
+                            _met(util.recent_p99, util_target, _bound),
+                            _met(power.recent_p99, p.gpu_peak_power_watts, _bound))),
     )
 
 
@@ -127,10 +127,3 @@ def _met(observed: float | None, target: float | None,
     if target is None:
         return True
     return None if observed is None else observed <= bound(target)
-
-
-def _all_met(verdicts: tuple[bool | None, ...]) -> bool | None:
-    """Missed if any target is missed; else unknown while any has no sample."""
-    if False in verdicts:
-        return False
-    return None if None in verdicts else True
