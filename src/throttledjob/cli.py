@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from throttledjob import __version__
@@ -129,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="fake: the simulated board (THROTTLEDJOB_FAKE_GPUS)")
     node.add_argument("--metrics-port", type=_port, default=9401,
                       help="serve /metrics on this port (0: none; default 9401)")
+    node.add_argument("--metrics-pod-names", action="store_true",
+                      help="name the pod holding each GPU and each cap in /metrics "
+                           "(default: GPUs alone; whoever scrapes them reads the names)")
     node.set_defaults(func=_node)
     lib = sub.add_parser("inject-lib", help="copy the runtime library and its auto-hook to DIR",
                          description=(
@@ -304,6 +309,11 @@ def _sidecar(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    # First: a SIGTERM during start-up (the tidying pass, the volumes served again) asks
+    # for the caps to be put back once it is done, not for the agent to die without.
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
     prog = "throttledjob node"
     try:
         from throttledjob.node.process import run_node
@@ -318,7 +328,7 @@ def _node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _fail(prog, f"--gpu-backend {args.gpu_backend}: {e}")
     sys.stderr.write(f"throttledjob node: {note}\n")
     return run_node(backend, Path(args.kubelet_dir), args.node_name, Path(args.state_dir),
-                    args.metrics_port)
+                    stopping, args.metrics_port, args.metrics_pod_names)
 
 
 def _guard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -235,8 +235,12 @@ def test_the_node_agents_are_scraped_where_they_run_and_nothing_else_reaches_the
     (policy,) = [o for o in by_kind(objs, "NetworkPolicy")
                  if o["metadata"]["name"].endswith("-node-agent")]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    # Prometheus alone (networkPolicy.prometheus): not every pod of the cluster.
     assert policy["spec"]["ingress"] == [
-        {"ports": [{"protocol": "TCP", "port": port["containerPort"]}]}]
+        {"from": [{"namespaceSelector": {"matchLabels": {
+                       "kubernetes.io/metadata.name": "monitoring"}},
+                   "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+         "ports": [{"protocol": "TCP", "port": port["containerPort"]}]}]
     # The operator's Deployment does not select the agents' pods.
     (deploy,) = by_kind(objs, "Deployment")
     assert not deploy["spec"]["selector"]["matchLabels"].items() <= labels.items()

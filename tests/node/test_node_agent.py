@@ -128,7 +128,7 @@ def test_a_pod_reads_and_caps_its_own_gpu_and_no_other(node, pod_cgroups):
     assert board.limits == [150.0, TDP_WATTS]    # the other pod's GPU untouched
     assert json.loads((sockets[POD_A].parent.parent / "caps.json").read_text())["caps"] == {
         uuids[0]: {"original_watts": TDP_WATTS, "pod": POD_A.key, "set_watts": 150.0,
-                   "was_watts": None}}
+                   "was_watts": None, "pod_uid": POD_A.uid}}
 
 
 @needs_cgroup_v1
@@ -184,8 +184,8 @@ def test_caps_of_pods_gone_are_restored_even_by_an_agent_restarted_after_a_kill(
     board = FakeGpuBackend(2, "steady")
     a, b = board.read()
     keeper = CapKeeper(board, tmp_path / "caps.json")
-    keeper.set_limit(a, POD_A.key, 150.0)
-    keeper.set_limit(b, POD_B.key, 180.0)
+    keeper.set_limit(a, POD_A, 150.0)
+    keeper.set_limit(b, POD_B, 180.0)
     # The agent is killed (no restore); a new one reads the state, while pod A is gone.
     restarted = CapKeeper(board, tmp_path / "caps.json")
     restarted.restore_gone({POD_B.key: frozenset({b.uuid})})
@@ -333,7 +333,7 @@ def test_caps_and_restores_from_many_threads_never_lose_the_original(tmp_path):
 
     def cap() -> None:
         for _ in range(30):
-            keeper.set_limit(board.read()[0], POD_A.key, 150.0)
+            keeper.set_limit(board.read()[0], POD_A, 150.0)
 
     def restore() -> None:
         for _ in range(30):
@@ -398,7 +398,9 @@ def test_a_cap_set_while_a_gpu_was_one_pods_is_put_back_once_it_is_shared(tmp_pa
     gpu = board.read()[0]
     assigned = {POD_A.key: frozenset({gpu.uuid})}
     node = Node(board, tmp_path, tmp_path / "state", list_gpus=lambda: assigned)
-    node.keeper.set_limit(gpu, POD_A.key, 150.0)
+    (tmp_path / "mount").mkdir()
+    node.publish(tmp_path / "mount", POD_A)
+    node.keeper.set_limit(gpu, POD_A, 150.0)
     node.tidy()
     assert board.limits == [150.0]
     assigned[POD_B.key] = frozenset({gpu.uuid})   # time-sliced: pod B gets a replica
@@ -445,7 +447,8 @@ def test_the_kubelets_publish_names_the_pod_and_whether_it_may_cap(tmp_path, att
     info = {POD_INFO + "namespace": POD_A.namespace, POD_INFO + "name": POD_A.name,
             POD_INFO + "uid": POD_A.uid, EPHEMERAL: "true", **attributes}
     plugin.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
-        volume_id="v", target_path=str(tmp_path / "mount"), volume_context=info), None)
+        volume_id="v", readonly=True, target_path=str(tmp_path / "mount"),
+        volume_context=info), None)
     assert published == [replace(POD_A, power_cap=power_cap)]
 
 
@@ -472,7 +475,7 @@ def test_a_persistent_volume_of_the_driver_is_refused(tmp_path, ephemeral):
             **({EPHEMERAL: ephemeral} if ephemeral else {})}
     with pytest.raises(Aborted, match="PersistentVolume"):
         plugin.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
-            volume_id="v", target_path=str(tmp_path / "mount"), volume_context=info),
+            volume_id="v", readonly=True, target_path=str(tmp_path / "mount"), volume_context=info),
             Context())
     assert published == []
 
@@ -516,7 +519,7 @@ def test_a_second_volume_of_the_driver_in_one_pod_is_refused_so_the_pod_never_st
                 POD_INFO + "uid": POD_A.uid, EPHEMERAL: "true",
                 "powerCap": power_cap}
         plugin.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
-            volume_id=volume, target_path=str(tmp_path / volume / "mount"),
+            volume_id=volume, readonly=True, target_path=str(tmp_path / volume / "mount"),
             volume_context=info), Context())
 
     try:

@@ -38,10 +38,10 @@ def test_a_gpu_lost_stops_no_other_gpus_cap_or_restore(tmp_path: Path) -> None:
     board = OneGpuLost(3, "steady")
     g0, g1, _ = board.read()
     keeper = CapKeeper(board, tmp_path / "caps.json")
-    keeper.set_limit(g0, POD_A.key, 150.0)
+    keeper.set_limit(g0, POD_A, 150.0)
     board.lost = True   # GPU 2 falls off the bus
-    assert keeper.set_limit(g1, POD_B.key, 180.0) == 180.0
-    keeper.restore_pod(POD_A.key)
+    assert keeper.set_limit(g1, POD_B, 180.0) == 180.0
+    keeper.restore_pod(POD_A.uid)
     assert board.limits[:2] == [TDP_WATTS, 180.0]
     keeper.stop()
     assert board.limits == [TDP_WATTS] * 3 and keeper.caps == {}
@@ -58,7 +58,7 @@ def test_a_lost_gpus_cap_is_forgotten_and_the_others_put_back(tmp_path: Path, ca
     board = LostOnLookup(2, "steady")
     keeper = CapKeeper(board, tmp_path / "caps.json")
     for gpu in board.read():
-        keeper.set_limit(gpu, POD_A.key, 150.0)
+        keeper.set_limit(gpu, POD_A, 150.0)
     keeper.restore_all()
     assert board.limits[0] == TDP_WATTS and keeper.caps == {}
     assert any(f"GPU {fake_uuid(1)} is gone" in r.message for r in caplog.records)
@@ -72,9 +72,9 @@ def test_the_original_is_the_boards_own_limit_not_what_a_bmc_enforces(tmp_path: 
     (gpu,) = board.read()
     assert gpu.power_limit_watts == 250.0
     keeper = CapKeeper(board, tmp_path / "caps.json")
-    assert keeper.set_limit(gpu, POD_A.key, 200.0) == 200.0
+    assert keeper.set_limit(gpu, POD_A, 200.0) == 200.0
     assert keeper.caps[gpu.uuid].original_watts == TDP_WATTS
-    assert keeper.set_limit(gpu, POD_A.key, 280.0) == 280.0   # under the board's own 300
+    assert keeper.set_limit(gpu, POD_A, 280.0) == 280.0   # under the board's own 300
     keeper.restore(gpu.uuid)
     assert board.limits == [TDP_WATTS]
 
@@ -87,10 +87,10 @@ def test_a_limit_changed_since_the_cap_is_left_as_it_is(tmp_path: Path, caplog,
     board = FakeGpuBackend(1, "steady")
     (gpu,) = board.read()
     keeper = CapKeeper(board, tmp_path / "caps.json")
-    keeper.set_limit(gpu, POD_A.key, 150.0)
+    keeper.set_limit(gpu, POD_A, 150.0)
     board.limits[0] = changed_to
     calls = len(board.limit_calls)
-    keeper.restore_pod(POD_A.key)
+    keeper.restore_pod(POD_A.uid)
     assert board.limits == [changed_to] and len(board.limit_calls) == calls
     assert keeper.caps == {}
     assert len([r for r in caplog.records if "left as it is" in r.message]) == 1
@@ -101,16 +101,16 @@ def test_a_new_cap_over_a_limit_changed_since_takes_that_limit_as_the_original(
     board = FakeGpuBackend(1, "steady")
     (gpu,) = board.read()
     keeper = CapKeeper(board, tmp_path / "caps.json")
-    keeper.set_limit(gpu, POD_A.key, 150.0)
+    keeper.set_limit(gpu, POD_A, 150.0)
     board.limits[0] = 200.0   # an admin's limit, set while capped
-    assert keeper.set_limit(gpu, POD_A.key, 250.0) == 200.0   # never raised over it
+    assert keeper.set_limit(gpu, POD_A, 250.0) == 200.0   # never raised over it
     assert board.limits == [200.0] and keeper.caps == {}
 
 
 def test_caps_of_another_boot_are_dropped_not_written(tmp_path: Path, caplog) -> None:
     board = FakeGpuBackend(1, "steady")
     (gpu,) = board.read()
-    CapKeeper(board, tmp_path / "caps.json", boot="boot-1").set_limit(gpu, POD_A.key, 150.0)
+    CapKeeper(board, tmp_path / "caps.json", boot="boot-1").set_limit(gpu, POD_A, 150.0)
     # Rebooted: the board came up with its own limit, then someone set 150 W again.
     board.limits[0] = 150.0
     calls = len(board.limit_calls)
@@ -137,10 +137,10 @@ def test_an_agent_killed_while_it_moved_a_cap_still_puts_the_original_back(
     board = DiesWriting(1, "steady")
     (gpu,) = board.read()
     keeper = CapKeeper(board, tmp_path / "caps.json")
-    keeper.set_limit(gpu, POD_A.key, 150.0)
+    keeper.set_limit(gpu, POD_A, 150.0)
     board.die = True
     with pytest.raises(KeyboardInterrupt):
-        keeper.set_limit(gpu, POD_A.key, 200.0)
+        keeper.set_limit(gpu, POD_A, 200.0)
     board.die = False
     if written:   # the board took the write, the agent died before its record's last word
         board.limits[0] = 200.0
@@ -164,14 +164,14 @@ def test_a_write_the_board_refuses_leaves_no_record(tmp_path: Path) -> None:
     (gpu,) = board.read()
     keeper = CapKeeper(board, tmp_path / "caps.json")
     with pytest.raises(GpuError, match="Insufficient"):
-        keeper.set_limit(gpu, POD_A.key, 150.0)
+        keeper.set_limit(gpu, POD_A, 150.0)
     assert keeper.caps == {}
     assert json.loads((tmp_path / "caps.json").read_text())["caps"] == {}
     board.refuse = False
-    keeper.set_limit(gpu, POD_A.key, 150.0)
+    keeper.set_limit(gpu, POD_A, 150.0)
     board.refuse = True   # a second cap refused: the first one's record stands
     with pytest.raises(GpuError):
-        keeper.set_limit(gpu, POD_A.key, 120.0)
+        keeper.set_limit(gpu, POD_A, 120.0)
     assert CapKeeper(board, tmp_path / "caps.json").caps[gpu.uuid].set_watts == 150.0
     board.refuse = False
     keeper.restore_all()
@@ -184,8 +184,8 @@ def test_a_cap_stays_only_while_its_pod_still_holds_that_gpu(tmp_path: Path) -> 
     board = FakeGpuBackend(2, "steady")
     g0, g1 = board.read()
     keeper = CapKeeper(board, tmp_path / "caps.json")
-    keeper.set_limit(g0, "team/worker-0", 150.0)
-    keeper.set_limit(g1, "team/other", 180.0)
+    keeper.set_limit(g0, PodRef("team", "worker-0", "u0"), 150.0)
+    keeper.set_limit(g1, PodRef("team", "other", "u1"), 180.0)
     keeper.restore_gone({"team/worker-0": frozenset({g1.uuid}),
                          "team/other": frozenset({g1.uuid})})
     assert board.limits == [TDP_WATTS, 180.0] and list(keeper.caps) == [g1.uuid]

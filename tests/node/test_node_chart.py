@@ -4,6 +4,8 @@ directory, each as it uses it, and nothing else of the kubelet's: not its creden
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,35 +53,61 @@ def test_the_node_agent_mounts_what_its_code_opens_and_no_more(tmp_path, kubelet
     assert str(endpoint) in container["livenessProbe"]["exec"]["command"]
 
 
-@pytest.mark.parametrize(("admission", "rbac", "jobset"), [
-    (True, True, False), (True, True, True), (True, False, False), (False, True, False)])
-def test_the_agents_volume_is_kept_to_the_operators_pods(tmp_path, admission, rbac, jobset):
-    """With admission on, a policy refuses the agent's driver to anyone who may not "use"
-    nodeagentvolumes; the chart grants that to the operator, the Job controller and (with
-    JobSet) the JobSet controller, and leaves the grant to you without rbac.create."""
-    values = {**ALL_ON, "admission": {"enabled": admission}, "rbac": {"create": rbac},
-              "jobset": {"enabled": jobset}}
+def named_users(policy: dict[str, Any]) -> set[str]:
+    """The usernames the rendered policy's `named` variable lists (a CEL list literal)."""
+    (named,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "named"]
+    listed = re.fullmatch(r"request\.userInfo\.username in \[(.*)\]", named.strip())
+    assert listed, named
+    return set(re.findall(r"'([^']*)'", listed.group(1)))
+
+
+@pytest.mark.parametrize(("admission", "jobset", "extra"), [
+    (True, False, []), (True, True, ["system:serviceaccount:kueue-system:kueue"]),
+    (False, False, [])])
+def test_the_agents_volume_is_kept_to_named_identities(tmp_path, admission, jobset, extra):
+    """With admission on, a policy refuses the agent's driver to anyone but the named
+    identities: the operator, the Job controller, the JobSet controller with JobSet, and
+    gpu.nodeAgent.volumeUsers. No authorizer check (a wildcard Role passes one) and no
+    RBAC grant of the volume is rendered."""
+    values = {**ALL_ON, "admission": {"enabled": admission}, "jobset": {"enabled": jobset},
+              "gpu": {"nodeAgent": {**ALL_ON["gpu"]["nodeAgent"], "volumeUsers": extra}}}
     objs = render(values, tmp_path)
     policies = [p for p in by_kind(objs, "ValidatingAdmissionPolicy")
                 if p["metadata"]["name"].endswith("-node-agent-volume")]
+    assert "nodeagentvolumes" not in str(objs)
     if not admission:
         assert policies == []
         return
     (policy,) = policies
-    (check,) = policy["spec"]["validations"]
-    assert "nodeagentvolumes" in check["expression"]
-    assert all(f"driver == '{NODE_CSI_DRIVER}'" in v["expression"]
-               for v in policy["spec"]["variables"] if v["name"].startswith("mount"))
-    bindings = [b for b in by_kind(objs, "ClusterRoleBinding")
-                if b["metadata"]["name"] == policy["metadata"]["name"]]
-    if not rbac:
-        assert bindings == []
-        return
-    (binding,) = bindings
     (account,) = by_kind(objs, "ServiceAccount")
-    subjects = {(s["kind"], s.get("namespace"), s["name"]) for s in binding["subjects"]}
-    assert ("ServiceAccount", account["metadata"]["namespace"],
-            account["metadata"]["name"]) in subjects
-    assert ("ServiceAccount", "kube-system", "job-controller") in subjects
-    assert (("ServiceAccount", "jobset-system", "jobset-controller-manager")
-            in subjects) is jobset
+    operator = (f"system:serviceaccount:{account['metadata']['namespace']}:"
+                f"{account['metadata']['name']}")
+    expected = {operator, "system:serviceaccount:kube-system:job-controller",
+                "system:kube-controller-manager", *extra}
+    if jobset:
+        expected.add("system:serviceaccount:jobset-system:jobset-controller-manager")
+    assert named_users(policy) == expected
+    (check,) = policy["spec"]["validations"]
+    assert check["expression"] == "!(variables.adds || variables.debugs) || variables.named"
+    assert "authorizer" not in json.dumps(policy)
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert f"v.csi.driver == '{NODE_CSI_DRIVER}'" in variables["adds"]
+    assert "ephemeralContainers" in variables["debugs"]
+    judged = {r for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+              for r in rule["resources"]}
+    assert judged == {"pods", "pods/ephemeralcontainers", "replicationcontrollers", "jobs",
+                      "cronjobs", "deployments", "replicasets", "statefulsets",
+                      "daemonsets", "jobsets", "throttledjobs"}
+
+
+def test_the_agent_is_probed_through_its_driver_and_evicted_last(tmp_path):
+    (ds,) = by_kind(render(ALL_ON, tmp_path), "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    endpoint, _ = socket_paths(Path("/var/lib/kubelet"))
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["exec"]["command"] == [
+            "python", "-m", "throttledjob.node.probe", str(endpoint)], probe
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert "--metrics-pod-names" not in container["args"]
+

@@ -12,17 +12,21 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from testing.helpers import require_tool
+from throttledjob.node.identity import PodRef
 from throttledjob.node.metrics import make_registry
 from throttledjob.node.process import ASSIGNMENTS_TTL_SECONDS, Node
 from throttledjob.sidecar.gpu.fake import TDP_WATTS, FakeGpuBackend, fake_uuid
 
+POD = PodRef("team", "train-a", "8b1f7f4e-0000-4000-8000-00000000000a", power_cap=True)
+
 
 def test_the_agents_metrics_say_each_gpus_limit_and_who_holds_it(tmp_path: Path) -> None:
+    """With --metrics-pod-names (without, tests/node/test_node_under_attack.py)."""
     board = FakeGpuBackend(2, "steady")
     node = Node(board, tmp_path, tmp_path / "state",
-                list_gpus=lambda: {"team/train-a": frozenset({fake_uuid(0)})})
-    node.keeper.set_limit(board.read()[0], "team/train-a", 150.0)
-    text = generate_latest(make_registry(node)).decode()
+                list_gpus=lambda: {POD.key: frozenset({fake_uuid(0)})})
+    node.keeper.set_limit(board.read()[0], POD, 150.0)
+    text = generate_latest(make_registry(node, pod_names=True)).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(text) for s in f.samples}
     uuid0, uuid1 = fake_uuid(0), fake_uuid(1)
@@ -59,9 +63,12 @@ def test_while_the_kubelet_does_not_answer_its_last_answer_stands(tmp_path: Path
     board = FakeGpuBackend(1, "steady")
     node = Node(board, tmp_path, tmp_path / "state", list_gpus=list_gpus)
     assert node.assignments() == {"team/train-a": frozenset({fake_uuid(0)})}
-    node.keeper.set_limit(board.read()[0], "team/train-a", 150.0)
+    (tmp_path / "mount").mkdir()
+    node.publish(tmp_path / "mount", POD)   # its volume served
+    node.keeper.set_limit(board.read()[0], POD, 150.0)
     answers.clear()
     time.sleep(ASSIGNMENTS_TTL_SECONDS + 0.1)   # past the last answer's freshness
     assert node.assignments() == {"team/train-a": frozenset({fake_uuid(0)})}
     node.tidy()
     assert board.limits == [150.0]
+    node.stop()

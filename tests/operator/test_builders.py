@@ -171,7 +171,8 @@ def test_the_sidecar_of_a_gpu_pod_gets_the_node_agents_volume_where_it_runs(
         node_agent: bool, gpus: int, power_cap: str, mounted: bool) -> None:
     """With the chart's node agent on, a pod that requests a GPU: the agent's CSI volume
     in the sidecar alone (its socket answers for this pod's GPUs), still "restricted";
-    the volume tells the agent whether the ThrottledJob allows the power cap."""
+    the volume tells the agent whether the ThrottledJob allows the power cap. Read-only,
+    the volume and its mount: the agent refuses a publish that is not."""
     tj = make_tj(throttle={"targets": {"cpu": {"peak": 1}}, "enforcement": "Signals",
                            "levers": {"gpuPowerLimit": power_cap}})
     _container_set(tj, resources={"limits": {"nvidia.com/gpu": gpus}} if gpus else {})
@@ -180,10 +181,11 @@ def test_the_sidecar_of_a_gpu_pod_gets_the_node_agents_volume_where_it_runs(
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert (volumes.get(names.NODE_AGENT_VOLUME) == {
         "name": names.NODE_AGENT_VOLUME, "csi": {
-            "driver": "node.throttledjob.io",
+            "driver": "node.throttledjob.io", "readOnly": True,
             "volumeAttributes": {"powerCap": "true" if power_cap == "Allow" else "false"}},
     }) is mounted
-    mounts = {c["name"]: [m["mountPath"] for m in c.get("volumeMounts", [])]
+    mounts = {c["name"]: [m["mountPath"] for m in c.get("volumeMounts", [])
+                          if m["name"] != names.NODE_AGENT_VOLUME or m.get("readOnly")]
               for c in [*pod["initContainers"], *pod["containers"]]}
     assert [c for c, paths in mounts.items() if "/run/throttledjob/node" in paths] == (
         [names.SIDECAR_CONTAINER] if mounted else [])

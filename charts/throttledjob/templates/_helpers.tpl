@@ -54,6 +54,25 @@ throttledjob.serviceAccountName: the ServiceAccount the operator runs as.
 {{- end -}}
 
 {{/*
+throttledjob.nodeAgentVolumeUsers: the identities that may make objects mounting the node
+agent's volume, as a CEL list of usernames (node-agent-admission.yaml): the operator, the
+Job controller (its own ServiceAccount, or kube-controller-manager's user where the
+controllers share it), the JobSet controller with jobset.enabled, and
+gpu.nodeAgent.volumeUsers.
+*/}}
+{{- define "throttledjob.nodeAgentVolumeUsers" -}}
+{{- $users := list
+  (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "throttledjob.serviceAccountName" .))
+  "system:serviceaccount:kube-system:job-controller"
+  "system:kube-controller-manager" -}}
+{{- if .Values.jobset.enabled -}}
+{{- $users = append $users (printf "system:serviceaccount:%s:%s" .Values.jobset.controllerServiceAccount.namespace .Values.jobset.controllerServiceAccount.name) -}}
+{{- end -}}
+{{- $users = concat $users .Values.gpu.nodeAgent.volumeUsers -}}
+[{{- range $i, $u := $users }}{{ if $i }}, {{ end }}{{ $u | squote }}{{ end -}}]
+{{- end -}}
+
+{{/*
 throttledjob.imageRef: "repository@digest" or "repository:tag" from an image dict, with
 fallbacks; one rule for the operator and the sidecar image.
 Arguments: (list IMAGE_DICT DEFAULT_REPOSITORY DEFAULT_TAG).

@@ -15,6 +15,11 @@ the log, the record dropped). A state file from another boot is dropped whole (a
 resets every board). The state is written before the board is touched, with the limit a
 new cap replaces: an agent killed in between finds the original, and whichever of the two
 the board has counts as ours. A write the board refuses leaves no record.
+A restore touches the board first and the file last: a state file that cannot be written
+then (a full disk, no file descriptor left) never keeps a GPU capped. The board has its
+own limit back, the record is gone from memory, and the file is written again at the next
+pass (`flush`); an agent killed before that finds a record whose board no longer has what
+it set, which is not its to undo (dropped, as after a reset).
 The pods' connections, the CSI calls and the tidying pass all call in: one lock makes each
 cap or restore whole (a restore between a cap's record and its write to the board would
 leave the board capped with no record, and the next cap would take it as the original).
@@ -25,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,8 +40,20 @@ from throttledjob.runtime.files import read_json_bounded, write_json_atomic
 from throttledjob.sidecar.gpu.backend import GpuBackend, GpuError, GpuReading
 from throttledjob.sidecar.gpu.power_cap import SAME_WATTS, capped_limit
 
+from .identity import PodRef
+
 log = logging.getLogger("throttledjob.node")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+# A pod changes each GPU's cap at most CHANGES_PER_SECOND times a second, in bursts of
+# CHANGE_BURST: each change takes the keeper's lock and writes the state file twice, and
+# a pod asking in a loop must not hold up the others' restores. The sidecar changes a cap
+# at most once a control interval; a request for the limit in force is not a change.
+CHANGES_PER_SECOND = 5.0
+CHANGE_BURST = 5.0
+# The state files have no ceiling of their own (a node of time-sliced GPUs serves
+# hundreds of pods, about 380 bytes each in volumes.json): past this, a file is not the
+# agent's, set aside with a line in the log.
+STATE_MAX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -46,6 +64,14 @@ class Cap:
     set_watts: float | None = None
     # While a new cap is being written: the one it replaces (the board has either).
     was_watts: float | None = None
+    # The pod's UID ("": a record of an earlier agent): a pod of the same name made after
+    # a force delete is another pod.
+    pod_uid: str = ""
+
+    def of(self, pods: Iterable[PodRef]) -> bool:
+        """The record is one of these pods' (by UID; by name for an earlier agent's)."""
+        return any(p.uid == self.pod_uid if self.pod_uid else p.key == self.pod
+                   for p in pods)
 
     def ours(self, watts: float) -> bool:
         """The board's limit is one the agent set: the original is still to be put back."""
@@ -69,16 +95,22 @@ def _watts(value: Any) -> float | None:
 
 
 class CapKeeper:
-    def __init__(self, backend: GpuBackend, state_path: Path, boot: str | None = None) -> None:
-        """`boot`: this boot's id (default: the kernel's)."""
+    def __init__(self, backend: GpuBackend, state_path: Path, boot: str | None = None,
+                 max_bytes: int = STATE_MAX_BYTES) -> None:
+        """`boot`: this boot's id (default: the kernel's); `max_bytes`: a state file
+        larger than this is not the agent's (set aside, said in the log)."""
         self.backend = backend
         self.path = state_path
+        self.max_bytes = max_bytes
         self.boot = boot_id() if boot is None else boot
         self.stopping = False   # no cap is set once the agent began to stop
         self.caps: dict[str, Cap] = self._load()   # GPU UUID -> its cap
         self._lock = threading.RLock()
+        self._unsaved = False   # a restore's file write failed: written again by flush()
+        # (pod UID, GPU UUID) -> (changes left, when counted): a token bucket.
+        self._changed: dict[tuple[str, str], tuple[float, float]] = {}
 
-    def set_limit(self, gpu: GpuReading, pod: str, watts: float,
+    def set_limit(self, gpu: GpuReading, pod: PodRef, watts: float,
                   served: Callable[[], bool] = lambda: True) -> float:
         """Cap `gpu` for `pod` at `watts`, within its range and never over the limit it
         had; at or over that limit, put it back. Returns the limit in force. `served`:
@@ -89,7 +121,7 @@ class CapKeeper:
             if self.stopping:
                 raise GpuError("the node agent is stopping: no cap is set")
             if not served():
-                raise GpuError(f"pod {pod} is not served any more: no cap is set")
+                raise GpuError(f"pod {pod.key} is not served any more: no cap is set")
             # The limit now, not as read before the lock.
             now = self.backend.power_management_limit_watts(gpu.index)
             span = self.backend.power_limit_range_watts(gpu.index)
@@ -101,7 +133,12 @@ class CapKeeper:
             if wanted >= original:
                 self.restore(gpu.uuid)
                 return original
-            self._write(gpu, cap or Cap(original, pod), wanted)
+            if cap is not None and cap.was_watts is None and cap.set_watts is not None \
+                    and abs(cap.set_watts - wanted) <= SAME_WATTS \
+                    and abs(now - wanted) <= SAME_WATTS:
+                return wanted   # in force already: nothing written
+            self._take_change(pod, gpu.uuid)
+            self._write(gpu, cap or Cap(original, pod.key, pod_uid=pod.uid), wanted)
             return wanted
 
     def original_watts(self, gpu: GpuReading) -> float | None:
@@ -116,7 +153,8 @@ class CapKeeper:
 
     def restore(self, uuid: str) -> None:
         """Put one GPU back to its own limit, where its board still has what the agent
-        set (nothing to do if it is not capped)."""
+        set (nothing to do if it is not capped). The board first, the file last: a file
+        that cannot be written leaves no GPU capped (see the module's note)."""
         with self._lock:
             cap = self.caps.get(uuid)
             if cap is None:
@@ -136,11 +174,37 @@ class CapKeeper:
                 self.backend.set_power_limit_watts(index, cap.original_watts)
                 log.info("throttledjob node: GPU %s back to %.0f W", uuid, cap.original_watts)
             del self.caps[uuid]
-            self._save()
+            self._unsaved = True
+            self.flush()
 
-    def restore_pod(self, pod: str) -> None:
-        """Put back every cap `pod` asked for (its volume went: the pod is ending)."""
-        self._restore_where(lambda uuid, cap: cap.pod == pod)
+    def flush(self) -> None:
+        """Write the state file where a restore could not (never raises: the boards hold
+        their own limits already, and the next pass tries again)."""
+        with self._lock:
+            if not self._unsaved:
+                return
+            try:
+                self._save()
+            except OSError as e:
+                log.error("throttledjob node: cannot write %s (%s): the GPUs are put back, "
+                          "the file is written again at the next pass", self.path, e)
+                return
+            self._unsaved = False
+
+    def restore_pod(self, uid: str) -> None:
+        """Put back every cap the pod of `uid` asked for (its volume went: it is ending)."""
+        with self._lock:
+            self._changed = {k: t for k, t in self._changed.items() if k[0] != uid}
+        self._restore_where(lambda uuid, cap: cap.pod_uid == uid)
+
+    def restore_unserved(self, served: Iterable[PodRef]) -> None:
+        """Put back every cap whose pod is not served (its volume is gone, or was never
+        published again after a restart): the agent's own state alone, no kubelet."""
+        served = list(served)
+        with self._lock:
+            uids = {p.uid for p in served}
+            self._changed = {k: t for k, t in self._changed.items() if k[0] in uids}
+        self._restore_where(lambda uuid, cap: not cap.of(served))
 
     def restore_gone(self, live: Mapping[str, frozenset[str]],
                      shared: frozenset[str] = frozenset()) -> None:
@@ -159,6 +223,15 @@ class CapKeeper:
         with self._lock:
             self.stopping = True
             self.restore_all()
+
+    def _take_change(self, pod: PodRef, uuid: str) -> None:
+        now = time.monotonic()
+        left, at = self._changed.get((pod.uid, uuid), (CHANGE_BURST, now))
+        left = min(CHANGE_BURST, left + (now - at) * CHANGES_PER_SECOND)
+        if left < 1:
+            raise GpuError(f"pod {pod.key} changes the cap of GPU {uuid} more than "
+                           f"{CHANGES_PER_SECOND:.0f} times a second: refused")
+        self._changed[(pod.uid, uuid)] = (left - 1, now)
 
     def _still_ours(self, uuid: str, now: float) -> Cap | None:
         """`uuid`'s record, where its board still has what the agent set; a record it no
@@ -207,9 +280,10 @@ class CapKeeper:
         if not self.path.exists():
             return {}
         try:
-            doc = read_json_bounded(str(self.path))
+            doc = read_json_bounded(str(self.path), self.max_bytes)
             caps = {uuid: Cap(float(c["original_watts"]), str(c["pod"]),
-                              _watts(c.get("set_watts")), _watts(c.get("was_watts")))
+                              _watts(c.get("set_watts")), _watts(c.get("was_watts")),
+                              str(c.get("pod_uid") or ""))
                     for uuid, c in (doc.get("caps") or {}).items()}
             boot = doc.get("boot_id")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:

@@ -4,10 +4,14 @@
 When the kubelet sets up such a volume it calls NodePublishVolume with the pod's
 namespace, name and UID (the CSIDriver asks for them: `podInfoOnMount`) and a directory;
 the agent makes that pod's socket there and the kubelet mounts the directory into that
-pod's containers alone. When the pod goes, NodeUnpublishVolume: the socket is closed and
-the pod's caps put back. Unlike a hostPath, a CSI volume is allowed under Pod Security
-"restricted". The kubelet finds the driver through its plugin watcher: a registration
-socket in `<kubelet root>/plugins_registry` (the kubelet's pluginregistration API).
+pod's containers alone, read-only (`csi.readOnly`: a publish that is not is refused, so
+no pod writes into the directory the agent works in). When the pod goes,
+NodeUnpublishVolume: the pod's caps put back, then the socket closed. Unlike a hostPath,
+a CSI volume is allowed under Pod Security "restricted". The kubelet finds the driver
+through its plugin watcher: a registration socket in a directory of the driver's own
+under `<kubelet root>/plugins_registry` (the watcher looks into subdirectories; the agent
+mounts that one alone, not the other plugins' sockets). Every refusal is one line in the
+agent's log and the kubelet's error.
 """
 
 from __future__ import annotations
@@ -47,9 +51,10 @@ class OneVolumeAPod(ValueError):
 class _Plugin(csi_rpc.IdentityServicer, csi_rpc.NodeServicer, reg_rpc.RegistrationServicer):
     def __init__(self, node_name: str, endpoint: Path,
                  publish: Callable[[Path, PodRef], None],
-                 unpublish: Callable[[Path], None]) -> None:
+                 unpublish: Callable[[Path], None],
+                 health: Callable[[], str | None] = lambda: None) -> None:
         self.node_name, self.endpoint = node_name, endpoint
-        self.publish, self.unpublish = publish, unpublish
+        self.publish, self.unpublish, self.health = publish, unpublish, health
 
     # The kubelet's plugin watcher (pluginregistration v1).
     def GetInfo(self, request, context):
@@ -69,6 +74,10 @@ class _Plugin(csi_rpc.IdentityServicer, csi_rpc.NodeServicer, reg_rpc.Registrati
         return csi.GetPluginCapabilitiesResponse()   # a node plugin only
 
     def Probe(self, request, context):
+        # The liveness probe's round trip (probe.py): a wedged agent is restarted.
+        why = self.health()
+        if why:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         return csi.ProbeResponse()
 
     # CSI Node.
@@ -84,18 +93,22 @@ class _Plugin(csi_rpc.IdentityServicer, csi_rpc.NodeServicer, reg_rpc.Registrati
                      info.get(POD_INFO + "uid", ""),
                      power_cap=info.get(NODE_POWER_CAP_ATTRIBUTE) == "true")
         if not (pod.namespace and pod.name and pod.uid):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"no pod information: the CSIDriver {DRIVER} needs podInfoOnMount")
+            _refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                    f"no pod information: the CSIDriver {DRIVER} needs podInfoOnMount")
         if info.get(EPHEMERAL) != "true":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{DRIVER} serves a pod's inline volume alone, not a "
-                          "PersistentVolume")
+            _refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{DRIVER} serves a pod's inline volume alone, not a PersistentVolume "
+                    f"(pod {pod.key})")
+        if not request.readonly:
+            _refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                    f"pod {pod.key}: a volume of {DRIVER} is mounted read-only "
+                    "(csi.readOnly: true), which the operator sets")
         target = Path(request.target_path)
         target.mkdir(parents=True, exist_ok=True)
         try:
             self.publish(target, pod)
         except OneVolumeAPod as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            _refuse(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return csi.NodePublishVolumeResponse()
 
     def NodeUnpublishVolume(self, request, context):
@@ -103,21 +116,27 @@ class _Plugin(csi_rpc.IdentityServicer, csi_rpc.NodeServicer, reg_rpc.Registrati
         return csi.NodeUnpublishVolumeResponse()
 
 
+def _refuse(context: grpc.ServicerContext, code: grpc.StatusCode, why: str) -> None:
+    log.warning("throttledjob node: refused: %s", why)
+    context.abort(code, why)
+
+
 def socket_paths(kubelet_dir: Path) -> tuple[Path, Path]:
     """The driver's socket and its registration's, under the kubelet's root directory:
     the chart mounts their directories (and no others of the kubelet's but PodResources
     and the pods' volumes, where `publish` is given each pod's directory)."""
     return (kubelet_dir / "plugins" / DRIVER / "csi.sock",
-            kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock")
+            kubelet_dir / "plugins_registry" / DRIVER / "reg.sock")
 
 
 def serve_csi(kubelet_dir: Path, node_name: str, publish: Callable[[Path, PodRef], None],
-              unpublish: Callable[[Path], None]) -> grpc.Server:
+              unpublish: Callable[[Path], None],
+              health: Callable[[], str | None] = lambda: None) -> grpc.Server:
     """Serve the driver (`<kubelet root>/plugins/<driver>/csi.sock`) and its registration
     (`<kubelet root>/plugins_registry/<driver>-reg.sock`); the kubelet then calls
     `publish(directory, pod)` for each pod's volume and `unpublish(directory)`."""
     endpoint, registration = socket_paths(kubelet_dir)
-    plugin = _Plugin(node_name, endpoint, publish, unpublish)
+    plugin = _Plugin(node_name, endpoint, publish, unpublish, health)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     csi_rpc.add_IdentityServicer_to_server(plugin, server)
     csi_rpc.add_NodeServicer_to_server(plugin, server)

@@ -4,33 +4,43 @@
   fake GPUs: its UUIDs are the fake device plugin's).
 - Who holds which GPU: the kubelet's PodResources API (pod_resources.py), read at most
   once a second.
-- Each pod's socket: made when the kubelet publishes the pod's CSI volume (csi.py), closed
-  when it unpublishes it, which also puts the pod's caps back. The volumes published are
-  kept in the state directory beside the caps, so a restarted agent serves them again.
-- Every TIDY_SECONDS, and at start: caps whose pods the kubelet no longer lists with
-  that GPU are put back. SIGTERM or SIGINT: no cap is set any more, every cap is put
-  back, then the agent exits. A cap asked by a pod whose volume went is refused.
+- Each pod's socket: made when the kubelet publishes the pod's CSI volume (csi.py); when
+  it unpublishes it, the pod's caps are put back first, then the socket is closed. The
+  volumes published are kept in the state directory beside the caps, so a restarted agent
+  serves them again.
+- Every TIDY_SECONDS, and at start: caps of pods not served (their volume gone: the
+  agent's own state, no kubelet needed), then caps whose pods the kubelet no longer lists
+  with that GPU, are put back. SIGTERM or SIGINT (handled from the first instruction:
+  cli.py): no cap is set any more, every cap is put back, then the agent exits. A cap
+  asked by a pod whose volume went is refused.
 - `/metrics` on `--metrics-port` (metrics.py): each GPU's limit, the original of a capped
-  one, the pod holding it.
+  one (and with `--metrics-pod-names`, the pods holding them), on a bounded server.
+- Liveness: the CSI driver's Probe fails once no tidying pass ran for a while (probe.py
+  is the kubelet's exec probe: a real round trip through the driver's socket).
+
+The order of failure (docs/reliability.md, "The node agent's restores"): a restore needs
+the board and nothing else; no new file descriptor, thread, kubelet answer or metrics
+scrape stands before it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import signal
+import resource
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from throttledjob.runtime.files import read_json_bounded, write_json_atomic
 from throttledjob.sidecar.gpu.backend import GpuBackend
 
-from .caps import CapKeeper
+from .caps import STATE_MAX_BYTES, CapKeeper
 from .csi import SOCKET_NAME, OneVolumeAPod, serve_csi
 from .identity import PodRef
 from .pod_resources import gpus_by_pod
@@ -42,6 +52,8 @@ ASSIGNMENTS_TTL_SECONDS = 1.0
 # Under the sidecar's own 2 s for an answer (node_backend.py): a kubelet slower than this
 # counts as not answering, and the last answer stands.
 KUBELET_TIMEOUT_SECONDS = 1.0
+# Not alive once no tidying pass ran for this long (the liveness probe restarts it).
+STALE_SECONDS = 4 * TIDY_SECONDS
 log = logging.getLogger("throttledjob.node")
 
 
@@ -57,7 +69,9 @@ class Node:
         self.volumes_path = state_dir / "volumes.json"
         self.keeper = CapKeeper(backend, state_dir / "caps.json")
         self.agent = NodeAgent(backend, self.keeper, self.assignments, serving=self.serving)
-        self.listeners: dict[Path, tuple[object, PodRef]] = {}
+        self.listeners: dict[Path, tuple[Any, PodRef]] = {}
+        self.leaving: set[str] = set()   # UIDs of pods being unpublished: served no more
+        self.tidied = time.monotonic()   # when the last tidying pass ended
         self._lock = threading.Lock()
         self._listing = threading.Lock()
         self._assigned: tuple[float, Mapping[str, frozenset[str]]] = (-1e9, {})
@@ -99,26 +113,51 @@ class Node:
             server = serve(directory / SOCKET_NAME, self.agent, pod)
             # Listed before it serves: a first request must find its pod served.
             self.listeners[directory] = (server, pod)
-            threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
+            try:
+                threading.Thread(target=server.serve_forever, args=(0.2,),
+                                 daemon=True).start()
+            except RuntimeError:   # no thread to be had: nothing listed, nothing left open
+                del self.listeners[directory]
+                server.close()
+                raise
             self._save_volumes()
         log.info("throttledjob node: serving pod %s", pod.key)
 
     def serving(self, pod: PodRef) -> bool:
         """The pod's volume is published (by UID: a pod of the same name may follow it)."""
         with self._lock:
-            return any(p.uid == pod.uid for _, p in self.listeners.values())
+            return pod.uid not in self.leaving and \
+                any(p.uid == pod.uid for _, p in self.listeners.values())
+
+    def served(self) -> list[PodRef]:
+        with self._lock:
+            return [p for _, p in self.listeners.values() if p.uid not in self.leaving]
 
     def unpublish(self, directory: Path) -> None:
+        """The pod's caps first (its volume goes: it is ending), and nothing before them
+        that could fail: marked as leaving (in memory: a request in flight caps nothing
+        from here), restored, then its socket closed and the volume forgotten. A file
+        that cannot be written here is written at the next change."""
         with self._lock:
-            server, pod = self.listeners.pop(directory, (None, None))
-            self._save_volumes()
-        if server is not None:
+            server, pod = self.listeners.get(directory, (None, None))
+            if pod is not None:
+                self.leaving.add(pod.uid)
+        if pod is not None:
+            self.keeper.restore_pod(pod.uid)
             server.close()
-        (directory / SOCKET_NAME).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (directory / SOCKET_NAME).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             directory.rmdir()
+        with self._lock:
+            self.listeners.pop(directory, None)
+            if pod is not None:
+                self.leaving.discard(pod.uid)
+            try:
+                self._save_volumes()
+            except OSError as e:
+                log.error("throttledjob node: cannot write %s (%s)", self.volumes_path, e)
         if pod is not None:
-            self.keeper.restore_pod(pod.key)
             log.info("throttledjob node: pod %s gone", pod.key)
 
     def resume(self) -> None:
@@ -129,8 +168,8 @@ class Node:
         if not self.volumes_path.exists():
             return
         try:
-            volumes = {Path(path): PodRef(**pod)
-                       for path, pod in read_json_bounded(str(self.volumes_path)).items()}
+            volumes = {Path(path): PodRef(**pod) for path, pod in read_json_bounded(
+                str(self.volumes_path), STATE_MAX_BYTES).items()}
         except (OSError, ValueError, TypeError, AttributeError) as e:
             aside = self.volumes_path.with_suffix(".bad")
             self.volumes_path.replace(aside)
@@ -141,52 +180,71 @@ class Node:
             if path.is_dir():
                 try:
                     self.publish(path, pod)
-                except OSError as e:   # one volume's socket, not the agent
+                except (OSError, RuntimeError) as e:   # one volume's socket, not the agent
                     log.warning("throttledjob node: cannot serve pod %s again: %s", pod.key, e)
 
     def tidy(self) -> None:
-        """Put back the caps of pods the kubelet no longer lists, and of GPUs it lists
-        for several pods (it answered). Never raises: the agent must outlive a bad pass."""
+        """Put back the caps of pods not served (the agent's own state alone), then those
+        of pods the kubelet no longer lists with their GPU and of GPUs it lists for
+        several pods (where it answers). Never raises: the agent must outlive a bad pass."""
         try:
+            self.keeper.restore_unserved(self.served())
             with self._listing:
                 live = self._listed()
             if live is not None:
                 self.keeper.restore_gone(live, shared_gpus(live))
+            self.keeper.flush()
         except Exception:   # logged whole, tried again at the next pass
             log.exception("throttledjob node: a tidying pass failed")
+        self.tidied = time.monotonic()
+
+    def health(self) -> str | None:
+        """Why the agent is not alive (None: it is): its tidying passes stopped."""
+        late = time.monotonic() - self.tidied
+        return None if late <= STALE_SECONDS else \
+            f"no tidying pass for {late:.0f} s: the agent is wedged"
 
     def stop(self) -> None:
-        """No pod is served any more, then every cap is put back (a request served
-        after the restore would cap a GPU again, with no agent left to restore it: the
-        keeper refuses caps from then on, which a request in flight may still ask)."""
-        for server, _ in list(self.listeners.values()):
-            server.close()
+        """Every cap put back, with no cap set from then on (the keeper refuses them, which
+        a request in flight may still ask), then no pod served any more. The caps first:
+        nothing a server does can stand before them."""
         self.keeper.stop()
+        with self._lock:
+            servers = [server for server, _ in self.listeners.values()]
+        for server in servers:
+            server.close()
 
     def _save_volumes(self) -> None:
         write_json_atomic(str(self.volumes_path),
                           {str(d): asdict(pod) for d, (_, pod) in self.listeners.items()})
 
 
+def raise_open_file_limit() -> None:
+    """The soft limit of open files up to the hard one (often 1,024 of 524,288 in a
+    container): the agent holds a socket per pod and per connection."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def run_node(backend: GpuBackend, kubelet_dir: Path, node_name: str, state_dir: Path,
-             metrics_port: int = 0) -> int:
+             stopping: threading.Event, metrics_port: int = 0,
+             metrics_pod_names: bool = False) -> int:
+    """`stopping`: set by SIGTERM or SIGINT, whose handlers the caller installed first."""
+    raise_open_file_limit()
     node = Node(backend, kubelet_dir, state_dir)
-    node.tidy()
     node.resume()
+    node.tidy()
     if metrics_port:
-        from prometheus_client import start_http_server
+        from .metrics import serve_metrics
 
-        from .metrics import make_registry
-
-        start_http_server(metrics_port, registry=make_registry(node))
-    csi = serve_csi(kubelet_dir, node_name, node.publish, node.unpublish)
-    stopping = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.set())
+        serve_metrics(node, metrics_port, metrics_pod_names)
+    csi = serve_csi(kubelet_dir, node_name, node.publish, node.unpublish, node.health)
     log.info("throttledjob node: %s; the CSI driver registered with the kubelet", node_name)
     while not stopping.wait(TIDY_SECONDS):
         node.tidy()
-    csi.stop(grace=2).wait()
     node.stop()
+    csi.stop(grace=2).wait()
     backend.close()
     return 0

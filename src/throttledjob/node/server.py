@@ -28,8 +28,10 @@ import json
 import logging
 import math
 import os
+import shutil
 import socket
 import socketserver
+import stat
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -105,7 +107,7 @@ class NodeAgent:
         if gpu.uuid in shared_gpus(assigned):
             self.keeper.restore(gpu.uuid)   # capped while it was one pod's
             return {"error": f"GPU {gpu.uuid} is shared with another pod: never capped"}
-        return {"watts": self.keeper.set_limit(gpu, pod.key, float(watts),
+        return {"watts": self.keeper.set_limit(gpu, pod, float(watts),
                                                served=lambda: self.serving(pod))}
 
 
@@ -160,6 +162,9 @@ class _Connection(socketserver.StreamRequestHandler):
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+    # server_close() would join every connection's thread: one silent for IDLE_SECONDS
+    # held the pod's unpublish (and its restore) that long.
+    block_on_close = False
 
     def __init__(self, path: str, agent: NodeAgent, pod: PodRef, proc: Path,
                  idle_seconds: float, anonymous: bool) -> None:
@@ -168,6 +173,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.open: set[socket.socket] = set()
         self.open_lock = threading.Lock()
+        self.started = self.closed = False
         super().__init__(path, _Connection)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -180,25 +186,51 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             return
         with self.open_lock:
             self.open.add(request)
-        super().process_request(request, client_address)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            # No thread (a pids limit, no memory): its slot and socket are given back
+            # here, or the pod's socket would answer "too many connections" for ever.
+            self._done(request)
+            self.shutdown_request(request)
+            raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            with self.open_lock:
-                self.open.discard(request)
-            self.slots.release()
+            self._done(request)
+
+    def _done(self, request: Any) -> None:
+        with self.open_lock:
+            self.open.discard(request)
+        self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.exception("throttledjob node: a connection of pod %s failed", self.pod.key)
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        with self.open_lock:
+            if self.closed:   # closed before its thread ran: nothing to serve
+                return
+            self.started = True
+        super().serve_forever(poll_interval)
 
     def close(self) -> None:
         """Stop listening and close the connections open now (a pod that ends, or the
-        agent that stops, serves no request after this returns)."""
-        self.shutdown()
-        self.server_close()
+        agent that stops, serves no request after this returns). Returns at once for a
+        server whose thread never served (socketserver's shutdown() would wait for ever
+        for a loop that never ran)."""
+        with self.open_lock:
+            self.closed = True
+            started = self.started
+        if started:
+            self.shutdown()
         with self.open_lock:
             for conn in self.open:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
+        self.server_close()
 
 
 def serve(path: Path, agent: NodeAgent, pod: PodRef, proc: Path = Path("/proc"),
@@ -207,15 +239,36 @@ def serve(path: Path, agent: NodeAgent, pod: PodRef, proc: Path = Path("/proc"),
     `serve_forever`. Any uid may connect: the socket is in that pod's volume alone.
     `anonymous`: also serve a caller whose pod cannot be told (the tests' own process,
     in no pod's cgroup); a node agent never does."""
+    # Made in a directory the pod could once write to (its volume is mounted read-only
+    # now): whatever is at the socket's name goes first, a directory too, and the mode is
+    # set on the socket itself, never through a link put in its place.
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
     path.unlink(missing_ok=True)
     # A socket's path must fit in 108 bytes, and a pod's volume on a node is
     # /var/lib/kubelet/pods/<uid>/volumes/kubernetes.io~csi/<volume>/mount/ (about 100):
     # bind through the directory's descriptor, a short path to the same place.
-    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         server = _Server(f"/proc/self/fd/{directory}/{path.name}", agent, pod, proc,
                          idle_seconds, anonymous)
+        try:
+            _make_connectable(directory, path.name)
+        except OSError:
+            server.server_close()
+            raise
     finally:
         os.close(directory)
-    os.chmod(path, 0o666)
     return server
+
+
+def _make_connectable(directory: int, name: str) -> None:
+    """Any uid may connect (the pod's containers run as the user's): mode 0666 on the
+    socket inode itself, opened without following a link."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW, dir_fd=directory)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise OSError(f"{name} is not the agent's socket any more: refused")
+        os.chmod(f"/proc/self/fd/{fd}", 0o666)
+    finally:
+        os.close(fd)

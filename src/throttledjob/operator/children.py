@@ -313,10 +313,12 @@ def node_agent_volume(sidecar: dict[str, Any], power_cap: bool) -> dict[str, Any
     """The GPU node agent's CSI volume, mounted in the sidecar alone: its socket answers
     for this pod's GPUs (node/csi.py), and caps them only with `power_cap` (the agent's
     own check of levers.gpuPowerLimit, as the pod was made). A CSI volume is allowed under
-    "restricted"."""
-    sidecar["volumeMounts"].append({"name": NODE_AGENT_VOLUME, "mountPath": NODE_SOCKET_DIR})
+    "restricted". Read-only, in the volume and the mount (the agent refuses a publish that
+    is not): the directory is the agent's, and a socket is connected to, not written."""
+    sidecar["volumeMounts"].append({"name": NODE_AGENT_VOLUME, "mountPath": NODE_SOCKET_DIR,
+                                    "readOnly": True})
     return {"name": NODE_AGENT_VOLUME, "csi": {
-        "driver": NODE_CSI_DRIVER,
+        "driver": NODE_CSI_DRIVER, "readOnly": True,
         "volumeAttributes": {NODE_POWER_CAP_ATTRIBUTE: str(power_cap).lower()}}}
 
 
