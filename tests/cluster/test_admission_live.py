@@ -217,131 +217,154 @@ def test_the_operators_own_writes_are_not_judged_by_its_rights(
 
 
 def with_agent_volume(name: str, namespace: str, kind: str) -> dict[str, Any]:
-    """A Pod or a Job of a "restricted" pod that mounts the GPU node agent's volume,
-    as a pod that wants to cap its own board would."""
+    """An object of `kind` whose "restricted" pods mount the GPU node agent's volume, as
+    a pod that wants to cap its own board would; its pods, if any are made, held
+    unscheduled (a scheduling gate)."""
     pod = tj_manifest(name, namespace)["spec"]["jobTemplate"]["spec"]["template"]
     pod["spec"]["volumes"] = [{"name": "agent", "csi": {
-        "driver": NODE_CSI_DRIVER, "volumeAttributes": {NODE_POWER_CAP_ATTRIBUTE: "true"}}}]
+        "driver": NODE_CSI_DRIVER, "readOnly": True,
+        "volumeAttributes": {NODE_POWER_CAP_ATTRIBUTE: "true"}}}]
+    pod["spec"]["schedulingGates"] = [{"name": "throttledjob.io/test-hold"}]
     meta = {"name": name, "namespace": namespace}
-    if kind == "Pod":
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod["spec"]}
+    labels = {"app": name}
     job = {"template": {**pod, "spec": {**pod["spec"], "restartPolicy": "Never"}}}
-    if kind == "Job":
-        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job}
-    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": meta,
-            "spec": {"replicatedJobs": [{"name": "w", "replicas": 1,
-                                         "template": {"spec": job}}]}}
+    always = {"metadata": {"labels": labels}, "spec": {**pod["spec"], "restartPolicy": "Always"}}
+    workload = {"replicas": 0, "selector": {"matchLabels": labels}, "template": always}
+    specs = {
+        "Pod": ("v1", pod["spec"]),
+        "Job": ("batch/v1", job),
+        "CronJob": ("batch/v1", {"schedule": "0 0 1 1 *", "suspend": True,
+                                 "jobTemplate": {"spec": job}}),
+        "JobSet": ("jobset.x-k8s.io/v1alpha2", {"replicatedJobs": [
+            {"name": "w", "replicas": 1, "template": {"spec": job}}]}),
+        "Deployment": ("apps/v1", workload),
+        "ReplicaSet": ("apps/v1", workload),
+        "StatefulSet": ("apps/v1", {**workload, "serviceName": name}),
+        "DaemonSet": ("apps/v1", {"selector": workload["selector"], "template": always}),
+        "ReplicationController": ("v1", {"replicas": 0, "selector": labels,
+                                         "template": always}),
+    }
+    if kind == "ThrottledJob":
+        tj = tj_manifest(name, namespace)
+        tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["volumes"] = pod["spec"]["volumes"]
+        return tj
+    api, spec = specs[kind]
+    return {"apiVersion": api, "kind": kind, "metadata": meta, "spec": copy.deepcopy(spec)}
 
 
-def test_only_the_operators_pods_may_mount_the_gpu_node_agents_volume(
-        cluster: Any, kubectl: Kubectl, jobset_controller: None, namespace: str,
-        tmp_path: Path) -> None:
-    """The volume's attribute is the agent's word that a pod may cap its GPU: a user who
-    may create Pods, Jobs and JobSets may not make one that mounts it, a Job made
-    with the right (here an admin's) gets its pod from the Job controller, and a user
-    granted nodeagentvolumes in the namespace may."""
-    release = f"agent-{uuid.uuid4().hex[:6]}"
-    objs = [o for o in helm_template(release, {"gpu": {"nodeAgent": {"enabled": True}}},
-                                     tmp_path)
-            if o["metadata"]["name"] == f"{release}-throttledjob-node-agent-volume"]
-    assert {o["kind"] for o in objs} == {*ADMISSION_KINDS, "ClusterRoleBinding"}
-    kubectl.apply(*objs)
-    try:
-        editor = user(cluster, kubectl, namespace, tmp_path, cluster_role="edit")
-        kubectl.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                       "metadata": {"name": "jobsets", "namespace": namespace},
-                       "rules": [{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
-                                  "verbs": ["create", "delete", "get"]}]})
-        kubectl("create", "rolebinding", "-n", namespace, "jobset-maker", "--role=jobsets",
-                f"--serviceaccount={namespace}:{editor.kubeconfig.stem}")
-        for kind in ("Pod", "Job", "JobSet"):
-            eventually_refused(editor, with_agent_volume(f"own-{kind.lower()}", namespace, kind),
-                               "may not use nodeagentvolumes.throttledjob.io")
-        eventually_created(kubectl, with_agent_volume("admins", namespace, "Job"))
-        wait_json(kubectl, lambda o: o["items"], "pods", "-n", namespace,
-                  "-l", "job-name=admins", what="the Job controller to make the Job's pod")
-        # Kept on an update by the editor: only adding the volume is judged.
-        editor("label", "-n", namespace, "job", "admins", "edited=yes")
-        (role,) = [o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRole"]
-        granted = user(cluster, kubectl, namespace, tmp_path, cluster_role=role)
-        kubectl("create", "rolebinding", "-n", namespace, "editor", "--clusterrole=edit",
-                f"--serviceaccount={namespace}:{granted.kubeconfig.stem}")
-        eventually_created(granted, with_agent_volume("granted", namespace, "Pod"))
-    finally:
-        remove(kubectl, objs)
+POD_MAKING_KINDS = ("Pod", "Job", "CronJob", "JobSet", "Deployment", "ReplicaSet",
+                    "StatefulSet", "DaemonSet", "ReplicationController", "ThrottledJob")
+REFUSED = "is not one of the identities the chart names"
 
 
-def test_the_agents_volume_is_not_reached_through_a_throttledjob_a_workload_or_an_edit(
+def test_only_named_identities_may_mount_the_gpu_node_agents_volume(
         cluster: Any, kubectl: Kubectl, crd_installed: None, jobset_controller: None,
         namespace: str, tmp_path: Path) -> None:
-    """The ways around the volume's policy: a ThrottledJob whose template carries the
-    volume (the operator, which may use it, would make the Job as written), a Deployment
-    or CronJob (where the controllers act as system:kube-controller-manager, their pods
-    would pass), and an update that keeps a volume but says powerCap "true" where it said
-    "false" (a JobSet's pod template: JobSet's own webhook holds it too, after this
-    policy, but not where JobSet runs without it). An editor's workloads without the
-    volume, and Kueue-like updates keeping it, still pass."""
+    """The volume's attribute is the agent's word that a pod may cap its GPU. Judged by
+    the real API server for every kind that makes pods: an editor, a ServiceAccount with
+    a wildcard Role (every verb on every resource of the namespace), and a cluster admin
+    are refused each; an identity the chart names (gpu.nodeAgent.volumeUsers) makes a
+    Job whose pod the Job controller, named too, makes. An ephemeral container mounting
+    the volume is refused; one without it is not. An update keeping the volume passes
+    (Kueue's), one making powerCap "true" does not."""
     release = f"agent-{uuid.uuid4().hex[:6]}"
-    objs = [o for o in helm_template(release, {"gpu": {"nodeAgent": {"enabled": True}}},
-                                     tmp_path)
+    granted_name = f"granted-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "serviceaccount", "-n", namespace, granted_name)
+    granted_user = f"system:serviceaccount:{namespace}:{granted_name}"
+    objs = [o for o in helm_template(release, {"gpu": {"nodeAgent": {
+                "enabled": True, "volumeUsers": [granted_user]}}}, tmp_path)
             if o["metadata"]["name"] == f"{release}-throttledjob-node-agent-volume"]
+    assert {o["kind"] for o in objs} == {"ValidatingAdmissionPolicy",
+                                         "ValidatingAdmissionPolicyBinding"}
     kubectl.apply(*objs)
     try:
+        everything = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+        wildcard = user(cluster, kubectl, namespace, tmp_path, rules=everything)
         editor = user(cluster, kubectl, namespace, tmp_path, cluster_role="edit")
         kubectl.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                       "metadata": {"name": "tj-and-jobsets", "namespace": namespace},
+                       "metadata": {"name": "extra", "namespace": namespace},
                        "rules": [{"apiGroups": ["jobset.x-k8s.io", "throttledjob.io"],
                                   "resources": ["jobsets", "throttledjobs"],
                                   "verbs": ["create", "delete", "get", "patch", "update"]}]})
-        kubectl("create", "rolebinding", "-n", namespace, "tj-and-jobsets",
-                "--role=tj-and-jobsets",
+        kubectl("create", "rolebinding", "-n", namespace, "extra", "--role=extra",
                 f"--serviceaccount={namespace}:{editor.kubeconfig.stem}")
-        refused = "may not use nodeagentvolumes.throttledjob.io"
-        tj = tj_manifest("own-tj", namespace)
-        tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["volumes"] = \
-            with_agent_volume("x", namespace, "Pod")["spec"]["volumes"]
-        eventually_refused(editor, tj, refused)
-        pod = with_agent_volume("x", namespace, "Job")["spec"]["template"]
-        meta = {"namespace": namespace}
-        labels = {"app": "agent"}
-        deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
-                      "metadata": {**meta, "name": "own-deployment"},
-                      "spec": {"replicas": 0, "selector": {"matchLabels": labels},
-                               "template": {"metadata": {"labels": labels},
-                                            "spec": {**pod["spec"],
-                                                     "restartPolicy": "Always"}}}}
-        cronjob = {"apiVersion": "batch/v1", "kind": "CronJob",
-                   "metadata": {**meta, "name": "own-cronjob"},
-                   "spec": {"schedule": "0 0 1 1 *", "suspend": True,
-                            "jobTemplate": {"spec": {"template": pod}}}}
-        for obj in (deployment, cronjob):
-            eventually_refused(editor, obj, refused)
+        eventually_refused(wildcard, with_agent_volume("wild", namespace, "Pod"), REFUSED)
+        for kind in POD_MAKING_KINDS:
+            eventually_refused(editor, with_agent_volume(f"e-{kind.lower()}", namespace, kind),
+                               REFUSED)
+        refused = create(kubectl, with_agent_volume("admins", namespace, "Pod"))
+        assert not refused[0] and REFUSED in refused[1], refused
         # Without the volume, the policy's expressions hold for every kind it sees.
-        for obj in (deployment, cronjob, tj):
-            clean = copy.deepcopy(obj)
-            clean["metadata"]["name"] += "-clean"
-            specs = [clean["spec"]["template"]["spec"]] if obj is deployment else \
-                [clean["spec"]["jobTemplate"]["spec"]["template"]["spec"]]
-            for spec in specs:
+        for kind in POD_MAKING_KINDS:
+            clean = with_agent_volume(f"clean-{kind.lower()}", namespace, kind)
+            for spec in _pod_specs(clean):
                 del spec["volumes"]
             eventually_created(editor, clean)
-        # The admin's JobSet, suspended as Kueue holds it, says "false".
-        jobset = with_agent_volume("admins-jobset", namespace, "JobSet")
+
+        kubectl.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                       "metadata": {"name": granted_name, "namespace": namespace},
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                   "kind": "ClusterRole", "name": "edit"},
+                       "subjects": [{"kind": "ServiceAccount", "name": granted_name,
+                                     "namespace": namespace}]})
+        kubectl("create", "rolebinding", "-n", namespace, "granted-extra", "--role=extra",
+                f"--serviceaccount={namespace}:{granted_name}")
+        token = cluster.service_account_token(namespace, granted_name)
+        granted = Kubectl(cluster.kubeconfig_for(token, tmp_path / "granted.kubeconfig",
+                                                 granted_name))
+        eventually_created(granted, with_agent_volume("granted", namespace, "Job"))
+        wait_json(kubectl, lambda o: o["items"], "pods", "-n", namespace,
+                  "-l", "job-name=granted", what="the Job controller to make the Job's pod")
+        eventually_created(granted, with_agent_volume("debugged", namespace, "Pod"))
+
+        def debug(mount: bool) -> Any:
+            container = {"name": f"debug-{int(mount)}", "image": "busybox",
+                         "securityContext": {"allowPrivilegeEscalation": False,
+                                             "runAsNonRoot": True, "runAsUser": 1000,
+                                             "capabilities": {"drop": ["ALL"]},
+                                             "seccompProfile": {"type": "RuntimeDefault"}}}
+            if mount:
+                container["volumeMounts"] = [{"name": "agent", "mountPath": "/agent"}]
+            return kubectl("patch", "pod", "-n", namespace, "debugged",
+                           "--subresource=ephemeralcontainers", "--type=strategic", "-p",
+                           json.dumps({"spec": {"ephemeralContainers": [container]}}),
+                           check=False)
+
+        mounting = debug(True)
+        assert mounting.returncode != 0 and REFUSED in mounting.stderr, mounting.stderr
+        plain = debug(False)
+        assert plain.returncode == 0, plain.stderr
+
+        # The granted JobSet, suspended as Kueue holds it, says "false".
+        jobset = with_agent_volume("granted-jobset", namespace, "JobSet")
         jobset["spec"]["suspend"] = True
         template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
         template["spec"]["volumes"][0]["csi"]["volumeAttributes"][
             NODE_POWER_CAP_ATTRIBUTE] = "false"
-        eventually_created(kubectl, jobset)
+        eventually_created(granted, jobset)
         # Kueue's kind of update (labels, a nodeSelector) keeps the volume: allowed.
         path = "/spec/replicatedJobs/0/template/spec/template/spec"
-        editor("patch", "-n", namespace, "jobset", "admins-jobset", "--type=json", "-p",
+        editor("patch", "-n", namespace, "jobset", "granted-jobset", "--type=json", "-p",
                json.dumps([{"op": "add", "path": f"{path}/nodeSelector",
                             "value": {"queued": "yes"}}]))
-        changed = editor("patch", "-n", namespace, "jobset", "admins-jobset", "--type=json",
+        changed = editor("patch", "-n", namespace, "jobset", "granted-jobset", "--type=json",
                          "-p", json.dumps([{
                              "op": "replace", "value": "true",
                              "path": f"{path}/volumes/0/csi/volumeAttributes/"
                                      f"{NODE_POWER_CAP_ATTRIBUTE}"}]), check=False)
-        assert changed.returncode != 0 and refused in changed.stderr, changed.stderr
+        assert changed.returncode != 0 and REFUSED in changed.stderr, changed.stderr
     finally:
         remove(kubectl, objs)
+
+
+def _pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj["spec"]
+    if obj["kind"] == "Pod":
+        return [spec]
+    if obj["kind"] == "CronJob":
+        return [spec["jobTemplate"]["spec"]["template"]["spec"]]
+    if obj["kind"] == "JobSet":
+        return [r["template"]["spec"]["template"]["spec"] for r in spec["replicatedJobs"]]
+    if obj["kind"] == "ThrottledJob":
+        return [spec["jobTemplate"]["spec"]["template"]["spec"]]
+    return [spec["template"]["spec"]]

@@ -7,9 +7,12 @@ node/pod_resources.py)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import resource
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -21,6 +24,7 @@ import grpc
 import pytest
 
 from testing.cluster_cli import Kubectl, wait_json
+from testing.helpers import wait_for
 from testing.paths import VENV_BIN
 from throttledjob.contracts.names import NODE_POWER_CAP_ATTRIBUTE
 from throttledjob.node.pod_resources import gpus_by_pod
@@ -105,11 +109,26 @@ def ask(request):
     return json.loads(f.readline())
 mine = [g["uuid"] for g in ask({"op": "read"})["gpus"]]
 other = next(u for u in sys.argv[1:] if u not in mine)
+try:   # the volume is read-only: the agent's directory, not the pod's
+    open("/run/throttledjob/node/filler", "wb").close()
+    write = 0
+except OSError as e:
+    write = e.errno
 print(json.dumps({"mine": mine,
                   "cap": ask({"op": "set_power_limit", "uuid": mine[0], "watts": 150}),
-                  "other": ask({"op": "set_power_limit", "uuid": other, "watts": 150})}),
+                  "other": ask({"op": "set_power_limit", "uuid": other, "watts": 150}),
+                  "write": write}),
       flush=True)
 time.sleep(300)
+"""
+# Another pod's process on a pod's socket (a hostPath to its volume, in a namespace that
+# allows one): it reads nothing, caps nothing.
+INTRUDE = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1] + "/agent.sock")
+s.sendall(b'{"op": "read"}\\n')
+print(s.makefile("rb").readline().decode(), flush=True)
 """
 CSI_DRIVER = {
     "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
@@ -134,9 +153,10 @@ def node_agent(fake_gpus: Any, kubectl: Kubectl, tmp_path: Path) -> Iterator[Any
 
 class NodeAgentProcess:
     def __init__(self, kubelet_dir: Path, state_dir: Path, log: Path) -> None:
+        self.metrics_port = free_port()
         self.args = [str(VENV_BIN / "throttledjob"), "node", "--gpu-backend", "fake",
                      "--node-name", node_mod.NODE_NAME, "--kubelet-dir", str(kubelet_dir),
-                     "--state-dir", str(state_dir)]
+                     "--state-dir", str(state_dir), "--metrics-port", str(self.metrics_port)]
         self.state, self.log = state_dir, log
         self.board = state_dir.parent / "simulated-board.json"
         self.start()
@@ -148,7 +168,11 @@ class NodeAgentProcess:
                "THROTTLEDJOB_FAKE_GPU_TRACE": "steady",
                "THROTTLEDJOB_FAKE_GPU_LIMITS_FILE": str(self.board)}
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.args, env=env, stdout=out, stderr=out)
+            # The open-file limit a container often gets (1,024 soft and hard): the flood
+            # below took every descriptor of an agent so limited.
+            self.proc = subprocess.Popen(self.args, env=env, stdout=out, stderr=out,
+                                         preexec_fn=lambda: resource.setrlimit(
+                                             resource.RLIMIT_NOFILE, (1024, 1024)))
 
     def caps(self) -> dict[str, tuple[float, str]]:
         """GPU UUID -> (its limit before the cap, the pod that asked), as on record."""
@@ -167,7 +191,13 @@ class NodeAgentProcess:
         self.proc.wait(timeout=30)
 
 
-def agent_pod(namespace: str) -> dict[str, Any]:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def agent_pod(namespace: str, read_only: bool = True) -> dict[str, Any]:
     pod = gpu_pod(namespace)
     (container,) = pod["spec"]["containers"]
     container["command"] = ["python", "-c", ASK_AGENT, fake_uuid(0), fake_uuid(1)]
@@ -175,7 +205,7 @@ def agent_pod(namespace: str) -> dict[str, Any]:
     # As the operator makes it for a ThrottledJob that allows the cap: the real kubelet
     # passes the attribute on to the agent, which refuses a cap without it.
     pod["spec"]["volumes"] = [{"name": "node-agent", "csi": {
-        "driver": CSI_DRIVER["metadata"]["name"],
+        "driver": CSI_DRIVER["metadata"]["name"], "readOnly": read_only,
         "volumeAttributes": {NODE_POWER_CAP_ATTRIBUTE: "true"}}}]
     return pod
 
@@ -204,6 +234,7 @@ def test_a_pod_reads_and_caps_its_own_gpu_through_its_csi_volume_and_the_cap_goe
     assert gpu in (fake_uuid(0), fake_uuid(1))
     assert answers["cap"] == {"watts": 150}
     assert "not this pod's" in answers["other"]["error"], answers
+    assert answers["write"] == errno.EROFS, answers
     assert node_agent.caps() == {gpu: (TDP_WATTS, f"{namespace}/{name}")}
     assert node_agent.limit(gpu) == 150
 
@@ -231,3 +262,75 @@ def test_a_pod_reads_and_caps_its_own_gpu_through_its_csi_volume_and_the_cap_goe
     assert node_agent.caps() == {}, node_agent.log.read_text()[-2000:]
     assert node_agent.log.read_text().count(f"GPU {gpu} back to {TDP_WATTS:.0f} W") == 1
     assert node_agent.limit(gpu) == TDP_WATTS
+
+
+def events_of(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    return kubectl.json("get", "events", "-n", namespace, "--field-selector",
+                        f"involvedObject.name={name}")["items"]
+
+
+def test_a_tenant_cannot_write_the_volume_use_anothers_socket_or_stop_a_restore(
+        node_agent: Any, fake_gpus: Any, kubectl: Kubectl, namespace: str) -> None:
+    """docs/reliability.md's threat model on the real node, as tenants try it: the volume
+    mounted read-only (a pod asking for it writable never starts, and says why); a pod of
+    another namespace given a pod's socket by a hostPath is refused (the kubelet's real
+    cgroups name its pod); and the agent, limited to 1,024 open files, flooded with more
+    connections than that on its metrics port while the capped pod ends, puts the cap
+    back (the flood once took every descriptor before the restore)."""
+    pod = agent_pod(namespace)
+    kubectl.apply(pod, agent_pod(namespace, read_only=False) | {
+        "metadata": {"name": "writable", "namespace": namespace}})
+    name = pod["metadata"]["name"]
+    answers = said(kubectl, namespace, name)
+    (gpu,) = answers["mine"]
+    assert answers["cap"] == {"watts": 150} and node_agent.limit(gpu) == 150
+    refused = wait_for(lambda: [e["message"] for e in events_of(
+        kubectl, namespace, "writable") if e["reason"] == "FailedMount"], POD_TIMEOUT,
+        interval=0.5, what="the writable volume's publish refused")
+    assert "read-only" in refused[0], refused
+    assert kubectl.json("get", "pod", "-n", namespace, "writable")["status"]["phase"] == "Pending"
+    kubectl("delete", "pod", "-n", namespace, "writable", "--wait=false")
+
+    uid = kubectl.json("get", "pod", "-n", namespace, name)["metadata"]["uid"]
+    volume = fake_gpus.dir / "kubelet" / "pods" / uid / "volumes" / "kubernetes.io~csi" / \
+        "node-agent" / "mount"
+    other = f"intruder-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "namespace", other)
+    try:
+        kubectl.apply({"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": "intruder", "namespace": other},
+                       "spec": {"restartPolicy": "Never", "containers": [{
+                           "name": "main", "image": images.PRODUCT_IMAGE,
+                           "imagePullPolicy": "Never",
+                           "command": ["python", "-c", INTRUDE, "/agent"],
+                           "volumeMounts": [{"name": "agent", "mountPath": "/agent"}]}],
+                           "volumes": [{"name": "agent", "hostPath": {
+                               "path": str(volume), "type": "Directory"}}]}})
+        answer = json.loads(wait_for(lambda: kubectl(
+            "logs", "-n", other, "intruder", check=False).stdout.strip(), POD_TIMEOUT,
+            interval=0.5, what="the intruder's answer"))
+        assert answer == {"error": "this socket is another pod's"}, answer
+    finally:
+        kubectl("delete", "namespace", other, "--wait=false")
+    assert node_agent.limit(gpu) == 150
+
+    flood = []
+    try:
+        for _ in range(1100):
+            flood.append(socket.create_connection(("127.0.0.1", node_agent.metrics_port),
+                                                  timeout=5))
+        kubectl("delete", "pod", "-n", namespace, name, "--wait=true", "--timeout=90s")
+        gone = time.monotonic()
+        while node_agent.caps() and time.monotonic() - gone < 60:
+            time.sleep(0.1)
+        took = time.monotonic() - gone
+    finally:
+        for s in flood:
+            s.close()
+    assert node_agent.proc.poll() is None, node_agent.log.read_text()[-2000:]
+    assert node_agent.caps() == {}, node_agent.log.read_text()[-2000:]
+    assert node_agent.limit(gpu) == TDP_WATTS
+    print(f"cap back {took:.1f} s after the pod's delete returned, under a flood of 1,100 "
+          "connections")
+    assert took <= TIDY_SECONDS, took
+
