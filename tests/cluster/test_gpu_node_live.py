@@ -27,6 +27,7 @@ from testing.cluster_cli import Kubectl, wait_json
 from testing.helpers import wait_for
 from testing.paths import VENV_BIN
 from throttledjob.contracts.names import NODE_POWER_CAP_ATTRIBUTE
+from throttledjob.node.csi import EPHEMERAL, POD_INFO
 from throttledjob.node.pod_resources import gpus_by_pod
 from throttledjob.node.process import TIDY_SECONDS
 from throttledjob.sidecar.gpu.fake import TDP_WATTS, fake_uuid
@@ -115,6 +116,7 @@ try:   # the volume is read-only: the agent's directory, not the pod's
 except OSError as e:
     write = e.errno
 print(json.dumps({"mine": mine,
+                  "range": ask({"op": "range", "uuid": mine[0]}),
                   "cap": ask({"op": "set_power_limit", "uuid": mine[0], "watts": 150}),
                   "other": ask({"op": "set_power_limit", "uuid": other, "watts": 150}),
                   "write": write}),
@@ -197,7 +199,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def agent_pod(namespace: str, read_only: bool = True) -> dict[str, Any]:
+# Attributes a pod's author may write, of the names the kubelet gives the agent: the
+# kubelet writes its own over them (the pod's, and "true" for an inline volume).
+FORGED = {POD_INFO + "namespace": "kube-system", POD_INFO + "name": "someone-else",
+          POD_INFO + "uid": "00000000-0000-0000-0000-000000000000", EPHEMERAL: "false"}
+
+
+def agent_pod(namespace: str, read_only: bool = True, forged: bool = False) -> dict[str, Any]:
     pod = gpu_pod(namespace)
     (container,) = pod["spec"]["containers"]
     container["command"] = ["python", "-c", ASK_AGENT, fake_uuid(0), fake_uuid(1)]
@@ -206,7 +214,7 @@ def agent_pod(namespace: str, read_only: bool = True) -> dict[str, Any]:
     # passes the attribute on to the agent, which refuses a cap without it.
     pod["spec"]["volumes"] = [{"name": "node-agent", "csi": {
         "driver": CSI_DRIVER["metadata"]["name"], "readOnly": read_only,
-        "volumeAttributes": {NODE_POWER_CAP_ATTRIBUTE: "true"}}}]
+        "volumeAttributes": {NODE_POWER_CAP_ATTRIBUTE: "true", **(FORGED if forged else {})}}}]
     return pod
 
 
@@ -225,8 +233,10 @@ def test_a_pod_reads_and_caps_its_own_gpu_through_its_csi_volume_and_the_cap_goe
     sees its own GPU and no other, caps it (kept in the agent's state with the original
     limit), is refused the other GPU; neither the agent SIGKILLed while the cap is in
     force and started again nor the kubelet restarted takes the cap off the running pod;
-    when the pod is deleted, the cap is put back, once."""
-    pod = agent_pod(namespace)
+    when the pod is deleted, the cap is put back, once. The pod's volume names another
+    pod and a PersistentVolume in its attributes: the kubelet's own keys win, and the
+    agent serves and keys the cap by the real pod."""
+    pod = agent_pod(namespace, forged=True)
     kubectl.apply(pod)
     name = pod["metadata"]["name"]
     answers = said(kubectl, namespace, name)
@@ -276,7 +286,8 @@ def test_a_tenant_cannot_write_the_volume_use_anothers_socket_or_stop_a_restore(
     another namespace given a pod's socket by a hostPath is refused (the kubelet's real
     cgroups name its pod); and the agent, limited to 1,024 open files, flooded with more
     connections than that on its metrics port while the capped pod ends, puts the cap
-    back (the flood once took every descriptor before the restore)."""
+    back (the flood once took every descriptor before the restore); the next pod given
+    a GPU finds its own limit as the original."""
     pod = agent_pod(namespace)
     kubectl.apply(pod, agent_pod(namespace, read_only=False) | {
         "metadata": {"name": "writable", "namespace": namespace}})
@@ -333,4 +344,10 @@ def test_a_tenant_cannot_write_the_volume_use_anothers_socket_or_stop_a_restore(
     print(f"cap back {took:.1f} s after the pod's delete returned, under a flood of 1,100 "
           "connections")
     assert took <= TIDY_SECONDS, took
+    # The GPU's next tenant starts from the board's own limit, the one it gets back.
+    after = agent_pod(namespace)
+    kubectl.apply(after)
+    then = said(kubectl, namespace, after["metadata"]["name"])
+    assert then["range"]["original"] == TDP_WATTS and then["cap"] == {"watts": 150}, then
+    kubectl("delete", "pod", "-n", namespace, after["metadata"]["name"], "--wait=false")
 

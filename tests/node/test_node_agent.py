@@ -417,7 +417,7 @@ def test_a_limit_that_is_not_a_finite_positive_number_is_refused(node, watts):
     assert board.limit_calls == []
 
 
-def test_a_pod_whose_throttledjob_does_not_allow_the_cap_reads_but_never_caps(node):
+def test_a_pod_whose_throttledjob_does_not_allow_the_cap_reads_but_never_caps(node, caplog):
     """The volume's attribute, not the sidecar's word: a pod made without it (its policy
     denies levers.gpuPowerLimit, or a pod the operator did not make) reads its GPU and
     may put its limit back, never lower it."""
@@ -427,6 +427,10 @@ def test_a_pod_whose_throttledjob_does_not_allow_the_cap_reads_but_never_caps(no
     assert agent.answer(denied, {"op": "read"})["gpus"][0]["uuid"] == uuids[0]
     answer = agent.answer(denied, {"op": "set_power_limit", "uuid": uuids[0], "watts": 150})
     assert "may not cap its GPU" in answer["error"] and "gpuPowerLimit" in answer["error"]
+    for _ in range(20):   # asked in a loop: said in the agent's log once
+        agent.answer(denied, {"op": "set_power_limit", "uuid": uuids[0], "watts": 150})
+    said = [r.message for r in caplog.records if "refused a cap of pod" in r.message]
+    assert len(said) == 1 and denied.key in said[0] and "gpuPowerLimit" in said[0], said
     assert agent.answer(denied, {"op": "restore", "uuid": uuids[0]}) == {"watts": TDP_WATTS}
     assert board.limit_calls == [] and board.limits == [TDP_WATTS, TDP_WATTS]
 

@@ -416,3 +416,48 @@ def test_the_liveness_probe_is_a_round_trip_that_fails_when_the_agent_is_wedged(
         node.stop()
         shutil.rmtree(kubelet)
     assert probe(str(tmp_path / "nobody.sock"), timeout_seconds=1) is not None
+
+
+# In a process of its own (an audit hook stays for the process's life): every file the
+# agent opens while it serves a caller, recorded.
+OPENS = """
+import json, os, sys, threading
+from pathlib import Path
+from throttledjob.node.caps import CapKeeper
+from throttledjob.node.identity import PodRef
+from throttledjob.node.server import NodeAgent, serve
+from throttledjob.sidecar.gpu.fake import FakeGpuBackend
+from throttledjob.sidecar.gpu.node_backend import NodeAgentBackend
+from throttledjob.sidecar.gpu.backend import GpuError
+tmp = Path(sys.argv[1])
+board = FakeGpuBackend(1, "steady")
+pod = PodRef("team", "train-a", "8b1f7f4e-0000-4000-8000-00000000000a", power_cap=True)
+agent = NodeAgent(board, CapKeeper(board, tmp / "caps.json"), lambda: {})
+server = serve(tmp / "agent.sock", agent, pod)
+threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+opened = []
+recording = threading.Event()
+def hook(event, args):
+    if event == "open" and recording.is_set() and threading.current_thread().daemon:
+        opened.append(str(args[0]))
+sys.addaudithook(hook)
+recording.set()
+try:
+    NodeAgentBackend(tmp / "agent.sock").read()
+except GpuError as e:
+    refused = str(e)
+recording.clear()
+print(json.dumps({"opened": opened, "refused": refused, "pid": os.getpid()}))
+"""
+
+
+def test_the_agent_reads_the_callers_cgroup_and_nothing_else_of_it(tmp_path: Path) -> None:
+    """What the agent opens while it serves a connection (Python's audit hook sees every
+    open): the caller's /proc/<pid>/cgroup, and no other file of the caller's."""
+    done = subprocess.run([sys.executable, "-c", OPENS, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    # The caller is the script's own process (SO_PEERCRED names it).
+    assert out["opened"] == [f"/proc/{out['pid']}/cgroup"], out
+    assert "could not be told" in out["refused"]   # this process is in no pod

@@ -33,6 +33,7 @@ import socket
 import socketserver
 import stat
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -49,6 +50,7 @@ MAX_LINE = 4096
 # most these threads, and for at most that long.
 MAX_CONNECTIONS = 4
 IDLE_SECONDS = 30.0
+REFUSAL_LOG_SECONDS = 10.0
 log = logging.getLogger("throttledjob.node")
 # "namespace/name" -> the UUIDs of its GPUs (node/pod_resources.py).
 Assignments = Callable[[], Mapping[str, frozenset[str]]]
@@ -63,9 +65,27 @@ class NodeAgent:
         self.keeper = keeper
         self.assignments = assignments
         self.serving = serving
+        self._said: dict[str, float] = {}   # pod UID -> when a refusal of its was logged
 
     def answer(self, pod: PodRef, request: Any) -> dict:
-        """The answer to one request from `pod`."""
+        """The answer to one request from `pod`; a refused cap is said in the log too."""
+        answer = self._answer(pod, request)
+        if "error" in answer and isinstance(request, dict) \
+                and request.get("op") == "set_power_limit":
+            self._say_refused(pod, answer["error"])
+        return answer
+
+    def _say_refused(self, pod: PodRef, why: str) -> None:
+        """One line a pod at most every REFUSAL_LOG_SECONDS: a pod asking in a loop must
+        not flood the node's log."""
+        now = time.monotonic()
+        if now - self._said.get(pod.uid, -REFUSAL_LOG_SECONDS) >= REFUSAL_LOG_SECONDS:
+            self._said = {u: t for u, t in self._said.items()
+                          if now - t < REFUSAL_LOG_SECONDS}
+            self._said[pod.uid] = now
+            log.warning("throttledjob node: refused a cap of pod %s: %s", pod.key, why)
+
+    def _answer(self, pod: PodRef, request: Any) -> dict:
         if not isinstance(request, dict):
             return {"error": "a request is a JSON object"}
         assigned = self.assignments()
