@@ -456,11 +456,15 @@ def test_the_kubelets_publish_names_the_pod_and_whether_it_may_cap(tmp_path, att
     assert published == [replace(POD_A, power_cap=power_cap)]
 
 
-@pytest.mark.parametrize("ephemeral", ["false", None])
-def test_a_persistent_volume_of_the_driver_is_refused(tmp_path, ephemeral):
+@pytest.mark.parametrize(("ephemeral", "readonly", "why"), [
+    ("false", True, "PersistentVolume"), (None, True, "PersistentVolume"),
+    ("true", False, "read-only")])
+def test_a_volume_the_agent_does_not_serve_is_refused_and_said(tmp_path, caplog, ephemeral,
+                                                               readonly, why):
     """A PersistentVolume naming the driver (its attributes are its author's; the kubelet
-    says "false"): refused, whatever its attributes say, should the CSIDriver allow the
-    Persistent mode."""
+    says "false"), should the CSIDriver allow the Persistent mode; a volume mounted
+    writable (the pod could fill the node's disk from it, or put a link where the socket
+    goes): refused, whatever its attributes say, in the kubelet's error and the log."""
     from throttledjob.node.csi import EPHEMERAL, POD_INFO, _Plugin
     from throttledjob.node.kubelet import csi_pb2
 
@@ -477,11 +481,13 @@ def test_a_persistent_volume_of_the_driver_is_refused(tmp_path, ephemeral):
     info = {POD_INFO + "namespace": POD_A.namespace, POD_INFO + "name": POD_A.name,
             POD_INFO + "uid": POD_A.uid, "powerCap": "true",
             **({EPHEMERAL: ephemeral} if ephemeral else {})}
-    with pytest.raises(Aborted, match="PersistentVolume"):
+    with pytest.raises(Aborted, match=why):
         plugin.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
-            volume_id="v", readonly=True, target_path=str(tmp_path / "mount"), volume_context=info),
-            Context())
+            volume_id="v", readonly=readonly, target_path=str(tmp_path / "mount"),
+            volume_context=info), Context())
     assert published == []
+    assert any("refused" in r.message and why in r.message and POD_A.key in r.message
+               for r in caplog.records)
 
 
 def test_a_state_file_that_cannot_be_read_is_set_aside_not_a_crash_at_every_start(tmp_path,

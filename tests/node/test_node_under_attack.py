@@ -24,9 +24,8 @@ import pytest
 
 from throttledjob.node import server as server_mod
 from throttledjob.node.caps import CHANGE_BURST, CHANGES_PER_SECOND, CapKeeper
-from throttledjob.node.csi import EPHEMERAL, POD_INFO, _Plugin, serve_csi
+from throttledjob.node.csi import serve_csi
 from throttledjob.node.identity import PodRef
-from throttledjob.node.kubelet import csi_pb2
 from throttledjob.node.metrics import serve_metrics
 from throttledjob.node.probe import probe
 from throttledjob.node.process import STALE_SECONDS, Node
@@ -281,28 +280,6 @@ def test_the_metrics_name_no_pod_unless_asked(tmp_path: Path) -> None:
                 in text
     finally:
         node.stop()
-
-
-def test_a_publish_that_is_not_read_only_is_refused_and_said(tmp_path: Path, caplog) -> None:
-    class Aborted(Exception):
-        pass
-
-    class Context:
-        def abort(self, code, details):
-            raise Aborted(code, details)
-
-    published = []
-    plugin = _Plugin("node-0", tmp_path / "csi.sock", lambda d, pod: published.append(pod),
-                     lambda d: None)
-    info = {POD_INFO + "namespace": POD_A.namespace, POD_INFO + "name": POD_A.name,
-            POD_INFO + "uid": POD_A.uid, EPHEMERAL: "true", "powerCap": "true"}
-    with pytest.raises(Aborted, match="read-only") as refused:
-        plugin.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
-            volume_id="v", readonly=False, target_path=str(tmp_path / "mount"),
-            volume_context=info), Context())
-    assert refused.value.args[0] == grpc.StatusCode.INVALID_ARGUMENT
-    assert published == []
-    assert any("refused" in r.message and POD_A.key in r.message for r in caplog.records)
 
 
 def test_the_socket_is_made_over_whatever_the_pod_left_and_never_through_a_link(
