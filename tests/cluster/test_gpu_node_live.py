@@ -351,3 +351,30 @@ def test_a_tenant_cannot_write_the_volume_use_anothers_socket_or_stop_a_restore(
     assert then["range"]["original"] == TDP_WATTS and then["cap"] == {"watts": 150}, then
     kubectl("delete", "pod", "-n", namespace, after["metadata"]["name"], "--wait=false")
 
+
+
+def test_a_gpu_time_sliced_between_pods_is_read_by_each_and_capped_by_none(
+        node_agent: Any, fake_gpus: Any, kubectl: Kubectl, namespace: str) -> None:
+    """One GPU shared three ways, as NVIDIA's plugin time-slices one (device IDs
+    `<UUID>::<i>`): two pods given a replica each read the same GPU, and no cap stays on
+    it (the second is refused; a cap the first set before the second was listed is put
+    back within a tidy interval)."""
+    wait_for(lambda: not gpus_by_pod(fake_gpus.pod_resources_socket), POD_TIMEOUT,
+             interval=0.5, what="no pod left holding a GPU (the plugin's devices change)")
+    fake_gpus.restart_fake_gpus(1, replicas=3)
+    pods = [agent_pod(namespace) for _ in range(2)]
+    try:
+        kubectl.apply(*pods)
+        answers = [said(kubectl, namespace, p["metadata"]["name"]) for p in pods]
+        assert [a["mine"] for a in answers] == [[fake_uuid(0)]] * 2, answers
+        held = gpus_by_pod(fake_gpus.pod_resources_socket)
+        assert len(held) == 2 and set(held.values()) == {frozenset({fake_uuid(0)})}, held
+        assert any("shared with another pod" in a["cap"].get("error", "") for a in answers)
+        wait_for(lambda: node_agent.caps() == {}, 2 * TIDY_SECONDS, interval=0.2,
+                 what=f"no cap on the shared GPU: {node_agent.caps()}")
+        assert node_agent.limit(fake_uuid(0)) == TDP_WATTS
+    finally:
+        for p in pods:
+            kubectl("delete", "pod", "-n", namespace, p["metadata"]["name"], "--wait=true",
+                    "--timeout=90s", check=False)
+        fake_gpus.restart_fake_gpus(2)

@@ -6,7 +6,11 @@ GPU as the NVIDIA device plugin tells it (NVIDIA_VISIBLE_DEVICES). No device fil
 node agent's simulated board is the GPU.
 
     make cluster WITH=fake-gpus      # or, beside a running cluster:
-    .venv/bin/python -m tools.k8s.fake_gpus [--count 2]
+    .venv/bin/python -m tools.k8s.fake_gpus [--count 2] [--replicas 1]
+
+`--replicas N` shares each GPU N ways, as NVIDIA's plugin does with time-slicing: each
+GPU is advertised as N devices `<UUID>::<i>`, and a container given one is told the GPU's
+own UUID.
 
 The kubelet serves its registration in /var/lib/kubelet/device-plugins, whatever its
 --root-dir (the path is compiled in: pluginapi.DevicePluginPath).
@@ -33,9 +37,15 @@ ENDPOINT = "throttledjob-fake-gpu.sock"
 PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
 
+def device_ids(count: int, replicas: int = 1) -> list[str]:
+    """The device IDs advertised: the GPUs' UUIDs, or N replicas of each, `<UUID>::<i>`."""
+    uuids = [fake_uuid(i) for i in range(count)]
+    return uuids if replicas == 1 else [f"{u}::{i}" for u in uuids for i in range(replicas)]
+
+
 class FakeGpus(rpc.DevicePluginServicer):
-    def __init__(self, count: int) -> None:
-        self.uuids = [fake_uuid(i) for i in range(count)]
+    def __init__(self, count: int, replicas: int = 1) -> None:
+        self.ids = device_ids(count, replicas)
         self.stopped = threading.Event()
 
     def GetDevicePluginOptions(self, request, context):
@@ -43,13 +53,14 @@ class FakeGpus(rpc.DevicePluginServicer):
 
     def ListAndWatch(self, request, context):
         yield pb.ListAndWatchResponse(
-            devices=[pb.Device(ID=u, health="Healthy") for u in self.uuids])
+            devices=[pb.Device(ID=d, health="Healthy") for d in self.ids])
         while context.is_active() and not self.stopped.wait(1.0):
             pass
 
     def Allocate(self, request, context):
         return pb.AllocateResponse(container_responses=[
-            pb.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(r.devices_ids)})
+            pb.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(
+                dict.fromkeys(d.split("::", 1)[0] for d in r.devices_ids))})
             for r in request.container_requests])
 
     def GetPreferredAllocation(self, request, context):
@@ -59,10 +70,10 @@ class FakeGpus(rpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-def start(plugin_dir: Path, count: int) -> tuple[grpc.Server, FakeGpus]:
+def start(plugin_dir: Path, count: int, replicas: int = 1) -> tuple[grpc.Server, FakeGpus]:
     """Serve the plugin in `plugin_dir` (the kubelet's device-plugins directory) and
     register it with the kubelet there."""
-    gpus = FakeGpus(count)
+    gpus = FakeGpus(count, replicas)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     rpc.add_DevicePluginServicer_to_server(gpus, server)
     (plugin_dir / ENDPOINT).unlink(missing_ok=True)
@@ -83,11 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plugin-dir", type=Path, default=PLUGIN_DIR)
     parser.add_argument("--count", type=int, default=2)
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="devices per GPU (time-slicing: <UUID>::<i>)")
     args = parser.parse_args(argv)
     plugin_dir = args.plugin_dir
     while True:
-        server, gpus = start(plugin_dir, args.count)
-        print(f"registered {args.count} fake {RESOURCE} with the kubelet", flush=True)
+        server, gpus = start(plugin_dir, args.count, args.replicas)
+        print(f"registered {len(gpus.ids)} fake {RESOURCE} with the kubelet", flush=True)
         # The kubelet removes our socket when it restarts: serve again and register.
         while (plugin_dir / ENDPOINT).exists():
             time.sleep(1.0)

@@ -296,20 +296,23 @@ class RealNode:
         """The kubelet's PodResources API (what the GPU node agent reads)."""
         return self.dir / "kubelet" / "pod-resources" / "kubelet.sock"
 
-    def start_fake_gpus(self, count: int = 2, timeout: float = 60.0) -> None:
+    def start_fake_gpus(self, count: int = 2, timeout: float = 60.0,
+                        replicas: int = 1) -> None:
         """`count` fake nvidia.com/gpu on this node, from a device plugin
-        (tools/k8s/fake_gpus.py, the project's venv: it speaks gRPC); `down` stops it.
-        Nothing to do where it runs already."""
+        (tools/k8s/fake_gpus.py, the project's venv: it speaks gRPC), each shared
+        `replicas` ways; `down` stops it. Nothing to do where it runs already."""
         if FAKE_GPUS in self.cluster.state["pids"]:
             return
         root = HERE.parent.parent
         python = root / ".venv" / "bin" / "python"
         self.cluster.start_process(
-            FAKE_GPUS, ["-m", "tools.k8s.fake_gpus", "--count", str(count)],
+            FAKE_GPUS, ["-m", "tools.k8s.fake_gpus", "--count", str(count),
+                        "--replicas", str(replicas)],
             program=str(python if python.exists() else sys.executable),
             env={**os.environ, "PYTHONPATH": str(root)})
-        self.cluster.wait(lambda: self.allocatable("nvidia.com/gpu") == str(count), timeout,
-                          f"{count} fake GPUs allocatable on {NODE_NAME}")
+        devices = count * replicas
+        self.cluster.wait(lambda: self.allocatable("nvidia.com/gpu") == str(devices), timeout,
+                          f"{devices} fake GPU devices allocatable on {NODE_NAME}")
         # As NVIDIA's GPU feature discovery labels a GPU node (the chart's node agent
         # selects nodes by it).
         self.cluster.request("PATCH", f"/api/v1/nodes/{NODE_NAME}",
@@ -318,6 +321,15 @@ class RealNode:
 
     def stop_fake_gpus(self) -> None:
         self.cluster.stop_process(FAKE_GPUS)
+
+    def restart_fake_gpus(self, count: int, replicas: int = 1) -> None:
+        """The plugin again with other devices (no pod may hold one of the old). The node's
+        allocatable count lags a plugin's stop by a status update: wait for a count the
+        old devices did not have, or the old one is read as the new plugin's."""
+        before = self.allocatable("nvidia.com/gpu")
+        assert before != str(count * replicas), f"{before} devices already: no change to see"
+        self.stop_fake_gpus()
+        self.start_fake_gpus(count, replicas=replicas)
 
     def allocatable(self, resource: str) -> str | None:
         node = self.cluster.request("GET", f"/api/v1/nodes/{NODE_NAME}")
