@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -438,3 +439,43 @@ def test_the_agent_reads_the_callers_cgroup_and_nothing_else_of_it(tmp_path: Pat
     # The caller is the script's own process (SO_PEERCRED names it).
     assert out["opened"] == [f"/proc/{out['pid']}/cgroup"], out
     assert "could not be told" in out["refused"]   # this process is in no pod
+
+
+def test_a_sigterm_during_start_up_puts_the_caps_back_and_ends_the_agent_cleanly(
+        tmp_path: Path) -> None:
+    """The signal handlers are the agent's first instruction: a SIGTERM while it starts
+    (here: waiting on a kubelet that accepts and never answers) is acted on once start-up
+    ends, the caps put back, exit 0. It once killed the agent there, with the default
+    action, before any cap was put back."""
+    kubelet = Path(tempfile.mkdtemp(prefix="tj-"))   # a socket's path fits in 108 bytes
+    (kubelet / "pod-resources").mkdir()
+    silent = socket.socket(socket.AF_UNIX)
+    silent.bind(str(kubelet / "pod-resources" / "kubelet.sock"))
+    silent.listen(16)   # connects, never answers: each tidying pass waits 1 s on it
+    state = tmp_path / "state"
+    board_file = tmp_path / "board.json"
+    board = FakeGpuBackend(1, "steady", limits_file=str(board_file))
+    node = Node(board, kubelet, state, list_gpus=lambda: {POD_A.key: frozenset({fake_uuid(0)})})
+    volume = kubelet / "pods" / POD_A.uid / "mount"
+    volume.mkdir(parents=True)
+    node.publish(volume, POD_A)   # served again at the restart: its cap is not put back
+    node.keeper.set_limit(board.read()[0], POD_A, 150.0)
+    for server, _ in node.listeners.values():
+        server.close()
+    env = {**os.environ, "THROTTLEDJOB_FAKE_GPUS": "1", "THROTTLEDJOB_FAKE_GPU_TRACE": "steady",
+           "THROTTLEDJOB_FAKE_GPU_LIMITS_FILE": str(board_file)}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "throttledjob", "node", "--gpu-backend", "fake",
+         "--node-name", "node-0", "--kubelet-dir", str(kubelet), "--state-dir", str(state),
+         "--metrics-port", "0"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "throttledjob node:" in agent.stderr.readline()   # the backend is open
+        agent.send_signal(signal.SIGTERM)   # start-up: the kubelet's first call waits
+        err = agent.stderr.read()
+        assert agent.wait(timeout=30) == 0, err
+    finally:
+        agent.kill()
+        silent.close()
+        shutil.rmtree(kubelet)
+    assert json.loads(board_file.read_text()) == [TDP_WATTS], err
+    assert "Traceback" not in err, err
