@@ -33,12 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
         "at the least slowdown, and show what was done."))
     parser.add_argument("--version", action="version", version=f"throttledjob {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+    parser.set_defaults(func=_help)
     run = sub.add_parser("run", help="run a command on this machine under a peak target",
                          description=(
                              "Run CMD, measure the CPU use of its whole process tree and hold "
                              "its peak to the target. Exits with CMD's exit code."),
-                         epilog="example: throttledjob run --cpu-peak 1.5 -- python train.py")
+                         epilog="example: throttledjob run --cpu-peak 1.5 -- python train.py. "
+                                "Exit codes: CMD's own; 128+N when CMD was killed by signal "
+                                "N; 2: a usage error (nothing run); 126: CMD could not be "
+                                "run; 127: CMD not found.")
     run.add_argument("--cpu-peak", metavar="CORES",
                      help="CPU peak target in cores (1.5) or as a Kubernetes quantity (1500m)")
     run.add_argument("--max-slowdown", type=float, metavar="RATIO",
@@ -67,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--inject", action="store_true",
                      help="load the runtime library into Python commands at start-up: a "
                           "PyTorch program is paced at each optimizer step with no code change")
-    run.add_argument("--quiet", action="store_true", help="no live status line")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="no live status line and no summary at the end")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]",
                      help="the command to run")
     run.set_defaults(func=_run)
@@ -85,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "namespace")
     _add_sidecar_flags(side, metrics_port=9400)
     side.set_defaults(func=_sidecar)
-    guard = sub.add_parser("guard", help="resume a workload a dead sidecar left stopped",
-                           description=(
+    # Internal (the pod's guard container, the inject init container): not listed.
+    guard = sub.add_parser("guard", description=(
                                "Beside the sidecar in a ThrottledJob pod: when a stop the "
                                "sidecar announced in DIR has ended and the workload is still "
                                "stopped, send it SIGCONT. Never sends any other signal."))
@@ -135,8 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="name the pod holding each GPU and each cap in /metrics "
                            "(default: GPUs alone; whoever scrapes them reads the names)")
     node.set_defaults(func=_node)
-    lib = sub.add_parser("inject-lib", help="copy the runtime library and its auto-hook to DIR",
-                         description=(
+    lib = sub.add_parser("inject-lib", description=(
                              "Lay out a self-contained copy of the runtime library and a "
                              "sitecustomize.py that loads the torch auto-hook; with DIR on "
                              "PYTHONPATH any Python program is paced with no code change. "
@@ -146,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     for subparser in sub.choices.values():
         subparser.set_defaults(subparser=subparser)
     return parser
+
+
+def _help(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """A bare `throttledjob`: what it can do."""
+    parser.print_help()
+    return 0
 
 
 def _port(text: str) -> int:
@@ -180,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:   # said by the subcommand ('throttledjob run: error: ...'), as other errors
-        args.subparser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        getattr(args, "subparser", parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args, parser)
     except KeyboardInterrupt:   # before a command started (after, it is forwarded to it)
@@ -235,6 +245,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         return run_local(cmd, policy, report_path=args.report,
                          status_stream=None if args.quiet else sys.stderr, gpu=gpu,
+                         summary_stream=None if args.quiet else sys.stderr,
                          metrics_address=None if args.metrics_port is None
                          else (args.metrics_host, args.metrics_port),
                          inject=args.inject, die_of_sigint=True)

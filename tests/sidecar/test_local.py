@@ -457,11 +457,21 @@ def test_live_status_line_on_a_terminal(throttledjob_cmd):
     assert b"throttledjob: cpu" in output and b"target 0.50" in output
 
 
-def test_quiet_when_not_a_terminal(throttledjob_cmd, tmp_path):
-    proc = subprocess.run([*throttledjob_cmd, "run", "--cpu-peak", "1", "--",
-                           *HUNGRY, "--workers", "1", "--units", "60"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stderr == ""
+def test_without_a_terminal_no_live_line_but_the_summary_and_q_silences_it(
+        throttledjob_cmd, tmp_path):
+    """A CI log or a batch script: no live status line, and the one-line summary at the
+    end (what the run held, what it cost, with what); -q: nothing at all."""
+    for quiet in ([], ["-q"]):
+        proc = subprocess.run([*throttledjob_cmd, "run", *quiet, "--cpu-peak", "1", "--",
+                               *HUNGRY, "--workers", "1", "--units", "60"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        if quiet:
+            assert proc.stderr == ""
+            continue
+        (summary,) = proc.stderr.splitlines()
+        assert summary.startswith("throttledjob run: ") and ", exit 0;" in summary, summary
+        assert "against 1:" in summary and "x of 1.25x allowed" in summary, summary
 
 
 def test_help_explains_every_subcommand(throttledjob_cmd):

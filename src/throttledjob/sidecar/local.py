@@ -32,7 +32,7 @@ from .loop import run_loop
 from .processes import ProcessTree, resume
 from .record import CycleResult
 from .stats import round_or_none
-from .summary import summarize
+from .summary import run_line, summarize
 
 if TYPE_CHECKING:
     from .gpu import GpuAgent
@@ -50,11 +50,13 @@ _PR_SET_PDEATHSIG = 1
 def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
               status_stream: TextIO | None = None, extra_env: dict[str, str] | None = None,
               gpu: GpuAgent | None = None, metrics_address: tuple[str, int] | None = None,
-              inject: bool = False, die_of_sigint: bool = False) -> int:
+              inject: bool = False, die_of_sigint: bool = False,
+              summary_stream: TextIO | None = None) -> int:
     """Run `cmd` under `policy`; returns its exit code (128+N when killed by signal N).
 
     With `metrics_address` (host, port) it serves /metrics and /status as the pod sidecar
-    does; the port is bound before the command starts, so a taken port fails fast. With
+    does; the port is bound before the command starts, so a taken port fails fast.
+    `summary_stream`: where the one-line summary goes at the end (None: nowhere). With
     `die_of_sigint`, a command killed by SIGINT ends this process by SIGINT too, once all
     is done: a calling shell stops its script on a Ctrl-C only when its command died of it.
     """
@@ -107,6 +109,10 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
         except (OSError, ValueError) as e:
             sys.stderr.write(f"throttledjob run: error: --report: cannot write "
                              f"{report_path}: {getattr(e, 'strerror', None) or e}\n")
+    if summary_stream is not None:
+        with contextlib.suppress(OSError, ValueError):   # a closed stream ends nothing
+            summary_stream.write(run_line(result, time.monotonic() - started, exit_code,
+                                          report_path) + "\n")
     if die_of_sigint and killed_by == signal.SIGINT:
         _die_of(signal.SIGINT)
     return exit_code

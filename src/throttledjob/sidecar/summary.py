@@ -127,3 +127,27 @@ def _met(observed: float | None, target: float | None,
     if target is None:
         return True
     return None if observed is None else observed <= bound(target)
+
+
+def run_line(result: CycleResult, wall: float, exit_code: int,
+             report_path: str | None = None) -> str:
+    """Local mode's end-of-run summary, one line: what a user of `throttledjob run` reads
+    after the command, in a terminal or a CI log alike."""
+    run = summarize(result)
+    p = result.policy
+    parts = [f"{wall:.1f} s, exit {exit_code}"]
+    if p.cpu_peak_cores is not None and result.cpu.p99 is not None:
+        held = result.cpu.p99 <= cpu_peak_bound(p.cpu_peak_cores)
+        parts.append(f"CPU peak {result.cpu.p99:.2f} cores p99 (max {result.cpu.max:.2f}) "
+                     f"against {p.cpu_peak_cores:g}: {'held' if held else 'NOT held'}")
+    elif result.cpu.p99 is not None:
+        parts.append(f"CPU peak {result.cpu.p99:.2f} cores p99 (max {result.cpu.max:.2f})")
+    if run.gpu_power.p99 is not None:
+        parts.append(f"GPU power {run.gpu_power.p99:.0f} W p99")
+    parts.append(f"slowdown {run.slowdown:.2f}x of {p.max_slowdown:g}x allowed"
+                 + (" (the budget bound: the target gave way)"
+                    if result.budget_exhausted_seconds > 0 else ""))
+    parts.append("levers: " + (", ".join(run.levers) or "none needed"))
+    if report_path:
+        parts.append(f"report: {report_path}")
+    return "throttledjob run: " + "; ".join(parts)
