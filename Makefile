@@ -64,6 +64,11 @@ $(CHECKOV_STAMP):
 
 checkov: $(CHECKOV_STAMP)
 
+# Go for the cluster's builds: the machine's, else the pinned toolchain from the Go module
+# proxy, fetched once into the cache (tools/go_toolchain.py). Worked out once, where used.
+GO_BIN = $(eval GO_BIN := $(shell $(PYTHON) -m tools.go_toolchain))$(GO_BIN)
+WITH_GO = PATH="$(GO_BIN):$$PATH"
+
 # A real control plane (etcd, kube-apiserver, controller-manager, scheduler, a KWOK
 # node) and a real node (kubelet, containerd, the product image as
 # localhost/throttledjob:dev), built from source once into ~/.cache/throttledjob and
@@ -85,7 +90,7 @@ $(HELM): requirements-dev.txt | $(PY)
 
 # The fake GPUs' device plugin speaks gRPC: WITH=fake-gpus needs the suite's venv.
 cluster: tools $(HELM) $(if $(findstring fake-gpus,$(WITH)),$(STAMP))
-	$(K8S) up --dir .cluster --node real $(WITH_FLAGS) $(CLUSTER_FLAGS)
+	$(WITH_GO) $(K8S) up --dir .cluster --node real $(WITH_FLAGS) $(CLUSTER_FLAGS)
 
 cluster-down:
 	$(K8S) down --dir .cluster
@@ -100,7 +105,7 @@ lint: install
 # The cluster's binaries, CoreDNS among them, built from source once, then cached; with
 # Kueue and JobSet, which tests/cluster/test_batch_live.py starts beside it.
 k8s-build:
-	$(K8S) build --with-kueue --with-jobset >/dev/null
+	$(WITH_GO) $(K8S) build --with-kueue --with-jobset >/dev/null
 
 # Everything the cluster's tests need, cold in one pass, three streams after the Debian
 # packages: the Go builds keep the CPU busy while the real node's images (debootstrap,
@@ -108,7 +113,7 @@ k8s-build:
 # images need the packages, not the venv (docs/testing.md, "Cold and warm"). Cached parts
 # are skipped; a failure of any stream fails the target, after all have ended.
 prepare: tools
-	@$(K8S) build --with-kueue --with-jobset >/dev/null & go=$$!; \
+	@export $(WITH_GO); $(K8S) build --with-kueue --with-jobset >/dev/null & go=$$!; \
 	$(PYTHON) -m tools.k8s.images & images=$$!; \
 	$(MAKE) --no-print-directory lint checkov; ok=$$?; \
 	wait $$images || ok=1; wait $$go || ok=1; exit $$ok
@@ -119,14 +124,14 @@ prepare: tools
 # about 30, and timing-bound tests failed (docs/testing.md, "Cold and warm"). Warm, the
 # builds return at once.
 test: prepare
-	$(VENV)/bin/pytest -m "not cluster" && $(VENV)/bin/pytest -m cluster
+	$(VENV)/bin/pytest -m "not cluster" && $(WITH_GO) $(VENV)/bin/pytest -m cluster
 
 # No Kubernetes (no Go build, no cluster): about 6 minutes, for a quick loop.
 fast: lint tools checkov
 	$(VENV)/bin/pytest -m "not cluster"
 
 test-cluster: prepare
-	$(VENV)/bin/pytest -m cluster
+	$(WITH_GO) $(VENV)/bin/pytest -m cluster
 
 bench: install tools
 	$(PY) -m bench.run --repeat 3
