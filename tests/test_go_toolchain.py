@@ -13,8 +13,7 @@ import threading
 import zipfile
 from pathlib import Path
 
-from tools.go_toolchain import MODULE, _arch, go_dir
-from tools.k8s.host import versions
+from tools.go_toolchain import GO_VERSION, MODULE, _arch, go_dir
 
 
 def toolchain_zip(version: str) -> bytes:
@@ -30,7 +29,7 @@ def toolchain_zip(version: str) -> bytes:
 
 def test_without_go_the_pinned_toolchain_is_fetched_once_and_runs(tmp_path: Path,
                                                                    monkeypatch) -> None:
-    version = versions()["GO_VERSION"]
+    version = GO_VERSION
     body = toolchain_zip(version)
     asked = []
 

@@ -1,6 +1,6 @@
 """Go for the test cluster's builds (tools/k8s/build.sh, batch.py, images.py): the
 machine's `go` where there is one (Go fetches a newer toolchain itself when a module asks
-for one), else the pinned release from the Go module proxy, which serves every Go
+for one), else the pinned release (GO_VERSION) from the Go module proxy, which serves every Go
 release as the module `golang.org/toolchain`, unpacked once into the build cache.
 
     python3 -m tools.go_toolchain      # prints the directory holding `go`
@@ -20,9 +20,13 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from tools.k8s.host import cache_dir, versions
+from tools.k8s.host import cache_dir
 
 MODULE = "golang.org/toolchain"
+# The release fetched where the machine has no `go`: the cluster's module graph
+# (tools/k8s/binaries/go.mod) needs 1.26.7 or later. Not in versions.env, whose every
+# change empties the built binaries' cache (build.sh): which Go built them does not.
+GO_VERSION = "1.26.8"
 
 
 def go_dir(environ: os._Environ | dict[str, str] = os.environ) -> Path:
@@ -30,7 +34,7 @@ def go_dir(environ: os._Environ | dict[str, str] = os.environ) -> Path:
     found = shutil.which("go", path=environ.get("PATH"))
     if found:
         return Path(found).parent
-    return fetch(versions()["GO_VERSION"], environ.get("GOPROXY", ""))
+    return fetch(GO_VERSION, environ.get("GOPROXY", ""))
 
 
 def _arch() -> str:
