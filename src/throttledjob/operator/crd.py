@@ -49,20 +49,19 @@ _GENERATED_HEADER = (
 
 def _cpu_quantity_rule(f: PolicyField) -> dict[str, str]:
     """The parser's grammar of a CPU quantity (the same regular expression, escaped for a
-    CEL string) and its bounds, for a number and for a string alike ("5m" passed the API
-    server and failed later, InvalidPolicy). A number as a Pod takes one (`cpu: 1.5`,
-    `cpu: 2`): the node keeps any JSON value, and the rule takes an int, a double or a
-    string, each on its own branch (no comparison across types), and nothing else."""
-    low, high = f.minimum or 0, f.maximum or 0
+    CEL string) and its bounds, for a whole number of cores and for a string alike ("5m"
+    passed the API server and failed later, InvalidPolicy). A bare 1.5 in YAML is a
+    number no int-or-string field takes: the message says to quote it."""
+    low, high = math.ceil(f.minimum or 0), math.floor(f.maximum or 0)
     grammar = CPU_QUANTITY_PATTERN.replace("\\", "\\\\")
     cores = "(self.endsWith('m') ? double(self.substring(0, size(self) - 1)) / 1000.0 " \
             ": double(self))"
-    return rule(f"type(self) == int ? (self >= {math.ceil(low)} && self <= {math.floor(high)}) : "
-                f"type(self) == double ? (self >= {float(low)!r} && self <= {float(high)!r}) : "
-                f"type(self) == string && (self.matches('{grammar}') && size(self) <= 16 && "
-                f"{cores} >= {float(low)!r} && {cores} <= {float(high)!r})",
-                f"{f.key} must be a CPU quantity like 1500m or 1.5 (a string or a number, "
-                f"as in a Pod), between {low * 1000:g}m and {high:g}")
+    return rule(f"type(self) == int ? (self >= {low} && self <= {high}) : "
+                 f"(self.matches('{grammar}') && size(self) <= 16 && "
+                 f"{cores} >= {f.minimum or 0!r} && {cores} <= {float(f.maximum or 0)!r})",
+                 f"{f.key} must be a CPU quantity like \"1500m\" or \"1.5\" (quoted), "
+                 f"or a whole number of cores, between {(f.minimum or 0) * 1000:g}m and "
+                 f"{f.maximum:g}")
 
 
 def policy_field_schema(f: PolicyField) -> dict[str, Any]:
@@ -70,9 +69,7 @@ def policy_field_schema(f: PolicyField) -> dict[str, Any]:
     what the API server refuses is what the policy parser would refuse later, so
     `kubectl apply` fails fast."""
     if f.type == "cpu":
-        # Any JSON value (a structural schema allows no "number or string" type), judged
-        # by the rule alone.
-        node: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True,
+        node: dict[str, Any] = {"x-kubernetes-int-or-string": True,
                                 "x-kubernetes-validations": [_cpu_quantity_rule(f)]}
     elif f.type == "choice":
         # The parser takes any case; the API server keeps the one spelling it shows.
