@@ -192,9 +192,8 @@ class CapKeeper:
             self._unsaved = False
 
     def restore_pod(self, uid: str) -> None:
-        """Put back every cap the pod of `uid` asked for (its volume went: it is ending)."""
-        with self._lock:
-            self._changed = {k: t for k, t in self._changed.items() if k[0] != uid}
+        """Put back every cap the pod of `uid` asked for (its volume went: it is ending;
+        its rate's count goes at the next `restore_unserved`)."""
         self._restore_where(lambda uuid, cap: cap.pod_uid == uid)
 
     def restore_unserved(self, served: Iterable[PodRef]) -> None:

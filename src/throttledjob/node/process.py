@@ -123,15 +123,14 @@ class Node:
             self._save_volumes()
         log.info("throttledjob node: serving pod %s", pod.key)
 
-    def serving(self, pod: PodRef) -> bool:
-        """The pod's volume is published (by UID: a pod of the same name may follow it)."""
-        with self._lock:
-            return pod.uid not in self.leaving and \
-                any(p.uid == pod.uid for _, p in self.listeners.values())
-
     def served(self) -> list[PodRef]:
+        """The pods whose volume is published and not being unpublished."""
         with self._lock:
             return [p for _, p in self.listeners.values() if p.uid not in self.leaving]
+
+    def serving(self, pod: PodRef) -> bool:
+        """`pod` is served (by UID: a pod of the same name may follow it)."""
+        return any(p.uid == pod.uid for p in self.served())
 
     def unpublish(self, directory: Path) -> None:
         """The pod's caps first (its volume goes: it is ending), and nothing before them
