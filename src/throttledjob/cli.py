@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="CPU peak target in cores (1.5) or as a Kubernetes quantity (1500m)")
     run.add_argument("--max-slowdown", type=float, metavar="RATIO",
                      help="never slow the command by more than this factor (default 1.25)")
+    run.add_argument("--hard", action="store_true",
+                     help="a hard target: held whatever the slowdown (a power or thermal "
+                          "limit); --max-slowdown is then not applied")
     run.add_argument("--interval", type=float, metavar="SECONDS",
                      help="control interval (default 1)")
     run.add_argument("--mode", choices=MODES,
@@ -169,20 +172,26 @@ def _port(text: str) -> int:
 
 
 def _add_sidecar_flags(p: argparse.ArgumentParser, metrics_port: int | None) -> None:
-    port_flag, host_flag = (("--metrics-port", "--metrics-host") if metrics_port is None
-                            else ("--port", "--host"))
-    p.add_argument(port_flag, dest="metrics_port", type=_port, default=metrics_port,
+    # One spelling for every command; the sidecar also takes its first one (--port,
+    # --host), which pods made by an older operator still pass.
+    old = () if metrics_port is None else (("--port",), ("--host",))
+    p.add_argument("--metrics-port", *(old[0] if old else ()), dest="metrics_port",
+                   type=_port, default=metrics_port,
                    metavar="PORT", help="serve /metrics, /healthz, /readyz and /status here"
                    + (" (default: off)" if metrics_port is None else f" (default {metrics_port})"))
-    p.add_argument(host_flag, dest="metrics_host", metavar="ADDRESS",
-                   default="127.0.0.1" if metrics_port is None else "0.0.0.0",
+    p.add_argument("--metrics-host", *(old[1] if old else ()), dest="metrics_host",
+                   metavar="ADDRESS", default="127.0.0.1" if metrics_port is None else "0.0.0.0",
                    help="address to bind (default %(default)s)")
     p.add_argument("--gpu-backend", choices=GPU_BACKENDS, default="auto",
                    help="auto: NVML when present, else none; fake: simulated GPUs "
                         "(THROTTLEDJOB_FAKE_GPUS, THROTTLEDJOB_FAKE_GPU_TRACE) (default auto)")
-    p.add_argument("--gpu-power-limit", action="store_true",
-                   help="allow the privileged lever levers.gpuPowerLimit: cap the NVML power "
-                        "limit at the power target (restored on exit; needs root on the node)")
+    # A switch, not watts (the watts are --gpu-peak-power): named so that nobody reads
+    # it as nvidia-smi's -pl. The first name stays accepted, unlisted.
+    p.add_argument("--allow-gpu-power-cap", "--gpu-power-limit", dest="gpu_power_limit",
+                   action="store_true",
+                   help="allow the privileged lever levers.gpuPowerLimit: cap each GPU's "
+                        "board power limit at the power target (restored on exit; needs "
+                        "root on the node)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +239,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             cpu_peak_cores=None if args.cpu_peak is None
             else parse_cpu_quantity(args.cpu_peak, "--cpu-peak"),
             max_slowdown=args.max_slowdown, interval_seconds=args.interval,
-            mode=args.mode, enforcement=args.enforcement,
+            hold="hard" if args.hard else None, mode=args.mode, enforcement=args.enforcement,
             gpu_peak_utilization_percent=args.gpu_peak_util,
             gpu_peak_power_watts=args.gpu_peak_power,
             gpu_memory_fraction=args.gpu_memory_fraction,

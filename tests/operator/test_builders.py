@@ -107,7 +107,7 @@ def test_sidecar_follows_the_contract() -> None:
     sidecar = pod_of(job)["initContainers"][0]
     assert sidecar["image"] == "ghcr.io/throttledjob/throttledjob:0.1.0"
     assert sidecar["args"] == ["sidecar", "--policy", "/etc/throttledjob/policy.yaml",
-                               "--shared-dir", "/var/run/throttledjob", "--port", "9400"]
+                               "--shared-dir", "/var/run/throttledjob", "--metrics-port", "9400"]
     assert sidecar["restartPolicy"] == "Always"  # native sidecar: never blocks completion
     assert sidecar["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
     assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"

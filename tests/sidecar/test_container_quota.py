@@ -306,6 +306,37 @@ def test_a_pods_kernel_limit_is_reported_as_the_quota_lever_and_its_slowdown(
     assert result.last.budget_exhausted and result.last.cpu_limit_wanted_cores == 1.6
 
 
+@pytest.mark.parametrize("hold", ["soft", "hard"])
+def test_a_hard_target_is_never_lifted_by_the_budget(tmp_path: Path, hold: str) -> None:
+    """Two busy threads held to 1 core by the kernel (2x, past maxSlowdown 1.25): a soft
+    target asks for the limit the budget needs and says the budget bound; a hard one
+    (targets.hold: Hard) asks for nothing and reports no exhausted budget."""
+    pod = Pod(tmp_path)
+    pod.container("work", 100_000)
+    pod.process(10, "work")
+    view, tree = pod.view()
+    now = [0.0]
+    policy = Policy(cpu_peak_cores=1.0, max_slowdown=1.25, enforcement=Enforcement.QUOTA,
+                    hold=hold)
+    (tmp_path / "shared").mkdir()
+    agent = Agent(policy, tree, str(tmp_path / "shared"), clock=lambda: now[0],
+                  container_quota=view, plan=pod_plan(policy, 1.0))
+    agent.start()
+    for second in range(1, 11):
+        tree.cpu += 1.0
+        now[0] = float(second)
+        pod.stat("work", periods=10 * second, throttled=10 * second, seconds=second * 1.0)
+        result = agent.cycle()
+    assert summarize(result).slowdown == pytest.approx(2.0)
+    if hold == "hard":
+        assert not result.last.budget_exhausted
+        assert result.last.cpu_limit_wanted_cores is None
+        assert result.budget_exhausted_seconds == 0
+    else:
+        assert result.last.budget_exhausted
+        assert result.last.cpu_limit_wanted_cores == pytest.approx(1.6)
+
+
 def test_no_lift_is_wanted_where_the_budget_allows_the_target(tmp_path: Path) -> None:
     pod = Pod(tmp_path)
     pod.container("work", 100_000)

@@ -39,6 +39,13 @@ class Enforcement(Choice):
     BOTH = "both"  # pacing while the workload calls step(), signals otherwise
 
 
+class Hold(Choice):
+    """What the slowdown budget may do to a target that would cost more than it allows."""
+
+    SOFT = "soft"  # lift the target as far as maxSlowdown needs (status: BudgetExhausted)
+    HARD = "hard"  # hold the target whatever the slowdown (a power or thermal limit)
+
+
 class Permission(Choice):
     """Whether a privileged lever may be used: the ThrottledJob (or the command line)
     allows it; absent is Deny."""
@@ -49,6 +56,10 @@ class Permission(Choice):
 
 MODES = tuple(m.value for m in Mode)
 PERMISSIONS = tuple(p.value for p in Permission)
+HOLDS = tuple(h.value for h in Hold)
+# A hard target's pause budget: all but 1% of the time may be held back, the most the
+# settings file carries (contracts/settings.py), so the budget never lifts the target.
+HARD_MAX_PAUSE_FRACTION = 0.99
 ENFORCEMENTS = tuple(e.value for e in Enforcement)
 
 
@@ -63,6 +74,7 @@ class Policy:
     gpu_peak_power_watts: float | None = None
     gpu_memory_fraction: float | None = None
     max_slowdown: float = 1.25
+    hold: Hold = Hold.SOFT
     mode: Mode = Mode.ADAPTIVE
     enforcement: Enforcement = Enforcement.QUOTA
     interval_seconds: float = 1.0
@@ -85,6 +97,8 @@ class Policy:
             object.__setattr__(self, "enforcement", Enforcement(self.enforcement))
         if self.gpu_power_limit in PERMISSIONS:
             object.__setattr__(self, "gpu_power_limit", Permission(self.gpu_power_limit))
+        if self.hold in HOLDS:
+            object.__setattr__(self, "hold", Hold(self.hold))
 
     @property
     def uses_signals(self) -> bool:
@@ -108,8 +122,21 @@ class Policy:
         return self.mode is Mode.ADAPTIVE
 
     @property
+    def hard(self) -> bool:
+        return self.hold is Hold.HARD
+
+    @property
+    def budget_slowdown(self) -> float | None:
+        """The slowdown the budget allows a target to cost; None: a hard target, never
+        lifted whatever it costs."""
+        return None if self.hard else self.max_slowdown
+
+    @property
     def max_pause_fraction(self) -> float:
-        """Pausing more than this fraction of wall time would exceed maxSlowdown."""
+        """Pausing more than this fraction of wall time would exceed maxSlowdown; a hard
+        target may pause all but the last 1%. Every lever's budget is read from here."""
+        if self.hard:
+            return HARD_MAX_PAUSE_FRACTION
         return 1.0 - 1.0 / self.max_slowdown
 
     def with_overrides(self, names: Mapping[str, str] | None = None,
@@ -177,9 +204,16 @@ POLICY_FIELDS: tuple[PolicyField, ...] = (
                 "Peak GPU board power, watts.", 1, 10000),
     PolicyField("targets.gpu.memoryFraction", "gpu_memory_fraction", "number",
                 "Cap of the GPU memory each process may allocate, as a fraction.", 0.01, 1.0),
+    PolicyField("targets.hold", "hold", "choice",
+                "Soft: where holding a target would slow the workload past maxSlowdown, "
+                "the budget wins and lifts the target (TargetMet False, BudgetExhausted). "
+                "Hard: the targets hold whatever the slowdown (a power or thermal limit); "
+                "maxSlowdown then only guides the choice of levers.",
+                choices=HOLDS, crd_default=True),
     PolicyField("maxSlowdown", "max_slowdown", "number",
                 "Never slow the workload by more than this factor of its unthrottled wall "
-                "time; past it the status says the target is unreachable.",
+                "time (unless targets.hold is Hard); past it the status says the target is "
+                "unreachable.",
                 1.0, 100.0, crd_default=True),
     PolicyField("mode", "mode", "choice",
                 "Adaptive trims by feedback; Fixed holds static settings.",

@@ -127,7 +127,7 @@ def build_sidecar(settings: OperatorSettings, uid: int | None) -> dict[str, Any]
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
         "args": ["sidecar", "--policy", f"{POLICY_DIR}/{POLICY_KEY}",
-                 "--shared-dir", SHARED_DIR, "--port", str(METRICS_PORT)],
+                 "--shared-dir", SHARED_DIR, "--metrics-port", str(METRICS_PORT)],
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT,
                    "protocol": "TCP"}],
         "resources": {"requests": {"cpu": settings.sidecar_cpu_request,

@@ -249,7 +249,9 @@ class Agent:
         """The pause the slowdown budget leaves once the levers in force are charged: a
         lever that costs c by itself leaves maxSlowdown / c for the duty cycle."""
         # With no cost (1) this is the policy's own 1 - 1/maxSlowdown.
-        return max(0.0, 1.0 - self._lever_slowdown() / self.policy.max_slowdown)
+        if self.policy.budget_slowdown is None:  # a hard target
+            return self.policy.max_pause_fraction
+        return max(0.0, 1.0 - self._lever_slowdown() / self.policy.budget_slowdown)
 
     @property
     def levers(self) -> LeverSetting:

@@ -104,7 +104,7 @@ class LeverChoice:
             if not candidates:
                 return
             self.explorer = Explorer(policy.cpu_peak_cores, candidates,
-                                     max_slowdown=policy.max_slowdown)
+                                     max_slowdown=policy.budget_slowdown)
         self.explorer.update(LeverSample(sample.usage_cores, sample.held_back, done,
                                          sample.elapsed, cores=usable_cores(),
                                          busy_width=sample.busy_width))
@@ -117,7 +117,7 @@ class LeverChoice:
         elif self.explorer and new.cpu_peak_cores != old.cpu_peak_cores:
             self.explorer.set_target(new.cpu_peak_cores)
         if self.explorer:
-            self.explorer.max_slowdown = new.max_slowdown
+            self.explorer.max_slowdown = new.budget_slowdown
 
     def lever_slowdown(self, levers: LeverSetting | None = None,
                        most: bool = False) -> float | None:

@@ -403,6 +403,7 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
         # Units of work reported through the runtime library (step() or the auto-hook).
         "steps": result.last.steps,
         "max_slowdown": policy.max_slowdown,
+        "hold": policy.hold,
         "enforcement": result.plan.enforcement,
         "mode": policy.mode,
         "controller": {

@@ -144,7 +144,8 @@ def run_line(result: CycleResult, wall: float, exit_code: int,
         parts.append(f"CPU peak {result.cpu.p99:.2f} cores p99 (max {result.cpu.max:.2f})")
     if run.gpu_power.p99 is not None:
         parts.append(f"GPU power {run.gpu_power.p99:.0f} W p99")
-    parts.append(f"slowdown {run.slowdown:.2f}x of {p.max_slowdown:g}x allowed"
+    parts.append(f"slowdown {run.slowdown:.2f}x (hard target: no budget)" if p.hard else
+                 f"slowdown {run.slowdown:.2f}x of {p.max_slowdown:g}x allowed"
                  + (" (the budget bound: the target gave way)"
                     if result.budget_exhausted_seconds > 0 else ""))
     parts.append("levers: " + (", ".join(run.levers) or "none needed"))
