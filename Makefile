@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.run-installed
 
 .PHONY: demo test test-cluster lint fast k8s-build prepare tools checkov bench install install-run clean \
-	cluster cluster-down
+	cluster cluster-down chart-readme
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -101,6 +101,10 @@ demo: install-run
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+# The chart's README, generated from Chart.yaml and values.yaml (tools/chart_readme.py).
+chart-readme: $(RUN_STAMP)
+	$(PY) -m tools.chart_readme
 
 # The cluster's binaries, CoreDNS among them, built from source once, then cached; with
 # Kueue and JobSet, which tests/cluster/test_batch_live.py starts beside it.
