@@ -12,6 +12,11 @@ from testing.helpers import require_tool
 from testing.paths import CHART
 
 RELEASE, NAMESPACE = "tj", "throttledjob-system"
+# The kinds of the Prometheus Operator, as a cluster that has its CRDs serves them: the
+# chart refuses its monitoring objects where they are not (`helm template` knows of no
+# cluster, so it is told, as Argo CD tells it).
+MONITORING_APIS = ("--api-versions", "monitoring.coreos.com/v1/PodMonitor",
+                   "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
 # Every optional part on: what the "all-optional-on" renders use.
 ALL_ON = {"monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "kps"}},
                          "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
@@ -32,7 +37,8 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def template(values: dict[str, Any] | None = None, tmp: Path | None = None,
              *extra: str) -> subprocess.CompletedProcess[str]:
     """`helm template` with `values` in a file (so types are kept, unlike --set)."""
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, *extra]
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, *MONITORING_APIS,
+            *extra]
     if values is not None:
         assert tmp is not None
         path = tmp / "values.yaml"

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from testing.chart import MONITORING_APIS
 from testing.helpers import require_tool, wait_for
 from testing.paths import CHART
 from tools.k8s import cluster as k8s
@@ -19,9 +20,11 @@ OPERATOR_NAMESPACE = "throttledjob-system"
 TIMEOUT = 60.0
 
 
-def helm(cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
+def helm(cluster: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([require_tool("helm"), "--kubeconfig", str(cluster.kubeconfig),
                            *args], capture_output=True, text=True, timeout=300)
+    if not check:
+        return proc
     if proc.returncode != 0 and "-n" in args:
         # helm --wait says only "context deadline exceeded": say which pods and why.
         pods = Kubectl(cluster.kubeconfig).json("get", "pods", "-n", args[args.index("-n") + 1])
@@ -58,7 +61,7 @@ def helm_template(release: str, values: dict[str, Any], tmp: Path) -> list[dict[
     path = tmp / f"{release}-values.yaml"
     path.write_text(yaml.safe_dump(values))
     proc = subprocess.run([require_tool("helm"), "template", release, str(CHART),
-                           "--namespace", OPERATOR_NAMESPACE, "-f", str(path)],
+                           "--namespace", OPERATOR_NAMESPACE, *MONITORING_APIS, "-f", str(path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]

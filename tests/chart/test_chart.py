@@ -12,7 +12,16 @@ import jsonschema
 import pytest
 import yaml
 
-from testing.chart import ALL_ON, NAMESPACE, by_kind, helm, render, restricted_violations, template
+from testing.chart import (
+    ALL_ON,
+    MONITORING_APIS,
+    NAMESPACE,
+    by_kind,
+    helm,
+    render,
+    restricted_violations,
+    template,
+)
 from testing.manifests import operator_job
 from testing.monitoring_schemas import SCHEMAS
 from testing.paths import CHART
@@ -32,6 +41,8 @@ OPTIONAL_KINDS = {"PodMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy"}
 
 
 def test_helm_lint_strict() -> None:
+    # Lint renders in its lint mode, where the chart's `fail` on a kind the cluster does
+    # not serve is logged, not fatal: the monitoring objects' configurations lint too.
     out = helm("lint", "--strict", str(CHART)).stdout
     assert "0 chart(s) failed" in out
     for name, values in CONFIGS.items():
@@ -39,6 +50,23 @@ def test_helm_lint_strict() -> None:
             args = [f"--set-json={key}={json.dumps(value)}" for key, value in values.items()]
             out = helm("lint", "--strict", str(CHART), *args).stdout
             assert "0 chart(s) failed" in out, name
+
+
+def test_monitoring_objects_need_their_kinds_served(tmp_path) -> None:
+    """Each of the Prometheus Operator's kinds is asked for by the object that needs it,
+    in one line naming the value that turns it off: the rule alone on a cluster that
+    serves PodMonitor only is refused for PrometheusRule."""
+    rules_only = {"monitoring": {"prometheusRule": {"enabled": True}}}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules_only))
+    missing_rule = helm("template", "tj", str(CHART), "-f", str(tmp_path / "rules.yaml"),
+                        "--api-versions", "monitoring.coreos.com/v1/PodMonitor", check=False)
+    assert missing_rule.returncode == 1
+    assert "monitoring.prometheusRule.enabled=true needs the kind " \
+        "monitoring.coreos.com/v1/PrometheusRule, which this cluster does not serve" \
+        in missing_rule.stderr
+    assert "or set monitoring.prometheusRule.enabled=false" in missing_rule.stderr
+    assert "PrometheusRule" in {o["kind"] for o in render(rules_only, tmp_path)}
+    assert template(None, tmp_path).returncode == 0  # off: nothing asked of the cluster
 
 
 def test_chart_metadata_matches_the_package() -> None:
@@ -262,7 +290,8 @@ def test_notes_tell_the_user_what_to_do_next(tmp_path) -> None:
                              "grafana/tj-throttledjob-dashboard", "PrometheusRule"])):
         path = tmp_path / "v.yaml"
         path.write_text(yaml.safe_dump(values or {}))
-        out = helm("template", "tj", str(chart_copy), "-n", NAMESPACE, "-f", str(path),
+        out = helm("template", "tj", str(chart_copy), "-n", NAMESPACE, *MONITORING_APIS,
+                   "-f", str(path),
                    "--show-only", "templates/notes-as-configmap.yaml").stdout
         text = yaml.safe_load(out)["data"]["notes"]
         for phrase in expect:

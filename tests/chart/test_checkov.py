@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from testing.chart import ALL_ON, helm
+from testing.chart import ALL_ON, MONITORING_APIS, helm
 from testing.helpers import require_tool
 from testing.manifests import operator_job
 from testing.paths import ROOT
@@ -93,7 +93,7 @@ def write_scan(directory: Path, chart_args: list[str], job_kw: dict[str, Any]) -
     directory.mkdir()
     rendered = helm("template", "tj", str(ROOT / "charts" / "throttledjob"),
                     "--namespace", "throttledjob-system", "--include-crds",
-                    *chart_args).stdout
+                    *MONITORING_APIS, *chart_args).stdout
     (directory / "chart.yaml").write_text(rendered)
     settings = operator_settings([d for d in yaml.safe_load_all(rendered) if d])
     job = operator_job(**job_kw, settings=settings, **CLEAN_WORKLOAD)

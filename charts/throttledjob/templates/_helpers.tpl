@@ -149,3 +149,16 @@ posts Events; operator/kube.py gets, creates and patches the rest.
   verbs: [get, list, watch, create, patch]
 {{- end }}
 {{- end -}}
+
+{{- /*
+Stop the install, in one line, where an optional object's kind is not served by the
+cluster (its CRDs are missing): Helm's own "no matches for kind" names neither what is
+missing nor the value that turns the object off. Args: (list $ "group/version/Kind"
+"the.value.that.enables.it" "what serves the kind").
+*/}}
+{{- define "throttledjob.requireKind" -}}
+{{- $root := index . 0 }}{{- $kind := index . 1 }}{{- $value := index . 2 }}
+{{- if not ($root.Capabilities.APIVersions.Has $kind) }}
+{{- fail (printf "%s=true needs the kind %s, which this cluster does not serve: install %s first, or set %s=false" $value $kind (index . 3) $value) }}
+{{- end }}
+{{- end }}
