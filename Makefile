@@ -1,5 +1,5 @@
 # One command each: `make demo`, `make test`, `make bench`. Each creates what it needs.
-# Test tiers (docs/testing.md): `make fast` needs no cluster (lint and every test not
+# Test tiers (docs/dev/testing.md): `make fast` needs no cluster (lint and every test not
 # marked `cluster`, about 6 minutes); `make test-cluster` only the tests marked `cluster`;
 # `make test` is lint and the whole suite (what .ci/run runs).
 PYTHON ?= python3
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml requirements-run.txt requirements-dev.txt | $(PY)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP) $(RUN_STAMP)
 
-# The usual developer install (src layout, docs/architecture.md).
+# The usual developer install (src layout, docs/dev/architecture.md).
 EDITABLE = $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 
 install: $(STAMP)
@@ -33,7 +33,7 @@ install: $(STAMP)
 install-run: $(RUN_STAMP)
 	$(EDITABLE)
 
-# System tools the suite drives for real (docs/testing.md): Prometheus/promtool, cpulimit,
+# System tools the suite drives for real (docs/dev/testing.md): Prometheus/promtool, cpulimit,
 # and the real node's runtime and image tools (tools/k8s/node.py, "Real node"), whose
 # list node.py reads too.
 NODE_PACKAGES := $(shell cat tools/k8s/node-packages.txt)
@@ -114,7 +114,7 @@ k8s-build:
 # Everything the cluster's tests need, cold in one pass, three streams after the Debian
 # packages: the Go builds keep the CPU busy while the real node's images (debootstrap,
 # pip inside podman builds) and the venvs (pip) wait on the network and the disk; the
-# images need the packages, not the venv (docs/testing.md, "Cold and warm"). Cached parts
+# images need the packages, not the venv (docs/dev/testing.md, "Cold and warm"). Cached parts
 # are skipped; a failure of any stream fails the target, after all have ended.
 prepare: tools
 	@export $(WITH_GO); $(K8S) build --with-kueue --with-jobset >/dev/null & go=$$!; \
@@ -125,7 +125,7 @@ prepare: tools
 # The whole suite: what the cluster's tests need (prepare), then the tier without a
 # cluster, then the cluster's. Not the tests beside the builds: measured cold, the tier
 # without a cluster took 15 minutes instead of 8 beside them, the builds 45 instead of
-# about 30, and timing-bound tests failed (docs/testing.md, "Cold and warm"). Warm, the
+# about 30, and timing-bound tests failed (docs/dev/testing.md, "Cold and warm"). Warm, the
 # builds return at once.
 test: prepare
 	$(VENV)/bin/pytest -m "not cluster" && $(WITH_GO) $(VENV)/bin/pytest -m cluster

@@ -1,4 +1,4 @@
-"""The slowdown the report estimates against the real one, per workload (docs/benchmarks.md).
+"""The slowdown the report estimates against the real one, per workload (docs/dev/benchmarks.md).
 
     .venv/bin/python -m bench.estimate [--scale 1.0] [--fraction 0.5] [--max-slowdown 3]
                                        [--repeat 3]

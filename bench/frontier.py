@@ -1,4 +1,4 @@
-"""Oracle frontier vs the adaptive explorer, duty cycling alone and cpulimit (docs/frontier.md).
+"""Oracle frontier vs the adaptive explorer, duty cycling alone and cpulimit (docs/dev/frontier.md).
 
     .venv/bin/python -m bench.frontier            # 5 workloads x 3 targets (~15 min)
     .venv/bin/python -m bench.frontier --quick    # 3 workloads, smaller runs (~5 min)

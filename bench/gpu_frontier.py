@@ -1,5 +1,5 @@
 """GPU power targets, simulated: the power-limit explorer vs an oracle sweep of static caps
-and vs holding back alone (docs/frontier.md). No GPU here, so every run drives the real
+and vs holding back alone (docs/dev/frontier.md). No GPU here, so every run drives the real
 GpuAgent (controller, explorer, lever) against the simulated board of sidecar/gpu/fake.py.
 The figures measure the control logic on that model, not a board.
 

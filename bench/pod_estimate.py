@@ -1,4 +1,4 @@
-"""The slowdown a pod's /status estimates against the real one (docs/benchmarks.md, "The
+"""The slowdown a pod's /status estimates against the real one (docs/dev/benchmarks-history.md, "The
 estimate in a pod").
 
 The docs' PyTorch example (`examples/one-machine/pytorch.yaml`: `inject: Auto`, 1 core,

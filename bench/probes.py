@@ -1,4 +1,5 @@
-"""The explorer's probes against the target, with the default slowdown budget (docs/benchmarks.md).
+"""The explorer's probes against the target, with the default slowdown budget
+(docs/dev/benchmarks.md).
 
     .venv/bin/python -m bench.probes [--runs 3] [--steps 1500] [--target 1.0]
 

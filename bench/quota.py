@@ -1,4 +1,5 @@
-"""Beat a plain CPU limit: the kernel's quota at the target vs ThrottledJob (docs/benchmarks.md).
+"""Beat a plain CPU limit: the kernel's quota at the target vs ThrottledJob
+(docs/dev/benchmarks.md).
 
     .venv/bin/python -m bench.quota [--workloads busy matmul elementwise bursty phases torch]
 

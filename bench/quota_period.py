@@ -1,4 +1,4 @@
-"""What the kernel quota's period costs a multi-threaded loop (docs/benchmarks.md).
+"""What the kernel quota's period costs a multi-threaded loop (docs/dev/benchmarks.md).
 
     .venv/bin/python -m bench.quota_period [--quota 1.0] [--periods 50 100] [--turns 2]
                                            [-- python examples/torch_train.py --steps 1000]

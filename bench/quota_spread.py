@@ -1,4 +1,4 @@
-"""What a plain kernel CPU quota looks like through 1-second samples (docs/benchmarks.md).
+"""What a plain kernel CPU quota looks like through 1-second samples (docs/dev/benchmarks.md).
 
     .venv/bin/python -m bench.quota_spread [--runs 8] [--seconds 40] [--cores 1.0]
 

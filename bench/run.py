@@ -1,4 +1,4 @@
-"""Foundation benchmarks (docs/benchmarks.md): adherence, cost, cpulimit, overhead.
+"""Foundation benchmarks (docs/dev/benchmarks.md): adherence, cost, cpulimit, overhead.
 
     make bench            # or: .venv/bin/python -m bench.run [--repeat N] [--scale F]
 

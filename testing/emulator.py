@@ -37,7 +37,7 @@ RESOURCES = {
     "v1/configmaps": dict(kind="ConfigMap", namespaced=True, singular="configmap"),
     "v1/pods": dict(kind="Pod", namespaced=True, singular="pod", subresources=["status"]),
     "v1/events": dict(kind="Event", namespaced=True, singular="event"),
-    # kopf waits for these after login (docs/testing.md).
+    # kopf waits for these after login (docs/dev/testing.md).
     "v1/namespaces": dict(kind="Namespace", namespaced=False, singular="namespace"),
     "apiextensions.k8s.io/v1/customresourcedefinitions": dict(
         kind="CustomResourceDefinition", namespaced=False,

@@ -1,6 +1,6 @@
 """Each benchmark of bench/ at a tiny size, run as `make bench` runs it: it must finish and
 print its table, one row per case. Its figures are never judged here (at these sizes they
-mean nothing): timing claims live in bench/ and docs/benchmarks.md. The operator's load
+mean nothing): timing claims live in bench/ and docs/dev/benchmarks.md. The operator's load
 benchmark needs the cluster: tests/cluster/test_bench_live.py."""
 
 from __future__ import annotations

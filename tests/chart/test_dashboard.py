@@ -1,7 +1,7 @@
 """The Grafana dashboard, checked for real: a real Prometheus scrapes a real
 `throttledjob run --metrics-port ... --gpu-backend fake` holding a real workload, and every
 panel query, every annotation and every template variable, with the variables filled in as
-Grafana fills them, returns data. No Grafana server is installable here (docs/testing.md).
+Grafana fills them, returns data. No Grafana server is installable here (docs/dev/testing.md).
 """
 
 from __future__ import annotations

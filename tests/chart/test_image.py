@@ -1,6 +1,6 @@
 """The Dockerfile: hadolint clean, and its build steps run for real in a fresh venv.
 
-No image can be built here (no daemon, docs/testing.md), so the test interprets the build
+No image can be built here (no daemon, docs/dev/testing.md), so the test interprets the build
 stage itself: COPY from the context as .dockerignore filters it, WORKDIR, ENV, RUN with
 the image's paths mapped into a temporary directory. Any other instruction in the build
 stage fails the test, so the two cannot silently part ways.
@@ -152,7 +152,7 @@ def test_dockerignore_keeps_the_context_small(tmp_path) -> None:
 
 def test_build_stage_steps_install_a_working_package(tmp_path) -> None:
     """The build stage's exact steps, then the final image's entry point, in a temp root."""
-    require_tool("pip")  # PyPI is reachable through pip only (docs/testing.md)
+    require_tool("pip")  # PyPI is reachable through pip only (docs/dev/testing.md)
     ctx = build_context(tmp_path / "ctx")
     root = tmp_path / "image"
     mapping = {VENV: str(root / VENV.lstrip("/")), "/src": str(root / "src")}

@@ -53,8 +53,8 @@ from tools.k8s import images
 PAIRS = int(os.environ.get("THROTTLEDJOB_DDP_PAIRS", "1"))
 # Single pairs trained 0.77-0.94x and once, under fresh-clone CI, 0.995x: a probe's lifted
 # thread cap had put a rank at 2 threads, and the split weighed the ranks by their start
-# (docs/benchmarks.md). Both mended, single pairs trained 0.80x and 0.81x; one pair judges
-# 0.95, three the gain (bench.distributed, median of 3 pairs).
+# (docs/dev/benchmarks-history.md). Both mended, single pairs trained 0.80x and 0.81x; one
+# pair judges 0.95, three the gain (bench.distributed, median of 3 pairs).
 TRAINING_BOUND = 0.95 if PAIRS == 1 else 0.92
 JOB_BOUND = 1.10 if PAIRS == 1 else 1.05
 pytestmark = pytest.mark.timeout(300 + 400 * PAIRS)
@@ -320,11 +320,11 @@ def test_a_job_wide_target_splits_one_core_between_the_ranks_by_their_cost(
     # Split by cost, the pair trains in about 3/4 of the even split's time (42 s against
     # 55 s here with cgroup quotas of 0.34 and 0.66 core set by hand; the ideal split of
     # costs 1:1.9 gives 0.77x). Measured 0.77-0.94x over single pairs and a 3-pair run,
-    # once 0.995x (docs/benchmarks.md); no split at all is 1.0x. The Job's wall time also
-    # holds each pod's start, where the sidecar and the guard start before the workload,
-    # and the first intervals before the split has moved: 0.83-1.05x, judged only as never
-    # slower than the even split beyond the noise of two pods' start. Judged last, so that
-    # a slow pair has printed its split's history and status first.
+    # once 0.995x (docs/dev/benchmarks-history.md); no split at all is 1.0x. The Job's wall
+    # time also holds each pod's start, where the sidecar and the guard start before the
+    # workload, and the first intervals before the split has moved: 0.83-1.05x, judged only
+    # as never slower than the even split beyond the noise of two pods' start. Judged last,
+    # so that a slow pair has printed its split's history and status first.
     assert statistics.median(p["training_ratio"] for p in pairs) <= TRAINING_BOUND, pairs
     assert statistics.median(p["job_ratio"] for p in pairs) <= JOB_BOUND, pairs
 

@@ -64,7 +64,7 @@ WORKLOAD = two_processes("for _ in range(400_000_000): pass")
 RUN_TIMEOUT = 240.0
 # The kernel's CFS quota seen through 1-second samples reads a little over the quota
 # (summary.KERNEL_SLACK_CORES): the largest 1-second sample of two busy processes under
-# a plain 1-core quota, 40 s runs (bench/quota_spread.py, docs/benchmarks.md), was
+# a plain 1-core quota, 40 s runs (bench/quota_spread.py, docs/dev/benchmarks.md), was
 # 0.996-1.014 here; the plain `limits.cpu: 1` pods of this suite read up to 1.04. The
 # product's own bound (cpu_peak_bound: 1.05 at 1 core) is what the tests hold it to; a
 # tighter one fails on the kernel itself.
@@ -250,7 +250,7 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
           f"{workload.quota_cores} cores; sidecar CPU {statistics.mean(sidecar.cores):.3f} "
           f"cores, memory {max(sidecar.memory_bytes) / 2**20:.1f} MiB")
     # The kernel's quota holds it within its own bound (KERNEL_BOUND); signals within
-    # 4.5% in 16 of 17 runs here (docs/benchmarks.md), and a run of ~16 samples has its
+    # 4.5% in 16 of 17 runs here (docs/dev/benchmarks.md), and a run of ~16 samples has its
     # maximum for p99: 7%, a little room for one second's wobble.
     bound = KERNEL_BOUND if enforcement is None else TARGET_CORES * 1.07
     assert workload.p99() <= bound, f"over {bound}: {workload.describe()}; unthrottled " \
@@ -295,12 +295,12 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
 
     # The sidecar's own cost, from its container's cgroup, against its goals: 40 MiB, and
     # 1% of a core where the kernel holds the target. Signals scan and stop the workload
-    # 50 times a second: 1.8-3.2% of a core here over eleven runs (docs/benchmarks.md),
+    # 50 times a second: 1.8-3.2% of a core here over eleven runs (docs/dev/benchmarks.md),
     # over the goal by design; this bound catches a regression, not the goal.
     assert sidecar.cores, "no sample of the sidecar's cgroup"
     # Under the quota the goal is 1% of a core; a fresh-clone run on a new VM read 1.34%
     # (2026-11-27), so the test holds twice the goal, a regression's size, and the figure
-    # itself is the benchmark's (docs/benchmarks.md, "A pod on the real node").
+    # itself is the benchmark's (docs/dev/benchmarks-history.md, "A pod on the real node").
     # Signals: 1.8-3.2% before; the same VM read 5.0-5.6% (its work costs about twice the
     # CPU: the DDP ranks' CPU per step doubled too), so 8%.
     cpu_bound = 0.02 if enforcement is None else 0.08
@@ -689,7 +689,7 @@ def test_an_unmodified_pytorch_script_is_paced_at_its_optimizer_steps_and_beats_
     assert "threads" in observed.get("levers", []), observed
     assert observed.get("steps", 0) > TORCH_STEPS // 2, observed  # read while it ran
     # Faster than the plain limit: one thread under the same quota trains this model in
-    # 0.6-0.7x the time here (docs/benchmarks.md); a slower run means the lever was lost.
+    # 0.6-0.7x the time here (docs/dev/benchmarks.md); a slower run means the lever was lost.
     assert ratio < 0.9, ratio
 
 

@@ -411,7 +411,7 @@ def test_a_throttledjobs_life_costs_a_counted_number_of_writes(
     """Create -> ConfigMap and Job -> its pod runs -> Succeeded, with no edit: every
     write the operator made, from the API server's audit log, ours and kopf's. One
     ConfigMap and one Job, ever; the status and kopf's annotations within the counts
-    measured (docs/operator.md, "Load"), so that a change which adds writes per
+    measured (docs/dev/benchmarks-history.md, "Load"), so that a change which adds writes per
     ThrottledJob shows here."""
     pod_sidecar.doc = STATUS_DOC
     user = real_operator.user  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""The test cluster, built from source and run on this machine (docs/testing.md).
+"""The test cluster, built from source and run on this machine (docs/dev/testing.md).
 
     host      what the machine offers: cgroup hierarchies, free ports, commands, the cache
     cluster   the control plane and KWOK's node (`python -m tools.k8s.cluster up|down`)

@@ -230,7 +230,7 @@ class Kube:
         It reads with a GET, not from the watch's copy: under a burst the watch lags
         our own writes, and a stale copy cost a 409, the GET and the write again (5.3
         status patches per ThrottledJob in the burst against 2.2, burst/floor 1.59-1.88x
-        against 1.44x; docs/operator.md, "Load")."""
+        against 1.44x; docs/dev/benchmarks-history.md, "Load")."""
         path = self.tj_path(namespace, name)
         for _ in range(STATUS_WRITE_ATTEMPTS):
             tj = self.get(path)

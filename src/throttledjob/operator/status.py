@@ -30,7 +30,8 @@ from .validation import Refusal
 # A sidecar read whose figures are all within OBSERVED_TOLERANCE of the written ones is
 # not written unless those are this old: a measured figure moves a little every
 # interval, and one status patch per running ThrottledJob every interval was most of
-# the operator's and the API server's work at 1,000 running (docs/operator.md, "Load").
+# the operator's and the API server's work at 1,000 running
+# (docs/dev/benchmarks-history.md, "Load").
 # The figures of every second are the sidecar's Prometheus metrics.
 READ_TIME_REFRESH_SECONDS = 60.0
 OBSERVED_TOLERANCE = 0.05  # of the figure written, and at least OBSERVED_ABSOLUTE

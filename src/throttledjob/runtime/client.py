@@ -30,7 +30,7 @@ T = TypeVar("T")
 PEER_MAX_AGE_SECONDS = 2.0
 # Pace in pauses of at least this long (see CpuBudget.min_pause_seconds): on a 2-thread
 # torch loop of 1 ms steps held to 1 core, pausing at every step took 44 s for work that
-# 20 ms pauses did in 21 s (bench/zoo.py matmul --scale 0.5, docs/frontier.md).
+# 20 ms pauses did in 21 s (bench/zoo.py matmul --scale 0.5, docs/dev/frontier.md).
 MIN_PAUSE_SECONDS = 0.02
 # With that debt carried, a 30 ms burst keeps a 1-second window within 1.05 x the quota.
 BURST_SECONDS = 0.03

@@ -46,7 +46,7 @@ def exploration_cost(exploration_seconds: float, demand_cores: float, target_cor
 # less or none (MAX_PER_CORE_GAIN may be wrong for a workload: two threads on this
 # machine busy with other work did 4.7x less per CPU-second than one): the probes then
 # run once they cost at most 2% of the run's expected length, the "never more than 2%
-# slower than a plain quota" goal (docs/benchmarks.md).
+# slower than a plain quota" goal (docs/dev/benchmarks.md).
 INSURANCE_SHARE = 0.02
 
 

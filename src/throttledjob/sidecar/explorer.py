@@ -238,7 +238,7 @@ class Explorer:
         """The most R0 can be. Measured while the rate held the defaults back, R0 reads
         low where synchronised threads waste CPU at the hold's edges (one spins at a
         barrier while a sibling is throttled: 3-9% of a PyTorch loop's speed at the
-        quota's period, docs/benchmarks.md). Unheld, the defaults do no more steps per
+        quota's period, docs/dev/benchmarks.md). Unheld, the defaults do no more steps per
         CPU-second than fewer threads do (no superlinear scaling, as the probe order
         assumes), so a thread cap measured with no such waste (one thread, which has no
         sibling, or any cap unheld) bounds it at the defaults' demand. That bound also

@@ -13,7 +13,7 @@ and the best setting is the one that maximises it. Idle time (waits, I/O) is the
 under every setting, so ranking by busy-time throughput ranks by run time too. Both
 figures are measured *while the rate is on*: duty cycling scales CPU and steps alike,
 so steps per CPU-second does not depend on it (save the CPU a kernel quota makes
-synchronised threads waste, docs/benchmarks.md), and the unpaused demand is the width
+synchronised threads waste, docs/dev/benchmarks.md), and the unpaused demand is the width
 the kernel measured where its quota held the tree back, else the measured usage divided
 by the fraction of the interval not paused. Probing therefore never lifts the rate: the
 peak target holds during exploration too.
@@ -163,7 +163,7 @@ class Estimate:
 # does T/k times the work it does at the defaults. The most measured here is 1.33x (one
 # thread of examples/torch_train.py against two, per CPU-second); a probe needing more
 # than this costs an interval at a fraction of the speed and is never kept (at 90% of a
-# 2-core peak, one thread's probes cost 3-10% of the run: docs/benchmarks.md).
+# 2-core peak, one thread's probes cost 3-10% of the run: docs/dev/benchmarks.md).
 MAX_PER_CORE_GAIN = 1.5
 
 

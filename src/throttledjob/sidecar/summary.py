@@ -39,7 +39,7 @@ TARGET_TOLERANCE = 0.05
 # A CPU quota held by the kernel (CFS bandwidth), seen through 1-second samples, reads a
 # little over the quota: a window is not aligned to the 100 ms periods, a period's quota
 # is handed to each CPU in 5 ms slices, and the counters move at the scheduler's tick.
-# Measured over a plain quota (bench/quota_spread.py, docs/benchmarks.md): up to 0.014
+# Measured over a plain quota (bench/quota_spread.py, docs/dev/benchmarks.md): up to 0.014
 # cores over at 1 core and 0.025 at 0.5 core. Nothing keeps a 1-second peak tighter than
 # the kernel itself: the CPU target is met within this much, or TARGET_TOLERANCE of it.
 KERNEL_SLACK_CORES = 0.05

@@ -31,7 +31,7 @@ from .throttling import ThrottleAccount, ThrottleStats, read_stats
 # 1-second window can hold one period's quota more than its share, depending on where it
 # starts (0.54 cores in one second were measured under a 0.5-core quota at 100 ms; at
 # most 5% over at 50 ms), while 20 ms periods cost the workload 8-13% more CPU time for
-# the same work (two busy processes held to 1.2 cores, docs/architecture.md).
+# the same work (two busy processes held to 1.2 cores, docs/dev/architecture.md).
 PERIOD_US = 50_000
 # The kernel refuses quotas under 1 ms (EINVAL): the lowest quota we can set.
 MIN_QUOTA_US = 1_000
