@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.run-installed
 
 .PHONY: demo test test-cluster lint fast k8s-build prepare tools checkov bench install install-run clean \
-	cluster cluster-down chart-readme
+	cluster cluster-down image chart-readme
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,11 @@ cluster: tools $(HELM) $(if $(findstring fake-gpus,$(WITH)),$(STAMP))
 
 cluster-down:
 	$(K8S) down --dir .cluster
+
+# The product image as an archive for a cluster of your own (kind, minikube, k3d:
+# tools/image.py prints how each loads it). LOCAL_BASE=1: no registry at all (root).
+image:
+	$(PYTHON) -m tools.image $(if $(LOCAL_BASE),--local-base)
 
 # Modules run from the root, so that they import bench/ and testing/ the usual way.
 demo: install-run

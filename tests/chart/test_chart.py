@@ -24,7 +24,7 @@ from testing.chart import (
 )
 from testing.manifests import operator_job
 from testing.monitoring_schemas import SCHEMAS
-from testing.paths import CHART
+from testing.paths import CHART, ROOT
 from testing.validation import k8s_errors
 from throttledjob import __version__
 from throttledjob.operator import children
@@ -301,6 +301,8 @@ def test_notes_tell_the_user_what_to_do_next(tmp_path) -> None:
             text.split("<<'YAML'\n")[1].split("   YAML\n")[0]))
         assert example["kind"] == "ThrottledJob"
         assert cr_errors(example) == []
+        # The one the suite runs (tests/cluster/test_examples_live.py).
+        assert example == yaml.safe_load((ROOT / "examples" / "hello.yaml").read_text())
 
 
 # --- values.schema.json ------------------------------------------------------------------
