@@ -63,3 +63,25 @@ def test_each_example_reaches_the_state_it_claims(example: Example, loaded_image
                 (key, op, bound, observed)
     finally:
         kubectl("delete", "tj", "-n", operator, name, "--wait=false", check=False)
+
+
+def test_an_image_the_node_does_not_have_is_said_by_the_throttledjob(
+        operator: str, kubectl: Kubectl) -> None:
+    """The first thing that goes wrong on a user's own cluster: the image was never
+    loaded. The ThrottledJob says which pod, container and image, with the kubelet's
+    reason, and posts a warning, rather than leave a pod Pending with no word."""
+    hello = next(e for e in examples() if e.path.stem == "hello")
+    tj = on_this_cluster(hello, "localhost/never-loaded:dev", operator)
+    tj["metadata"]["name"] = name = "not-loaded"
+    kubectl.apply(tj)
+    try:
+        done = wait_json(kubectl, lambda t: condition(t.get("status") or {}, "PodsStarted"),
+                         "tj", "-n", operator, name, what="PodsStarted", timeout=120)
+        started = condition(done["status"], "PodsStarted")
+        assert (started["status"], started["reason"]) == ("False", "ErrImageNeverPull")
+        assert "/work: image localhost/never-loaded:dev" in started["message"]
+        events = kubectl.json("get", "events", "-n", operator,
+                              "--field-selector", f"involvedObject.name={name}")["items"]
+        assert "PodCannotStart" in {e["reason"] for e in events}, events
+    finally:
+        kubectl("delete", "tj", "-n", operator, name, "--wait=false", check=False)

@@ -773,7 +773,7 @@ def test_a_request_the_api_server_defaulted_from_our_limit_follows_it() -> None:
 
 
 def test_a_pending_resize_turns_quota_resized_false_until_it_is_applied() -> None:
-    from throttledjob.operator.status import pending_resizes, status_with_resizes
+    from throttledjob.operator.pod_conditions import pending_resizes, status_with_resizes
 
     pod = {"metadata": {"name": "p-1"}, "status": {"conditions": [
         {"type": "PodResizePending", "status": "True", "reason": "Infeasible",
@@ -790,6 +790,39 @@ def test_a_pending_resize_turns_quota_resized_false_until_it_is_applied() -> Non
     assert "Infeasible" in c["message"]
     (c,) = status_with_resizes(held, [], NOW)["conditions"]
     assert (c["status"], c["reason"]) == ("True", "QuotaResized")
+
+
+def test_a_container_that_cannot_start_turns_pods_started_false_with_the_kubelets_reason(
+        ) -> None:
+    """An image the node does not have (pullPolicy Never) or cannot pull: the
+    ThrottledJob says so, naming the pod, container and image, instead of a pod stuck in
+    Pending with no word from the product; the sidecar's own image counts too."""
+    from throttledjob.operator.pod_conditions import status_with_stuck, stuck_containers
+
+    waiting = {"reason": "ErrImageNeverPull",
+               "message": 'Container image "localhost/throttledjob:dev" is not present '
+                          "with pull policy of Never"}
+    pod = {"metadata": {"name": "p-1"}, "status": {
+        "initContainerStatuses": [{"name": "throttledjob-sidecar", "image": "tj:0.1.0",
+                                   "state": {"waiting": {"reason": "ImagePullBackOff"}}}],
+        "containerStatuses": [
+            {"name": "work", "image": "localhost/throttledjob:dev",
+             "state": {"waiting": waiting}},
+            {"name": "other", "image": "x", "state": {"waiting": {
+                "reason": "PodInitializing"}}}]}}
+    stuck = stuck_containers([pod, {"metadata": {"name": "p-2"}, "status": {}}])
+    assert [reason for reason, _ in stuck] == ["ImagePullBackOff", "ErrImageNeverPull"]
+    assert stuck[1][1] == ('p-1/work: image localhost/throttledjob:dev: Container image '
+                           '"localhost/throttledjob:dev" is not present with pull policy '
+                           "of Never")
+    assert "conditions" not in status_with_stuck({}, [], NOW)  # never stuck: no condition
+    held = status_with_stuck({}, stuck, NOW)
+    (c,) = held["conditions"]
+    assert (c["type"], c["status"], c["reason"]) == ("PodsStarted", "False",
+                                                     "ImagePullBackOff")
+    assert "p-1/throttledjob-sidecar" in c["message"] and "p-1/work" in c["message"]
+    (c,) = status_with_stuck(held, [], NOW)["conditions"]
+    assert (c["status"], c["reason"]) == ("True", "Started")
 
 
 def kubectl_wait_met(tj: dict[str, Any], type_: str) -> bool:

@@ -27,6 +27,12 @@ from .children import LABEL_NAME, job_owner_name, sidecar_endpoint
 from .job_split import Rank, job_scoped
 from .kube import ApiError, Kube
 from .kueue import active_patch, queued_by_kueue, workload_path
+from .pod_conditions import (
+    pending_resizes,
+    status_with_resizes,
+    status_with_stuck,
+    stuck_containers,
+)
 from .pod_limits import PodLimits, job_ranks, shrunk_applied, target_of
 from .settings import OperatorSettings
 from .sidecar_status import StatusReader, StatusReadError
@@ -37,12 +43,10 @@ from .status import (
     Reason,
     condition,
     now_iso,
-    pending_resizes,
     status_from_job,
     status_job_gone,
     status_with_admission,
     status_with_observed,
-    status_with_resizes,
     status_with_split,
 )
 
@@ -204,7 +208,7 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
     read: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (pod, its sidecar's report)
     failures: list[str] = []
     pods = job_pods(kube, namespace, name, job_uid)
-    pending = pending_resizes(pods)
+    pending, stuck = pending_resizes(pods), stuck_containers(pods)
     for pod in pods:
         endpoint = sidecar_endpoint(pod)
         if endpoint is None:
@@ -221,8 +225,8 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
     split: list[tuple[float, list[Rank]]] = []  # scope Job: the target and its ranks
 
     def mutate(st: dict[str, Any], tj: dict[str, Any]) -> dict[str, Any]:
-        out = status_with_resizes(status_with_observed(st, reports, failures, now),
-                                  pending, now)
+        out = status_with_stuck(status_with_resizes(
+            status_with_observed(st, reports, failures, now), pending, now), stuck, now)
         split[:] = [job_view(state, tj, pods, by_uid)] if job_scoped(tj.get("spec") or {}) \
             else []
         return status_with_split(out, *split[0], now) if split and split[0][1] else out
@@ -235,6 +239,10 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         if (is_.get("reason") == Reason.BUDGET_EXHAUSTED
                 and was.get("reason") != Reason.BUDGET_EXHAUSTED):
             kopf.warn(tj, reason=Reason.TARGET_UNREACHABLE, message=is_.get("message", ""))
+        started = condition(new, Condition.PODS_STARTED) or {}
+        if started.get("status") == "False" and \
+                (condition(old, Condition.PODS_STARTED) or {}).get("status") != "False":
+            kopf.warn(tj, reason=Reason.POD_CANNOT_START, message=started.get("message", ""))
         shrunk = state.limits.reconcile(tj, pods, by_uid)
         if shrunk:
             grow_into_shrinks(state, tj, job_uid, by_uid, shrunk)

@@ -58,6 +58,7 @@ class Condition(Choice):
     POLICY_APPLIED = "PolicyApplied"
     TEMPLATE_APPLIED = "TemplateApplied"
     QUOTA_RESIZED = "QuotaResized"
+    PODS_STARTED = "PodsStarted"  # False while a pod cannot start: its image (pod_conditions.py)
     SUSPENDED = "Suspended"
     ADMITTED = "Admitted"  # Kueue's admission, where Kueue queues the Job (kueue.py)
 
@@ -83,6 +84,7 @@ class Reason(Choice):
     INJECT_IMMUTABLE = "InjectImmutable"  # TemplateApplied False; also the event
     TEMPLATE_MATCHES_JOB = "TemplateMatchesJob"  # TemplateApplied True: an edit reverted
     QUOTA_RESIZED = "QuotaResized"  # QuotaResized True; also the event of a resize
+    STARTED = "Started"  # PodsStarted True (False: the kubelet's reason, ImagePullBackOff...)
     RESIZE_PENDING = "ResizePending"  # QuotaResized False
     SUSPEND_REQUESTED = "SuspendRequested"  # Suspended True: spec.suspend
     QUEUED = "Queued"  # Suspended True: Kueue holds the Job (Admitted has Kueue's reason)
@@ -109,6 +111,7 @@ class Reason(Choice):
     LIMITS_WITHIN_TARGET = "LimitsWithinTarget"
     LIMITS_OVER_TARGET = "LimitsOverTarget"
     TARGET_UNREACHABLE = "TargetUnreachable"
+    POD_CANNOT_START = "PodCannotStart"
 
 
 def now_iso(now: datetime | None = None) -> str:
@@ -391,34 +394,6 @@ def _fold(f: ObservedField, values: list[Any]) -> float | int | None:
     if worst is not None and f.maximum is not None:
         worst = min(float(f.maximum), worst)
     return worst
-
-
-def pending_resizes(pods: list[Mapping[str, Any]]) -> list[str]:
-    """"pod: Reason: message" of each pod whose CPU-limit resize the kubelet has not
-    applied (its PodResizePending condition: Deferred, or Infeasible)."""
-    out = []
-    for pod in pods:
-        for c in (pod.get("status") or {}).get("conditions") or []:
-            if c.get("type") == "PodResizePending" and c.get("status") == "True":
-                out.append(f"{(pod.get('metadata') or {}).get('name')}: "
-                           f"{c.get('reason') or 'Pending'}: {c.get('message') or ''}".strip())
-    return out
-
-
-def status_with_resizes(status: Mapping[str, Any], pending: list[str],
-                        now: str) -> dict[str, Any]:
-    """The QuotaResized condition: False while a pod's resize is pending (the kernel
-    still holds its old limits: the sidecar's signals hold a lower target, a higher one
-    stays held at the old limit), True again once none is; absent until one was."""
-    had = condition(status, Condition.QUOTA_RESIZED)
-    if not pending and had is None:
-        return dict(status)
-    out = dict(status)
-    out["conditions"] = set_condition(
-        status.get("conditions"), Condition.QUOTA_RESIZED, not pending,
-        Reason.RESIZE_PENDING if pending else Reason.QUOTA_RESIZED,
-        "; ".join(pending) if pending else "every pod's CPU limits are the target's", now)
-    return out
 
 
 def status_with_observed(status: Mapping[str, Any], reports: list[Mapping[str, Any]],
