@@ -124,6 +124,33 @@ def test_host_access_is_refused_even_for_an_admin(kubectl: Kubectl, admission: N
     eventually_refused(kubectl, tj, "are refused in a ThrottledJob")
 
 
+# The CPU peak as a Pod's cpu takes it: a number or a quantity string, within the
+# parser's bounds; anything else refused in one line (the CRD keeps any value there).
+CPU_PEAKS = [(1.5, True), (2, True), (0.01, True), ("1.5", True), ("1500m", True),
+             ("4096", True), ("1.5 cores", False), ("-1", False), (0, False), (-1.5, False),
+             ("9" * 40, False), ("5m", False), ("4097", False), (4096.5, False),
+             (True, False), ({"cores": 1}, False), ([1], False)]
+
+
+def test_a_cpu_peak_is_a_number_or_a_quantity_string_as_in_a_pod(
+        kubectl: Kubectl, admission: None, namespace: str) -> None:
+    def with_peak(peak: Any) -> dict[str, Any]:
+        tj = tj_manifest("peak", namespace)
+        tj["spec"]["throttle"]["targets"] = {"cpu": {"peak": peak}}
+        return tj
+
+    message = ("targets.cpu.peak must be a CPU quantity like 1500m or 1.5 (a string or a "
+               "number, as in a Pod), between 10m and 4096")
+    eventually_refused(kubectl, with_peak("5m"), message)  # the policy is in force
+    import yaml
+
+    for peak, accepted in CPU_PEAKS:
+        proc = kubectl("create", "--dry-run=server", "-f", "-",
+                       stdin=yaml.safe_dump(with_peak(peak)), check=False)
+        assert (proc.returncode == 0) == accepted, (peak, proc.stderr)
+        assert accepted or message in proc.stderr, (peak, proc.stderr)
+
+
 def test_host_access_when_the_chart_allows_it(kubectl: Kubectl, crd_installed: None,
                                               namespace: str, tmp_path: Path) -> None:
     objs = install_admission(kubectl, tmp_path, allowHostAccess=True)

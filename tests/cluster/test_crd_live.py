@@ -64,14 +64,6 @@ BAD = [
     ("spec.throttle.enforcement", "cooperative", 'Unsupported value: "cooperative"'),
     ("spec.throttle.intervalSeconds", 0.01, "should be greater than or equal to 0.05"),
     ("spec.throttle.intervalSeconds", 7200, "should be less than or equal to 3600"),
-    ("spec.throttle.targets.cpu.peak", "1.5 cores", "peak must be a CPU quantity"),
-    ("spec.throttle.targets.cpu.peak", "-1", "peak must be a CPU quantity"),
-    ("spec.throttle.targets.cpu.peak", 0, "peak must be a CPU quantity"),
-    ("spec.throttle.targets.cpu.peak", "9" * 40, "peak must be a CPU quantity"),
-    ("spec.throttle.targets.cpu.peak", "5m", "between 10m and 4096"),
-    ("spec.throttle.targets.cpu.peak", "4097", "between 10m and 4096"),
-    ("spec.throttle.targets.cpu.peak", 1.5, "must be of type"),
-    ("spec.throttle.targets.cpu.peak", True, "must be of type"),
     ("spec.throttle.targets.cpu", {}, "spec.throttle.targets.cpu.peak: Required value"),
     ("spec.throttle.targets.gpu", {}, "targets.gpu needs at least one of"),
     ("spec.throttle.targets.gpu.peakUtilizationPercent", 150,
@@ -119,7 +111,10 @@ def dry_run_create(kubectl: Kubectl, obj: dict[str, Any]) -> tuple[bool, str]:
 
 def test_documented_examples_are_accepted(kubectl: Kubectl, crd_installed: None,
                                           namespace: str) -> None:
-    examples = [*_doc_examples(), make_tj(), make_tj(throttle={"targets": {"cpu": {"peak": 2}}})]
+    # A CPU peak as a Pod takes one: a number too (its form is the chart's admission
+    # policy's to judge: tests/cluster/test_admission_live.py).
+    examples = [*_doc_examples(), make_tj(), make_tj(throttle={"targets": {"cpu": {"peak": 2}}}),
+                make_tj(throttle={"targets": {"cpu": {"peak": 1.5}}})]
     assert len(examples) > 3, "docs/operator.md and examples/ show ThrottledJobs"
     for doc in examples:
         doc = copy.deepcopy(doc)

@@ -51,6 +51,11 @@ def test_generator_check_mode_detects_drift(tmp_path: Path) -> None:
     target.write_text(target.read_text().replace("maximum: 100", "maximum: 1000"))
     result = subprocess.run([*cmd, "--check"], capture_output=True, text=True)
     assert result.returncode == 1 and "out of date" in result.stderr
+    assert subprocess.run([*cmd, "--write"]).returncode == 0
+    rule = tmp_path / crd.CPU_RULE_FILE
+    rule.write_text(rule.read_text().replace("4096", "4097"))
+    result = subprocess.run([*cmd, "--check"], capture_output=True, text=True)
+    assert result.returncode == 1 and "_cpu_peak_rule.tpl is out of date" in result.stderr
 
 
 def test_crd_is_a_valid_kubernetes_object() -> None:
@@ -101,7 +106,8 @@ def test_crd_names_columns_and_status_subresource() -> None:
             if part.endswith("[]"):   # a filter on a list: its items
                 assert node.get("type") == "array", column
                 node = node["items"]
-        assert node.get("type") or node.get("x-kubernetes-int-or-string"), column
+        assert node.get("type") or node.get("x-kubernetes-int-or-string") or node.get(
+            "x-kubernetes-preserve-unknown-fields"), column
 
 
 def test_status_schema_accepts_what_the_builders_write() -> None:
@@ -248,7 +254,11 @@ def test_the_crd_and_the_parser_agree_at_every_bound() -> None:
 
 def test_the_cpu_peak_rule_is_the_parsers_grammar_and_bounds() -> None:
     (f,) = [f for f in POLICY_FIELDS if f.type == "cpu"]
-    (rule,) = _throttle_node(f.path)["x-kubernetes-validations"]
+    # The chart's admission policy holds it (the CRD keeps any value: a number or a string).
+    assert _throttle_node(f.path).get("x-kubernetes-preserve-unknown-fields") is True
+    rule = {"rule": crd.cpu_quantity_rule(f, "self")}
+    assert crd.cpu_quantity_rule(f, "variables.cpuPeak") in (
+        ROOT / crd.CPU_RULE_FILE).read_text()
     literal = re.search(r"matches\('(.*?)'\)", rule["rule"]).group(1)
     # A CEL string knows no escape `\.`: every backslash must come doubled.
     assert "\\" not in literal.replace("\\\\", "")
@@ -261,8 +271,10 @@ def test_the_cpu_peak_rule_is_the_parsers_grammar_and_bounds() -> None:
             parse_cpu_quantity(outside)
     # A string's bounds too (the live test has the API server refuse "5m" and "5000").
     (smallest,) = set(re.findall(r"\) >= ([0-9.]+)", rule["rule"]))
-    (largest,) = set(re.findall(r"\) <= ([0-9.]+)\)", rule["rule"]))
+    (largest,) = set(re.findall(r"\) <= ([0-9.]+)$", rule["rule"]))
     assert (float(smallest), float(largest)) == (f.minimum, f.maximum)
+    # And a number's (`peak: 1.5`), the same.
+    assert f"self >= {float(f.minimum)!r} && self <= {float(f.maximum)!r}" in rule["rule"]
     for outside in (f"{float(smallest) * 1000 - 1:g}m", f"{float(largest) + 1:g}"):
         with pytest.raises(PolicyError):
             parse_cpu_quantity(outside)
