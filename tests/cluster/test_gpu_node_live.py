@@ -108,7 +108,13 @@ f = s.makefile("rb")
 def ask(request):
     s.sendall(json.dumps(request).encode() + b"\\n")
     return json.loads(f.readline())
-mine = [g["uuid"] for g in ask({"op": "read"})["gpus"]]
+read = ask({"op": "read"})
+for _ in range(100):   # as the sidecar does: the kubelet's word on a new pod comes late
+    if "gpus" in read:
+        break
+    time.sleep(0.2)
+    read = ask({"op": "read"})
+mine = [g["uuid"] for g in read["gpus"]]
 other = next(u for u in sys.argv[1:] if u not in mine)
 try:   # the volume is read-only: the agent's directory, not the pod's
     open("/run/throttledjob/node/filler", "wb").close()
