@@ -353,7 +353,7 @@ def test_inject_auto_paces_a_workload_at_its_steps_with_the_injected_library(
     the pod, the workload's Python finds it first on PYTHONPATH (as the image's user, from
     a read-only volume), and `Cooperative` paces the two processes at their `step()`
     calls, nothing stopped, held at the target by the kernel's own accounting."""
-    from throttledjob.operator.children import INJECT_DIR
+    from throttledjob.operator.inject import INJECT_DIR
 
     namespace, name = operator, "e2e-inject"
     tj = throttled_job(name, namespace, "Cooperative")

@@ -41,7 +41,7 @@ def failed_creates(kubectl: Kubectl, namespace: str) -> list[str]:
 # Writes of one ThrottledJob's life of about 4 s (test_a_throttledjobs_life_costs_...),
 # measured: ours 8 (ConfigMap, Job, 6 status patches, one of them a 409 conflict
 # retried), kopf's 5 (its annotation patch, 4 events). Before a read that changed
-# nothing stopped being written (status.READ_TIME_REFRESH_SECONDS, status.as_stored), ours
+# nothing stopped being written (observed.READ_TIME_REFRESH_SECONDS, status.as_stored), ours
 # were 14-17: a status patch every read. The writes the server took are bounded apart
 # from those it refused as conflicts, which race kopf's own patches and grow with the
 # load: under fresh-clone CI ours once came to 11 with 9 status patches. Each refused

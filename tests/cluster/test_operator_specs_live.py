@@ -21,7 +21,8 @@ from testing.helpers import wait_for
 from testing.manifests import tj_manifest
 from testing.operator_process import OperatorProcess
 from throttledjob.operator import names
-from throttledjob.operator.children import INJECT_DIR, build_configmap
+from throttledjob.operator.children import build_configmap
+from throttledjob.operator.inject import INJECT_DIR
 
 
 def patch(kubectl: Kubectl, namespace: str, name: str, spec: dict[str, Any]) -> None:

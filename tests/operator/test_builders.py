@@ -32,6 +32,7 @@ from throttledjob.operator.children import (
     job_owner_name,
     sidecar_endpoint,
 )
+from throttledjob.operator.observed import status_with_observed
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.status import (
     as_stored,
@@ -42,7 +43,6 @@ from throttledjob.operator.status import (
     status_invalid,
     status_job_created,
     status_job_gone,
-    status_with_observed,
 )
 from throttledjob.operator.validation import (
     SpecError,

@@ -25,11 +25,8 @@ from throttledjob.contracts.policy import (
 )
 from throttledjob.contracts.status import OBSERVED, OBSERVED_NAMES, Aggregate
 from throttledjob.operator import crd, names
-from throttledjob.operator.status import (
-    aggregate_observed,
-    status_job_created,
-    status_with_observed,
-)
+from throttledjob.operator.observed import aggregate_observed, status_with_observed
+from throttledjob.operator.status import status_job_created
 
 SCHEMA = crd.openapi_schema()
 NOW = "2026-01-01T00:00:00Z"
@@ -111,11 +108,8 @@ def test_crd_names_columns_and_status_subresource() -> None:
 
 
 def test_status_schema_accepts_what_the_builders_write() -> None:
-    from throttledjob.operator.status import (
-        status_from_job,
-        status_job_created,
-        status_with_observed,
-    )
+    from throttledjob.operator.observed import status_with_observed
+    from throttledjob.operator.status import status_from_job, status_job_created
 
     now = "2026-01-01T00:00:00Z"
     st = status_job_created({}, "train", 1, now)

@@ -22,7 +22,8 @@ from testing.validation import k8s_validate
 from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
 from throttledjob.contracts.policy import parse_policy
 from throttledjob.operator import crd, names
-from throttledjob.operator.children import INJECT_DIR, SHARED_DIR
+from throttledjob.operator.children import SHARED_DIR
+from throttledjob.operator.inject import INJECT_DIR
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.validation import SpecError, validate
 

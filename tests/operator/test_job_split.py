@@ -25,6 +25,7 @@ from throttledjob.operator.children import build_child
 from throttledjob.operator.job_split import Rank, moves, ranks, shares
 from throttledjob.operator.kube import ApiError, Kube
 from throttledjob.operator.names import SIDECAR_CONTAINER
+from throttledjob.operator.observed import status_with_split
 from throttledjob.operator.poller import (
     OperatorState,
     job_view,
@@ -33,7 +34,6 @@ from throttledjob.operator.poller import (
 )
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.sidecar_status import HttpStatusReader
-from throttledjob.operator.status import status_with_split
 from throttledjob.operator.validation import SpecError, validate
 
 TARGET = 1.0

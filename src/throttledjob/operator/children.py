@@ -17,7 +17,6 @@ from throttledjob.contracts.names import (
     ENV_CONTAINER,
     ENV_CPU_LIMIT,
     ENV_DIR,
-    ENV_USER_PYTHONPATH,
     GPU_RESOURCE,
     NODE_CSI_DRIVER,
     NODE_POWER_CAP_ATTRIBUTE,
@@ -26,13 +25,12 @@ from throttledjob.contracts.names import (
 from throttledjob.contracts.policy import parse_policy
 
 from . import child, cpu_limits, job_split
+from .inject import add_runtime_library, inject_mode
 from .kueue import QUEUE_LABEL, carried_labels
 from .names import (
     API_VERSION,
-    DEFAULT_INJECT,
+    DEFAULT_SIDECAR_UID,
     GUARD_CONTAINER,
-    INJECT_CONTAINER,
-    INJECT_VOLUME,
     KIND,
     NODE_AGENT_VOLUME,
     POLICY_VOLUME,
@@ -45,7 +43,6 @@ SHARED_DIR = "/var/run/throttledjob"
 POLICY_DIR = "/etc/throttledjob"
 POLICY_KEY = "policy.yaml"
 # Zero-code injection (spec.throttle.inject: Auto): where the runtime library lands.
-INJECT_DIR = "/opt/throttledjob/python"
 METRICS_PORT = 9400
 METRICS_PORT_NAME = "metrics"
 LABEL_NAME = "throttledjob.io/name"
@@ -53,8 +50,6 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 # On the Job: template_hash() of the spec it was built from.
 TEMPLATE_HASH = "throttledjob.io/template-hash"
 MANAGED_BY = "throttledjob-operator"
-# The sidecar image's non-root user, used when the workload's UID is unknown.
-DEFAULT_SIDECAR_UID = 65532
 
 
 def job_name(tj_name: str) -> str:
@@ -177,70 +172,6 @@ def stand_down_hook(container: dict[str, Any]) -> None:
     lifecycle.setdefault("preStop", {"httpGet": {"path": "/prestop", "port": METRICS_PORT}})
 
 
-def inject_mode(spec: Mapping[str, Any]) -> str:
-    """`spec.throttle.inject` (Auto or None), defaulted as the CRD defaults it."""
-    return str((spec.get("throttle") or {}).get("inject") or DEFAULT_INJECT)
-
-
-def build_inject_container(settings: OperatorSettings) -> dict[str, Any]:
-    """The init container that copies the runtime library and its sitecustomize.py into
-    the `throttledjob-python` emptyDir (`throttledjob inject-lib DIR`, product image).
-
-    It runs to completion before the workload starts, as a non-root UID with nothing
-    but its own volume: the files it writes are world-readable, so any workload UID can
-    import them, and it needs no privilege at all (Pod Security "restricted")."""
-    return {
-        "name": INJECT_CONTAINER,
-        "image": settings.sidecar_image,
-        "imagePullPolicy": "IfNotPresent",
-        "args": ["inject-lib", INJECT_DIR],
-        # No .pyc files: the image's root filesystem is read-only here.
-        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
-        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
-                      "limits": {"memory": "64Mi"}},
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": DEFAULT_SIDECAR_UID,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "volumeMounts": [{"name": INJECT_VOLUME, "mountPath": INJECT_DIR}],
-    }
-
-
-def inject_pythonpath(container: dict[str, Any]) -> None:
-    """Put INJECT_DIR first on the container's PYTHONPATH, keeping the user's value.
-
-    - `value` in `env`: prefixed in place.
-    - `valueFrom` in `env` (a ConfigMap or Secret key): the entry is renamed
-      THROTTLEDJOB_USER_PYTHONPATH, same source, same place, and a PYTHONPATH entry after
-      it expands it: `INJECT_DIR:$(THROTTLEDJOB_USER_PYTHONPATH)` (the kubelet expands
-      `$(VAR)` from entries defined before).
-    - no entry, but `envFrom`: `INJECT_DIR:$(PYTHONPATH)`, which the kubelet expands from
-      the envFrom sources (they are resolved before `env`); when none defines it, the
-      literal `$(PYTHONPATH)` stays, a directory that does not exist, which Python skips.
-    - neither: INJECT_DIR alone. A PYTHONPATH set only in the image (Dockerfile ENV) is
-      invisible to Kubernetes and is overridden: repeat it in the template's env.
-    """
-    env = container.setdefault("env", [])
-    for i, e in enumerate(env):
-        if e.get("name") != "PYTHONPATH":
-            continue
-        if "valueFrom" in e:
-            env[i] = {**e, "name": ENV_USER_PYTHONPATH}
-            env.insert(i + 1, {"name": "PYTHONPATH",
-                               "value": f"{INJECT_DIR}:$({ENV_USER_PYTHONPATH})"})
-        else:
-            user = e.get("value") or ""
-            env[i] = {"name": "PYTHONPATH",
-                      "value": f"{INJECT_DIR}:{user}" if user else INJECT_DIR}
-        return
-    value = f"{INJECT_DIR}:$(PYTHONPATH)" if container.get("envFrom") else INJECT_DIR
-    env.append({"name": "PYTHONPATH", "value": value})
-
-
 def inject_pod(pod_template: dict[str, Any], body: Mapping[str, Any],
                policy_doc: Mapping[str, Any], settings: OperatorSettings) -> None:
     """Make one pod template of the child a throttled one, in place: the sidecar (and the
@@ -249,14 +180,7 @@ def inject_pod(pod_template: dict[str, Any], body: Mapping[str, Any],
     ThrottledJob and, with enforcement Quota, the CPU limits of the target (scope Job:
     the pod's even share of it)."""
     name = body["metadata"]["name"]
-    pod_meta = pod_template.setdefault("metadata", {})
-    pod_meta.setdefault("labels", {}).update({**settings.extra_pod_labels, **_labels(name)})
-    # The chart's PodMonitor selects on the label; these annotations serve a Prometheus
-    # that uses the common annotation-based discovery instead.
-    if settings.scrape_annotations:
-        pod_meta.setdefault("annotations", {}).update({
-            "prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
-            "prometheus.io/path": "/metrics"})
+    _label_pod(pod_template.setdefault("metadata", {}), name, settings)
     pod = pod_template["spec"]
     pod.setdefault("automountServiceAccountToken", False)
     # The sidecar measures the workload's CPU from /proc and, with Signals, SIGSTOPs and
@@ -289,19 +213,22 @@ def inject_pod(pod_template: dict[str, Any], body: Mapping[str, Any],
                                                          "path": POLICY_KEY}]}},
     ]
     if inject_mode(body["spec"]) == "Auto":
-        # After the sidecar (which must start first), before the user's init containers;
-        # the workload containers start only once it has completed.
-        ours.append(build_inject_container(settings))
-        volumes.append({"name": INJECT_VOLUME,
-                        "emptyDir": {"sizeLimit": settings.inject_dir_size_limit}})
-        for c in pod["containers"]:
-            inject_pythonpath(c)
-            c["volumeMounts"].append({"name": INJECT_VOLUME, "mountPath": INJECT_DIR,
-                                      "readOnly": True})
+        add_runtime_library(pod, ours, volumes, settings)
     if settings.node_agent and requests_gpus(pod):
         volumes.append(node_agent_volume(sidecar, allows_power_cap(policy_doc)))
     pod["initContainers"] = [*ours, *(pod.get("initContainers") or [])]
     pod.setdefault("volumes", []).extend(volumes)
+
+
+def _label_pod(pod_meta: dict[str, Any], name: str, settings: OperatorSettings) -> None:
+    """The labels that link a pod to its ThrottledJob, and the scrape annotations."""
+    pod_meta.setdefault("labels", {}).update({**settings.extra_pod_labels, **_labels(name)})
+    # The chart's PodMonitor selects on the label; these annotations serve a Prometheus
+    # that uses the common annotation-based discovery instead.
+    if settings.scrape_annotations:
+        pod_meta.setdefault("annotations", {}).update({
+            "prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+            "prometheus.io/path": "/metrics"})
 
 
 def requests_gpus(pod: Mapping[str, Any]) -> bool:

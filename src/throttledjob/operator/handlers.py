@@ -1,7 +1,8 @@
 """The kopf handlers: each one reads, calls a pure function, and writes.
 
 Every decision lives in validation.py, children.py and status.py (pure, unit tested);
-these functions only move objects between kopf, those and the API. Importing this module
+these functions only move objects between kopf, those and the API; making the children
+is create.py's. Importing this module
 registers them. What they share (settings, the API client, what the watch has shown)
 is an OperatorState in kopf's memo, made once by the startup handler.
 """
@@ -12,22 +13,13 @@ import contextvars
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import kopf
 
 from . import child, events, metrics
-from .children import (
-    LABEL_NAME,
-    TEMPLATE_HASH,
-    build_child,
-    build_configmap,
-    left_by_predecessor,
-    owned_by,
-    owner_reference,
-    template_hash,
-)
+from .children import LABEL_NAME, TEMPLATE_HASH, build_configmap, owner_reference, template_hash
+from .create import ensure_children, set_one_condition
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
 from .login import LoginError, connection_info
@@ -43,29 +35,10 @@ from .poller import (
 )
 from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
-from .status import (
-    Condition,
-    Phase,
-    Reason,
-    at_generation,
-    now_iso,
-    set_condition,
-    status_from_job,
-    status_held_back,
-    status_invalid,
-    status_job_created,
-)
-from .validation import (
-    Refusal,
-    SpecError,
-    quota_warning,
-    signals_uid_warning,
-    validate,
-)
+from .status import Condition, Reason, at_generation
+from .validation import SpecError, validate
 
 RESOURCE = (GROUP, VERSION, PLURAL)
-# How often a ThrottledJob made anew looks again for its predecessor's Job to be gone.
-PREDECESSOR_RETRY_SECONDS = 2
 
 
 @kopf.on.startup()
@@ -140,166 +113,12 @@ def _retry_later(e: ApiError, retry: int) -> kopf.TemporaryError:
     return kopf.TemporaryError(str(e), delay=min(60, 2 ** min(retry, 6)))
 
 
-def _refuse(kube: Kube, body: kopf.Body, error: SpecError,
-            generation: int | None) -> NoReturn:
-    """A spec the operator will not run: status, a Warning event, no retry."""
-    now = now_iso()
-    kube.update_status(body.meta.namespace or "", body.meta.name or "",
-                       lambda st, _: status_invalid(st, error.reason, str(error),
-                                                      generation, now))
-    kopf.warn(body, reason=error.reason, message=str(error))
-    raise kopf.PermanentError(f"{error.reason}: {error}")
-
-
-def _set_condition(kube: Kube, body: kopf.Body, type_: Condition, ok: bool, reason: str,
-                   message: str, observed: bool = False) -> None:
-    """One condition of the ThrottledJob for this generation; `observed`: and the
-    generation acted on (status.at_generation)."""
-    now, generation = now_iso(), body.meta.get("generation")
-
-    def mutate(st: dict[str, Any], _: Any) -> dict[str, Any]:
-        out = at_generation(st, generation) if observed else dict(st)
-        out["conditions"] = set_condition(out.get("conditions"), type_, ok, reason, message,
-                                          now, generation)
-        return out
-
-    kube.update_status(body.meta.namespace or "", body.meta.name or "", mutate)
-
-
-def _wait_for_predecessor(kube: Kube, body: kopf.Body, obj: Mapping[str, Any],
-                          kind: str) -> None:
-    """An object of our child's name left by an earlier ThrottledJob of this name (deleted,
-    and made anew: what JobTemplateImmutable tells the user to do): wait for the garbage
-    collector, and say so, rather than refuse the name for good."""
-    if not left_by_predecessor(obj, body.meta.name or "", body.meta.uid or ""):
-        return
-    message = (f"{kind} {obj['metadata']['name']} of the ThrottledJob deleted before this "
-               "one is still being removed by the garbage collector")
-    _set_condition(kube, body, Condition.READY, False, Reason.PREDECESSOR_PENDING, message)
-    raise kopf.TemporaryError(message, delay=PREDECESSOR_RETRY_SECONDS)
-
-
-def _ensure(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> None:
-    """Create the ConfigMap and the Job when absent; idempotent, so a restart at any
-    point (between the two creates, before the status) ends with exactly one of each."""
-    kube, ns, name = state.kube, body.meta.namespace or "", body.meta.name or ""
-    generation = body.meta.get("generation")
-    made = (body.status or {}).get("jobName")
-    if made:
-        _resume(state, body, made)
-        return
-    try:
-        doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
-    except SpecError as e:
-        _refuse(kube, body, e, generation)
-    cm = build_configmap(name, doc)
-    kopf.adopt(cm, owner=body)
-    cm_path = f"/api/v1/namespaces/{ns}/configmaps"
-    if _create(kube, body, cm_path, cm, generation) is None:
-        _existing(kube, body, f"{cm_path}/{cm['metadata']['name']}", "ConfigMap",
-                  Refusal.CONFIG_MAP_NAME_TAKEN, generation)
-        kube.merge_patch(f"{cm_path}/{cm['metadata']['name']}", {"data": cm["data"]})
-    job = build_child(body, doc, state.settings)
-    if body.spec.get("suspend") and queued_by_kueue(job):
-        # Kueue admits a Job whose Workload is active at once; made suspended, the Job
-        # could start before the Workload is held inactive. It is made on resume.
-        kube.update_status(ns, name, lambda st, _: status_held_back(st, generation, now_iso()))
-        return
-    kopf.adopt(job, owner=body)
-    kind = job["kind"]
-    jobs_path = child.collection_path(ns, child.is_jobset(body.spec))
-    try:
-        current = _create(kube, body, jobs_path, job, generation)
-    except ApiError as e:
-        if e.status != 404:
-            raise
-        # No JobSet API in this cluster: say so, and look again later (it may be installed).
-        message = f"cannot create the {kind}: {child.JOBSET_API} is not served ({e})"
-        _set_condition(kube, body, Condition.READY, False, Reason.CHILD_KIND_MISSING, message)
-        kopf.warn(body, reason=Reason.CHILD_KIND_MISSING, message=message)
-        raise kopf.TemporaryError(message, delay=60) from None
-    created = current is not None
-    if current is None:
-        current = _existing(kube, body, f"{jobs_path}/{job['metadata']['name']}", kind,
-                            Refusal.JOB_NAME_TAKEN, generation)
-    now = now_iso()
-    # The phase comes from the child as it is now: after a restart it may be running or
-    # finished already, and its events may have been handled before this.
-    kube.update_status(ns, name, lambda st, tj: status_from_job(status_job_created(
-        st, job["metadata"]["name"], generation, now), child.as_job(current), tj, now))
-    if created:
-        logger.info("created %s %s", kind, job["metadata"]["name"])
-        events.normal(body, reason=Reason.JOB_CREATED,
-                      message=f"Created {kind} {job['metadata']['name']} and ConfigMap "
-                              f"{cm['metadata']['name']}")
-        for reason, warning in ((Reason.QUOTA_UNAVAILABLE, quota_warning(body, doc)),
-                                (Reason.SIGNALS_MAY_FAIL, signals_uid_warning(body, doc))):
-            if warning:
-                kopf.warn(body, reason=reason, message=warning)
-
-
-def _resume(state: OperatorState, body: kopf.Body, made: str) -> None:
-    """The operator resumes a ThrottledJob whose Job (`made`) it made: the status read
-    from the Job, never a Job made again (gone after it finished, by its TTL, or
-    deleted, a Job made anew would run the work a second time); and while it runs, its
-    ConfigMap made again if it went (the Job's new pods mount it)."""
-    kube, ns, name = state.kube, body.meta.namespace or "", body.meta.name or ""
-    sync_from_job(state, ns, name, made,
-                  get_child(kube, ns, made, child.is_jobset(body.spec)))
-    if (body.status or {}).get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
-        return
-    try:
-        doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
-    except SpecError:
-        return   # a rule newer than the running Job: it runs on as it was made
-    cm = build_configmap(name, doc)
-    cm_path = f"/api/v1/namespaces/{ns}/configmaps"
-    if kube.get(f"{cm_path}/{cm['metadata']['name']}") is None:
-        kopf.adopt(cm, owner=body)
-        kube.create(cm_path, cm)
-
-
-def _create(kube: Kube, body: kopf.Body, path: str, obj: dict[str, Any],
-            generation: int | None) -> dict[str, Any] | None:
-    """kube.create of a child (None: one of its name exists), with the API server's
-    refusals said: 400/422 refuse the spec for good (a field our checks do not read, such
-    as backoffLimit: -1: asked again, it would be refused again, forever); 403 (an
-    admission policy, a quota) says so in Ready and is retried with backoff."""
-    kind = obj.get("kind", "object")
-    try:
-        return kube.create(path, obj)
-    except ApiError as e:
-        if e.status in (400, 422):
-            _refuse(kube, body, SpecError(Refusal.INVALID_JOB_TEMPLATE, f"the API server "
-                    f"refused the {kind}: {e}"), generation)
-        if e.status == 403:
-            _set_condition(kube, body, Condition.READY, False, Reason.CHILD_FORBIDDEN,
-                           f"cannot create the {kind}: {e}")
-        raise
-
-
-def _existing(kube: Kube, body: kopf.Body, path: str, kind: str, taken: Refusal,
-              generation: int | None) -> dict[str, Any]:
-    """The object of a child's name that its create found: ours (a retry after a lost
-    answer, a restart); one an earlier ThrottledJob of this name left, waited for; gone
-    since the create (collected), tried again; else the name is refused."""
-    existing = kube.get(path)
-    if existing is None:
-        raise kopf.TemporaryError(f"{kind} {path.rsplit('/', 1)[1]} went while the create "
-                                  "met it: trying again", delay=PREDECESSOR_RETRY_SECONDS)
-    if not owned_by(existing, body.meta.uid or ""):
-        _wait_for_predecessor(kube, body, existing, kind)
-        _refuse(kube, body, SpecError(taken, f"{kind} {path.rsplit('/', 1)[1]} exists and "
-                                             "is not owned by this ThrottledJob"), generation)
-    return existing
-
-
 @kopf.on.resume(*RESOURCE)
 @kopf.on.create(*RESOURCE)
 def ensure(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int = 0,
            **_: Any) -> None:
     try:
-        _ensure(body, _state(memo), logger)
+        ensure_children(body, _state(memo), logger)
     except ApiError as e:
         raise _retry_later(e, retry) from e
 
@@ -317,7 +136,7 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
         doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
         # The running pod keeps its last good policy; say why the edit was not applied.
-        _set_condition(state.kube, body, Condition.POLICY_APPLIED, False, e.reason, str(e),
+        set_one_condition(state.kube, body, Condition.POLICY_APPLIED, False, e.reason, str(e),
                        observed=True)
         kopf.warn(body, reason=e.reason, message=f"policy edit not applied: {e}")
         raise kopf.PermanentError(str(e)) from None
@@ -325,7 +144,7 @@ def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, ret
     try:
         state.kube.merge_patch(f"/api/v1/namespaces/{body.meta.namespace}/configmaps/"
                                f"{cm['metadata']['name']}", {"data": cm["data"]})
-        _set_condition(state.kube, body, Condition.POLICY_APPLIED, True,
+        set_one_condition(state.kube, body, Condition.POLICY_APPLIED, True,
                        Reason.CONFIG_MAP_UPDATED, "the sidecar reads the new policy live",
                        observed=True)
     except ApiError as e:
@@ -390,7 +209,7 @@ def template_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
     message = (f"the template changed, but {kind} {job} is already created and its pod "
                "templates are immutable; delete and re-create the ThrottledJob to run the "
                "new template")
-    _set_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
+    set_one_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
                    Reason.JOB_TEMPLATE_IMMUTABLE, message,
                    observed=True)
     kopf.warn(body, reason=Reason.JOB_TEMPLATE_IMMUTABLE, message=message)
@@ -408,7 +227,7 @@ def _template_is_the_jobs(state: OperatorState, body: kopf.Body, job: str,
             TEMPLATE_HASH)
         if made_from != template_hash(body.spec):
             return False
-        _set_condition(state.kube, body, Condition.TEMPLATE_APPLIED, True,
+        set_one_condition(state.kube, body, Condition.TEMPLATE_APPLIED, True,
                        Reason.TEMPLATE_MATCHES_JOB, f"the template is the one {job} runs",
                        observed=True)
     except ApiError as e:
@@ -428,7 +247,7 @@ def inject_changed(body: kopf.Body, memo: kopf.Memo, old: Any, new: Any, retry: 
     message = (f"throttle.inject changed to {new or DEFAULT_INJECT}, but Job {job} is "
                "already created and its pod template is immutable; it applies to the next "
                "Job (delete and re-create the ThrottledJob)")
-    _set_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
+    set_one_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
                    Reason.INJECT_IMMUTABLE, message,
                    observed=True)
     kopf.warn(body, reason=Reason.INJECT_IMMUTABLE, message=message)

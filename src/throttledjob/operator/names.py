@@ -40,3 +40,5 @@ MAX_UUID_LENGTH = 64
 MAX_NAME_LENGTH = 63  # the Job is named after the ThrottledJob; Job names are label values
 PHASES = ["Pending", "Queued", "Suspended", "Running", "Succeeded", "Failed"]
 PARAMETER_TYPES = ["Integer", "Number", "Boolean", "String"]
+# The sidecar image's non-root user, used when the workload's UID is unknown.
+DEFAULT_SIDECAR_UID = 65532

@@ -27,6 +27,7 @@ from .children import LABEL_NAME, job_owner_name, sidecar_endpoint
 from .job_split import Rank, job_scoped
 from .kube import ApiError, Kube
 from .kueue import active_patch, queued_by_kueue, workload_path
+from .observed import status_with_observed, status_with_split
 from .pod_conditions import (
     pending_resizes,
     status_with_resizes,
@@ -46,8 +47,6 @@ from .status import (
     status_from_job,
     status_job_gone,
     status_with_admission,
-    status_with_observed,
-    status_with_split,
 )
 
 # Threads reading sidecars and Jobs. A read holds one for at most the read deadline per

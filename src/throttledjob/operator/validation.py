@@ -23,12 +23,12 @@ from throttledjob.contracts.policy import Choice, PolicyError, parse_cpu_quantit
 from . import child, cpu_limits, job_split
 from .children import (
     DEFAULT_SIDECAR_UID,
-    INJECT_DIR,
     METRICS_PORT,
     POLICY_DIR,
     SHARED_DIR,
     workload_uid,
 )
+from .inject import INJECT_DIR
 from .kueue import label_clash
 from .names import (
     INJECT_VOLUME,
