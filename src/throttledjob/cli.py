@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 from throttledjob import __version__
+from throttledjob.contracts.choices import ENFORCEMENTS, MODES
 from throttledjob.contracts.names import GPU_BACKENDS
-from throttledjob.contracts.policy import ENFORCEMENTS, MODES
 
 EXIT_USAGE = 2
 # `run`'s flags that set a policy field: an error in one names the flag, not the field.
@@ -34,6 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"throttledjob {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     parser.set_defaults(func=_help)
+    # In this order in --help; guard and inject-lib, added with no help, are not listed.
+    for add in (_add_run, _add_sidecar, _add_guard, _add_operator, _add_node, _add_inject_lib):
+        add(sub)
+    for subparser in sub.choices.values():
+        subparser.set_defaults(subparser=subparser)
+    return parser
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run a command on this machine under a peak target",
                          description=(
                              "Run CMD, measure the CPU use of its whole process tree and hold "
@@ -78,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]",
                      help="the command to run")
     run.set_defaults(func=_run)
+
+
+def _add_sidecar(sub: argparse._SubParsersAction) -> None:
     side = sub.add_parser("sidecar", help="the agent inside a ThrottledJob pod",
                           description=(
                               "Watch the pod's workload (shared process namespace), hold it to "
@@ -92,7 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "namespace")
     _add_sidecar_flags(side, metrics_port=9400)
     side.set_defaults(func=_sidecar)
-    # Internal (the pod's guard container, the inject init container): not listed.
+
+
+def _add_guard(sub: argparse._SubParsersAction) -> None:
+    # Internal (the pod's guard container): not listed.
     guard = sub.add_parser("guard", description=(
                                "Beside the sidecar in a ThrottledJob pod: when a stop the "
                                "sidecar announced in DIR has ended and the workload is still "
@@ -100,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     guard.add_argument("--shared-dir", metavar="DIR", required=True,
                        help="directory shared with the sidecar (its stop lease)")
     guard.set_defaults(func=_guard)
+
+
+def _add_operator(sub: argparse._SubParsersAction) -> None:
     op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)",
                         description="Watch ThrottledJobs and run each as a Job with the "
                                     "throttle sidecar. Finds the cluster as kubectl does.")
@@ -124,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("-v", "--verbose", action="store_true", help="log more")
     op.add_argument("--debug", action="store_true", help="log everything")
     op.set_defaults(func=_operator)
+
+
+def _add_node(sub: argparse._SubParsersAction) -> None:
     node = sub.add_parser("node", help="the GPU node agent (a DaemonSet on GPU nodes)",
                           description=(
                               "Read this node's GPUs and serve each pod's sidecar its own "
@@ -142,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="name the pod holding each GPU and each cap in /metrics "
                            "(default: GPUs alone; whoever scrapes them reads the names)")
     node.set_defaults(func=_node)
+
+
+def _add_inject_lib(sub: argparse._SubParsersAction) -> None:
+    # Internal (the operator's inject init container): not listed.
     lib = sub.add_parser("inject-lib", description=(
                              "Lay out a self-contained copy of the runtime library and a "
                              "sitecustomize.py that loads the torch auto-hook; with DIR on "
@@ -149,9 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
                              "The operator's init container runs this."))
     lib.add_argument("dest", metavar="DIR", help="where to write (created if missing)")
     lib.set_defaults(func=_inject_lib)
-    for subparser in sub.choices.values():
-        subparser.set_defaults(subparser=subparser)
-    return parser
 
 
 def _help(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -229,7 +251,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parse_cpu_quantity,
         )
         from throttledjob.sidecar.exporter import ExporterError
-        from throttledjob.sidecar.local import CommandNotStarted, report_problem, run_local
+        from throttledjob.sidecar.local import CommandNotStarted, run_local
+        from throttledjob.sidecar.local_report import report_problem
     except ImportError as e:
         return _missing_extra(prog, "sidecar", e)
     try:

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
-import resource
-import select
 import shutil
 import signal
 import subprocess
@@ -20,21 +17,21 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from throttledjob.contracts.names import ENV_DIR
 from throttledjob.contracts.policy import Enforcement, Policy
-from throttledjob.runtime.files import write_json_atomic
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent
 from .cgroups.detection import detect
-from .cgroups.throttling import ThrottleStats
 from .enforcement import Plan, local_enforcer, local_plan, without_kernel_quota
 from .enforcer import Enforcer
+from .local_host import LocalHost, is_tty
+from .local_report import build_report, own_cpu_seconds, save_report
 from .loop import run_loop
 from .processes import ProcessTree, resume
 from .record import CycleResult
-from .stats import round_or_none
-from .summary import run_line, summarize
+from .summary import run_line
 
 if TYPE_CHECKING:
+    from .exporter import Exporter
     from .gpu import GpuAgent
 
 # Signals that ask the command to end: throttling ends with them (_StandDown).
@@ -60,11 +57,7 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
     `die_of_sigint`, a command killed by SIGINT ends this process by SIGINT too, once all
     is done: a calling shell stops its script on a Ctrl-C only when its command died of it.
     """
-    exporter = None
-    if metrics_address:
-        from .exporter import Exporter  # prometheus_client only when asked for
-
-        exporter = Exporter(*metrics_address)
+    exporter = _open_exporter(metrics_address)
     settings_dir = tempfile.mkdtemp(prefix="throttledjob-")
     env = _environment(settings_dir, extra_env, inject)
     started = time.monotonic()
@@ -82,40 +75,51 @@ def run_local(cmd: list[str], policy: Policy, report_path: str | None = None,
             exporter.attach(agent, f"psutil: process tree of pid {proc.pid}").start()
         _start(agent, proc.pid)
         stand_down.attach(agent)
-        loop_started, loop_cpu_started = time.monotonic(), _own_cpu_seconds()
-        host = LocalHost(proc, status_stream)
-        run_loop(agent, host)
-        with contextlib.suppress(Exception):  # as run_loop: never the command's exit code
-            agent.cycle()  # the last partial interval, for the statistics
-        exit_code, killed_by = host.exit_code, host.killed_by
-        loop_wall = time.monotonic() - loop_started
-        loop_cpu = _own_cpu_seconds() - loop_cpu_started
+        host, loop_cpu_percent = _control_until_exit(agent, proc, status_stream)
     finally:
         stand_down.join()
         _clean_up(agent, exporter, proc, guardian, previous_handlers, settings_dir)
     if status_stream is not None:
-        status_stream.write("\n" if _is_tty(status_stream) else "")
+        status_stream.write("\n" if is_tty(status_stream) else "")
     result = stand_down.as_held(agent.result)
     if warning := uncooperative(result):
         sys.stderr.write(f"throttledjob run: warning: {warning}\n")
     if report_path:
-        report = build_report(result, time.monotonic() - started, exit_code,
+        report = build_report(result, time.monotonic() - started, host.exit_code,
                               agent.choice.report(), gpu.report() if gpu else None)
-        # The control loop's own cost in steady state, apart from start-up (imports, spawn).
-        report["controller"]["loop_cpu_percent"] = round(
-            100 * loop_cpu / max(1e-9, loop_wall), 3)
-        try:   # the command's exit code stands whatever befalls the report
-            write_report(report_path, report)
-        except (OSError, ValueError) as e:
-            sys.stderr.write(f"throttledjob run: error: --report: cannot write "
-                             f"{report_path}: {getattr(e, 'strerror', None) or e}\n")
+        report["controller"]["loop_cpu_percent"] = loop_cpu_percent
+        save_report(report_path, report)
     if summary_stream is not None:
         with contextlib.suppress(OSError, ValueError):   # a closed stream ends nothing
-            summary_stream.write(run_line(result, time.monotonic() - started, exit_code,
+            summary_stream.write(run_line(result, time.monotonic() - started, host.exit_code,
                                           report_path) + "\n")
-    if die_of_sigint and killed_by == signal.SIGINT:
+    if die_of_sigint and host.killed_by == signal.SIGINT:
         _die_of(signal.SIGINT)
-    return exit_code
+    return host.exit_code
+
+
+def _open_exporter(metrics_address: tuple[str, int] | None) -> Exporter | None:
+    """The /metrics and /status server, bound now (before the command starts), or None."""
+    if not metrics_address:
+        return None
+    from .exporter import Exporter  # prometheus_client only when asked for
+
+    return Exporter(*metrics_address)
+
+
+def _control_until_exit(agent: Agent, proc: subprocess.Popen,
+                        status_stream: TextIO | None) -> tuple[LocalHost, float]:
+    """Run the control loop until the command exits: the host (its exit code) and the
+    loop's own CPU in percent of its wall time, the steady-state cost apart from start-up
+    (imports, spawn)."""
+    loop_started, loop_cpu_started = time.monotonic(), own_cpu_seconds()
+    host = LocalHost(proc, status_stream)
+    run_loop(agent, host)
+    with contextlib.suppress(Exception):  # as run_loop: never the command's exit code
+        agent.cycle()  # the last partial interval, for the statistics
+    loop_wall = time.monotonic() - loop_started
+    loop_cpu = own_cpu_seconds() - loop_cpu_started
+    return host, round(100 * loop_cpu / max(1e-9, loop_wall), 3)
 
 
 def _die_of(sig: signal.Signals) -> None:
@@ -211,55 +215,6 @@ def _spawn(cmd: list[str], env: dict[str, str], stand_down: _StandDown
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-def write_report(path: str, report: dict[str, Any]) -> None:
-    """The report, whole or not at all: a regular file (or none yet) is replaced by
-    rename, through a symlink to where it points, keeping an existing file's mode; a
-    device or a pipe (/dev/stdout) is written as it is."""
-    if _written_as_is(path):
-        with open(path, "w") as f:
-            f.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
-        return
-    real = os.path.realpath(path)
-    mode = os.stat(real).st_mode & 0o777 if os.path.exists(real) else 0o666 & ~_umask()
-    write_json_atomic(real, report, indent=2, mode=mode)
-
-
-def _written_as_is(path: str) -> bool:
-    """A device or a pipe (/dev/stdout), through any link: written as it is, never
-    replaced by rename."""
-    return os.path.exists(path) and not os.path.isfile(path)
-
-
-def _umask() -> int:
-    """The process's umask, read without setting it (os.umask sets it, for every thread)."""
-    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def report_problem(path: str) -> str | None:
-    """Why a report could not be written at `path` (checked before the command starts,
-    not found after a run of hours), or None."""
-    if not path:
-        return "an empty path"
-    if os.path.isdir(path):
-        return f"{path} is a directory"
-    if _written_as_is(path):
-        return None
-    directory = os.path.dirname(os.path.realpath(path))
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    except OSError as e:
-        return f"cannot write in {directory}: {e.strerror}"
-    os.close(fd)
-    os.unlink(probe)
-    return None
-
-
 def _environment(settings_dir: str, extra_env: dict[str, str] | None,
                  inject: bool) -> dict[str, str]:
     """The command's environment: ours, the shared directory, and with `inject` the torch
@@ -301,74 +256,6 @@ def _start(agent: Agent, pid: int) -> None:
         agent.use_enforcer(local_enforcer(agent.plan, agent.tree, pid, None))
 
 
-class LocalHost:
-    """The command around the loop: it ends when the command exits; each cycle shows a
-    status line on a terminal."""
-
-    def __init__(self, proc: subprocess.Popen, status_stream: TextIO | None) -> None:
-        self._wait = _exit_waiter(proc)
-        self._stream = status_stream if status_stream is not None and _is_tty(
-            status_stream) else None
-        self.exit_code = 0
-        self.killed_by: int | None = None   # the signal that killed the command
-
-    def wait(self, timeout: float) -> bool:
-        code = self._wait(timeout)
-        if code is None:
-            return False
-        self.exit_code = 128 - code if code < 0 else code
-        self.killed_by = -code if code < 0 else None
-        return True
-
-    def before_cycle(self) -> None:
-        pass
-
-    def after_cycle(self, result: CycleResult) -> None:
-        if self._stream is not None:
-            self._stream.write("\r" + status_line(result) + "\033[K")
-            self._stream.flush()
-
-    def cycle_failed(self, error: Exception, in_a_row: int) -> None:
-        if in_a_row == 1:
-            sys.stderr.write(f"throttledjob: control cycle failed, workload released: "
-                             f"{error!r}\n")
-
-
-def _exit_waiter(proc: subprocess.Popen):
-    """A function waiting up to `timeout` seconds for `proc` to exit (its code, or None).
-
-    Popen.wait(timeout) polls with growing sleeps, dozens of wake-ups a second; a pidfd
-    lets the kernel wake us exactly when the command exits.
-    """
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        pidfd = None
-
-    def wait(timeout: float) -> int | None:
-        if pidfd is None:
-            try:
-                return proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                return None
-        ready, _, _ = select.select([pidfd], [], [], timeout)
-        if not ready:
-            return None
-        os.close(pidfd)
-        return proc.wait()
-
-    return wait
-
-
-def status_line(result: CycleResult) -> str:
-    last, policy = result.last, result.policy
-    target = f"{policy.cpu_peak_cores:.2f}" if policy.cpu_peak_cores else "-"
-    state = "over budget" if result.budget_exhausted_recently else (
-        "throttling" if last.throttling else "under target")
-    return (f"throttledjob: cpu {last.usage_cores:.2f} cores (target {target}, "
-            f"p99 {result.cpu.p99 or 0.0:.2f}) | paused {last.pause_fraction:.0%} | {state}")
-
-
 def uncooperative(result: CycleResult) -> str | None:
     """Why nothing held the target, where the run left it to a cooperation that never
     came: enforcement cooperative, and the command reported no step (it does not use the
@@ -380,84 +267,6 @@ def uncooperative(result: CycleResult) -> str | None:
     return (f"enforcement cooperative, but the command reported no step: nothing held its "
             f"CPU (p99 {peak:.2f} cores, target {target:g}); without the runtime library "
             "(or torch under --inject), use --enforcement quota, signals or both")
-
-
-def build_report(result: CycleResult, wall: float, exit_code: int,
-                 explorer: dict | None = None, gpu: dict | None = None) -> dict:
-    """The --report JSON. The run's figures (peaks, time held back, slowdown, levers)
-    come from sidecar/summary.py, as /status's do; `wall` is the command's own."""
-    run = summarize(result)
-    policy = result.policy
-    total_cpu = _children_cpu_seconds()
-    return {
-        "exit_code": exit_code,
-        "wall_seconds": round(wall, 3),
-        "cpu_target_cores": policy.cpu_peak_cores,
-        "cpu_peak_cores": round(result.cpu.p99 or 0.0, 3),
-        "cpu_max_cores": round(result.cpu.max or 0.0, 3),
-        "cpu_mean_cores": round(total_cpu / wall, 3) if wall > 0 else 0.0,
-        "cpu_seconds": round(total_cpu, 3),
-        "samples": result.cpu.count,
-        # The last minute of 1-second samples, oldest first.
-        "cpu_recent_samples": [round(c, 3) for c in result.cpu.recent],
-        # Units of work reported through the runtime library (step() or the auto-hook).
-        "steps": result.last.steps,
-        "max_slowdown": policy.max_slowdown,
-        "hold": policy.hold,
-        "enforcement": result.plan.enforcement,
-        "mode": policy.mode,
-        "controller": {
-            "levers_used": list(run.levers),
-            "paused_seconds": round(run.paused_seconds, 3),
-            "signal_paused_seconds": round(result.signal_paused_seconds, 3),
-            "cooperative_paused_seconds": round(result.cooperative_paused_seconds, 3),
-            # What the levers in force cost by themselves (slower steps, no pause).
-            "lever_cost_seconds": round(result.lever_cost_seconds, 3),
-            "estimated_slowdown": round(run.slowdown, 3),
-            # Time run under lever settings whose own cost was never measured (the run
-            # ended before the defaults were): over 0, the estimate is a lower bound.
-            "lever_cost_unknown_seconds": round(result.lever_cost_unknown_seconds, 3),
-            # The estimate's top: that time charged at the most its setting can cost, and
-            # every setting at the most it can where the unthrottled rate was read held
-            # back (Explorer.unthrottled_rate_high).
-            "estimated_slowdown_high": round(run.slowdown_high, 3),
-            # Wall time the explorer's probes held the target off the budget's books,
-            # and the most CPU (cores) an interval of them used.
-            "probe_seconds": round(result.probe_seconds, 3),
-            "probe_max_cores": round_or_none(result.probe_max_cores),
-            "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
-            # Why, where the budget stood in a target's way at the end (decide.py).
-            "budget_exhausted_reason": result.budget_reason,
-            # The controller's last rate (the key's "quota" predates the word "rate").
-            "final_quota_cores": round_or_none(result.controller_rate),
-            # Which enforcer held the workload, and why that one (sidecar/enforcement.py).
-            "enforcer": result.plan.reason,
-            # The kernel quota's own counters (cpu.stat), where it held the workload.
-            "kernel_throttling": _kernel_counters(result.kernel_throttling),
-            # What the lever explorer measured and chose (None when it did not run).
-            "explorer": explorer,
-            # This tool's own CPU (start-up, sampling, control, signals), not the command's.
-            "own_cpu_seconds": round(_own_cpu_seconds(), 3),
-        },
-        **({"gpu": gpu} if gpu is not None else {}),
-    }
-
-
-def _kernel_counters(k: ThrottleStats | None) -> dict | None:
-    if k is None:
-        return None
-    return {"periods": k.nr_periods, "throttled_periods": k.nr_throttled,
-            "throttled_seconds": round(k.throttled_seconds, 3)}
-
-
-def _children_cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def _own_cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _forward_signals(proc: subprocess.Popen, tree: ProcessTree,
@@ -523,10 +332,3 @@ def _continue_on_parent_death():
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
 
     return preexec
-
-
-def _is_tty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
