@@ -72,3 +72,35 @@ def test_while_the_kubelet_does_not_answer_its_last_answer_stands(tmp_path: Path
     node.tidy()
     assert board.limits == [150.0]
     node.stop()
+
+
+def test_a_served_pod_the_kubelet_lists_without_its_gpu_keeps_its_cap_for_a_grace(
+        tmp_path: Path, monkeypatch) -> None:
+    """A kubelet just restarted lists a running pod before its devices: the cap of a pod
+    whose volume is still published stays through that, and goes once the kubelet has
+    left the GPU out for the whole grace (it never unpublished the pod); listed again
+    within it, nothing is put back and the grace starts anew."""
+    from throttledjob.node import process
+
+    monkeypatch.setattr(process, "GONE_GRACE_SECONDS", 0.5)
+    listed = {POD.key: frozenset({fake_uuid(0)})}
+    board = FakeGpuBackend(1, "steady")
+    node = Node(board, tmp_path, tmp_path / "state", list_gpus=lambda: dict(listed))
+    (tmp_path / "mount").mkdir()
+    node.publish(tmp_path / "mount", POD)
+    node.keeper.set_limit(board.read()[0], POD, 150.0)
+    listed[POD.key] = frozenset()   # restarting: the pod, not yet its GPU
+    node.tidy()
+    assert board.limits == [150.0]
+    time.sleep(0.3)
+    listed[POD.key] = frozenset({fake_uuid(0)})   # back within the grace
+    node.tidy()
+    listed[POD.key] = frozenset()
+    node.tidy()   # the grace starts anew here
+    time.sleep(0.3)
+    node.tidy()
+    assert board.limits == [150.0]
+    time.sleep(0.3)
+    node.tidy()
+    assert board.limits == [TDP_WATTS] and node.keeper.caps == {}
+    node.stop()

@@ -54,6 +54,11 @@ ASSIGNMENTS_TTL_SECONDS = 1.0
 KUBELET_TIMEOUT_SECONDS = 1.0
 # Not alive once no tidying pass ran for this long (the liveness probe restarts it).
 STALE_SECONDS = 4 * TIDY_SECONDS
+# A pod still served (its volume published) that the kubelet lists without its GPU keeps
+# its cap this long: a kubelet just restarted lists pods before their devices (a running
+# pod's cap was put back so, in CI). A pod truly gone is unpublished, which puts its caps
+# back at once; this bounds the case where the kubelet never unpublishes it.
+GONE_GRACE_SECONDS = 30.0
 log = logging.getLogger("throttledjob.node")
 
 
@@ -72,6 +77,8 @@ class Node:
         self.listeners: dict[Path, tuple[Any, PodRef]] = {}
         self.leaving: set[str] = set()   # UIDs of pods being unpublished: served no more
         self.tidied = time.monotonic()   # when the last tidying pass ended
+        # (pod key, GPU) of a served pod's cap the kubelet last listed without: since when.
+        self._unlisted: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self._listing = threading.Lock()
         self._assigned: tuple[float, Mapping[str, frozenset[str]]] = (-1e9, {})
@@ -191,11 +198,24 @@ class Node:
             with self._listing:
                 live = self._listed()
             if live is not None:
-                self.keeper.restore_gone(live, shared_gpus(live))
+                self.keeper.restore_gone(self._with_grace(live), shared_gpus(live))
             self.keeper.flush()
         except Exception:   # logged whole, tried again at the next pass
             log.exception("throttledjob node: a tidying pass failed")
         self.tidied = time.monotonic()
+
+    def _with_grace(self, live: Mapping[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+        """The kubelet's listing, where a served pod's capped GPU it lacks is kept for
+        GONE_GRACE_SECONDS from the first listing without it."""
+        now, served = time.monotonic(), {p.key for p in self.served()}
+        out, unlisted = dict(live), {}
+        for uuid, cap in list(self.keeper.caps.items()):
+            if cap.pod in served and uuid not in live.get(cap.pod, frozenset()):
+                since = unlisted[(cap.pod, uuid)] = self._unlisted.get((cap.pod, uuid), now)
+                if now - since < GONE_GRACE_SECONDS:
+                    out[cap.pod] = out.get(cap.pod, frozenset()) | {uuid}
+        self._unlisted = unlisted
+        return out
 
     def health(self) -> str | None:
         """Why the agent is not alive (None: it is): its tidying passes stopped."""
