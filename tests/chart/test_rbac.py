@@ -1,15 +1,16 @@
 """RBAC of least privilege, as rendered: the chart grants exactly the API calls the operator
 makes (proven on a real API server from its audit log: tests/cluster/test_operator_live.py).
 
-The calls (docs/operator.md, "API calls"), from operator/handlers.py and operator/kube.py:
+The calls (docs/operator.md, "API calls"), from operator/reconcile.py, create.py, poller.py
+and kube.py:
 - kopf watches ThrottledJobs (list, watch) and patches them (its progress annotations);
   kube.update_status gets one and merge-patches its /status;
-- kopf watches Jobs for the Job watcher (list, watch); _ensure gets and creates Jobs;
-  suspend_changed patches a Job's spec.suspend (and, with kueue.enabled, read_queue and
-  suspend_changed list and patch Kueue's Workloads);
-- _ensure / policy_changed get, create and merge-patch the policy ConfigMap;
+- kopf watches Jobs for the Job watcher (list, watch); create.py gets and creates Jobs;
+  a reconcile pass patches a Job's spec.suspend (and, with kueue.enabled, it and
+  read_queue list and patch Kueue's Workloads);
+- create.py / a reconcile pass get, create and merge-patch the policy ConfigMap;
 - the sidecar timer lists Pods (kube.list_pods); kopf.info/warn create Events;
-- policy_changed, under enforcement Quota, lists the Pods and patches their pods/resize;
+- a reconcile pass, under enforcement Quota, lists the Pods and patches their pods/resize;
 - no call updates a ThrottledJob's finalizers: admission checks that grant where an owner
   reference blocks the owner's deletion (OwnerReferencesPermissionEnforcement);
 - kopf's own scanning lists and watches CRDs, and, when it watches listed namespaces

@@ -88,7 +88,7 @@ def test_a_timeout_after_the_server_acted_creates_no_duplicate(
     memo = handler_memo(emulator.write_kubeconfig(tmp_path / "kubeconfig"),
                         api_timeout_seconds=1)
     tj = emulator.call("POST", TJ_PATH, make_tj("slow"), content_type=JSON)
-    handlers.ensure(body=kopf.Body(tj), memo=memo, logger=logging.getLogger("test"))
+    handlers.reconcile(body=kopf.Body(tj), memo=memo, logger=logging.getLogger("test"))
     created_once(emulator, "slow")
     assert late.hits == 1 and slow_status.hits == 1
     assert "no answer from the API server" in caplog.text

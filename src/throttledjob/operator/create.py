@@ -1,7 +1,8 @@
 """Making a ThrottledJob's children: the ConfigMap and the Job (or JobSet), created when
 absent and never twice. Idempotent, so that a restart at any point (between the two
 creates, before the status) ends with exactly one of each; the API server's refusals
-said in the status and events. Called by the create/resume handler (handlers.py)."""
+said in the status and events. The first step of a pass (reconcile.py) until the child
+is made."""
 
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ from . import child, events
 from .children import build_child, build_configmap, left_by_predecessor, owned_by
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
-from .poller import OperatorState, get_child, sync_from_job
+from .poller import OperatorState
 from .status import (
     Condition,
-    Phase,
     Reason,
     at_generation,
     now_iso,
@@ -78,10 +78,6 @@ def ensure_children(body: kopf.Body, state: OperatorState, logger: logging.Logge
     point (between the two creates, before the status) ends with exactly one of each."""
     kube, ns, name = state.kube, body.meta.namespace or "", body.meta.name or ""
     generation = body.meta.get("generation")
-    made = (body.status or {}).get("jobName")
-    if made:
-        _resume(state, body, made)
-        return
     try:
         doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
@@ -130,27 +126,6 @@ def ensure_children(body: kopf.Body, state: OperatorState, logger: logging.Logge
                                 (Reason.SIGNALS_MAY_FAIL, signals_uid_warning(body, doc))):
             if warning:
                 kopf.warn(body, reason=reason, message=warning)
-
-
-def _resume(state: OperatorState, body: kopf.Body, made: str) -> None:
-    """The operator resumes a ThrottledJob whose Job (`made`) it made: the status read
-    from the Job, never a Job made again (gone after it finished, by its TTL, or
-    deleted, a Job made anew would run the work a second time); and while it runs, its
-    ConfigMap made again if it went (the Job's new pods mount it)."""
-    kube, ns, name = state.kube, body.meta.namespace or "", body.meta.name or ""
-    sync_from_job(state, ns, name, made,
-                  get_child(kube, ns, made, child.is_jobset(body.spec)))
-    if (body.status or {}).get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
-        return
-    try:
-        doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
-    except SpecError:
-        return   # a rule newer than the running Job: it runs on as it was made
-    cm = build_configmap(name, doc)
-    cm_path = f"/api/v1/namespaces/{ns}/configmaps"
-    if kube.get(f"{cm_path}/{cm['metadata']['name']}") is None:
-        kopf.adopt(cm, owner=body)
-        kube.create(cm_path, cm)
 
 
 def _create(kube: Kube, body: kopf.Body, path: str, obj: dict[str, Any],

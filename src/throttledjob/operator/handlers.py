@@ -1,10 +1,10 @@
 """The kopf handlers: each one reads, calls a pure function, and writes.
 
-Every decision lives in validation.py, children.py and status.py (pure, unit tested);
-these functions only move objects between kopf, those and the API; making the children
-is create.py's. Importing this module
-registers them. What they share (settings, the API client, what the watch has shown)
-is an OperatorState in kopf's memo, made once by the startup handler.
+Every event about a ThrottledJob's spec leads to one pass of reconcile.py; the watches
+of its children and the poller (poller.py) bring the Job's and the sidecars' readings
+into its status. Importing this module registers them. What they share (settings, the
+API client, what the watch has shown) is an OperatorState in kopf's memo, made once by
+the startup handler.
 """
 
 from __future__ import annotations
@@ -17,26 +17,20 @@ from typing import Any
 
 import kopf
 
-from . import child, events, metrics
-from .children import LABEL_NAME, TEMPLATE_HASH, build_configmap, owner_reference, template_hash
-from .create import ensure_children, set_one_condition
+from . import child, metrics
+from .children import LABEL_NAME, owner_reference
 from .kube import ApiError, Kube
-from .kueue import queued_by_kueue
 from .login import LoginError, connection_info
-from .names import DEFAULT_INJECT, GROUP, PLURAL, VERSION
+from .names import GROUP, PLURAL, VERSION
 from .poller import (
     POLL_THREADS,
     OperatorState,
-    get_child,
     poll,
-    resize_to_new_target,
-    set_workload_active,
     sync_from_job,
 )
+from .reconcile import reconcile as one_pass
 from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
-from .status import Condition, Reason, at_generation
-from .validation import SpecError, validate
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 
@@ -115,142 +109,14 @@ def _retry_later(e: ApiError, retry: int) -> kopf.TemporaryError:
 
 @kopf.on.resume(*RESOURCE)
 @kopf.on.create(*RESOURCE)
-def ensure(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int = 0,
-           **_: Any) -> None:
+@kopf.on.update(*RESOURCE, field="spec")
+def reconcile(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int = 0,
+              **_: Any) -> None:
+    """Created, resumed or any edit of the spec: one pass (reconcile.py)."""
     try:
-        ensure_children(body, _state(memo), logger)
+        one_pass(body, _state(memo), logger)
     except ApiError as e:
         raise _retry_later(e, retry) from e
-
-
-@kopf.on.update(*RESOURCE, field="spec.throttle")
-@kopf.on.update(*RESOURCE, field="spec.parameters")
-def policy_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int = 0,
-                   **_: Any) -> None:
-    """A live edit: rewrite the ConfigMap; the kubelet projects it into the running pod."""
-    state = _state(memo)
-    if not (body.status or {}).get("jobName"):
-        # Refused before: maybe fixed.
-        return ensure(body=body, memo=memo, logger=logger, retry=retry)
-    try:
-        doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
-    except SpecError as e:
-        # The running pod keeps its last good policy; say why the edit was not applied.
-        set_one_condition(state.kube, body, Condition.POLICY_APPLIED, False, e.reason, str(e),
-                       observed=True)
-        kopf.warn(body, reason=e.reason, message=f"policy edit not applied: {e}")
-        raise kopf.PermanentError(str(e)) from None
-    cm = build_configmap(body.meta.name or "", doc)
-    try:
-        state.kube.merge_patch(f"/api/v1/namespaces/{body.meta.namespace}/configmaps/"
-                               f"{cm['metadata']['name']}", {"data": cm["data"]})
-        set_one_condition(state.kube, body, Condition.POLICY_APPLIED, True,
-                       Reason.CONFIG_MAP_UPDATED, "the sidecar reads the new policy live",
-                       observed=True)
-    except ApiError as e:
-        raise _retry_later(e, retry) from e
-    events.normal(body, reason=Reason.POLICY_UPDATED,
-              message=f"Updated ConfigMap {cm['metadata']['name']}; running pods apply it live")
-    # Enforcement Quota: the running pods' limits to the new target now. A refused resize
-    # leaves the old limits: the sidecar then holds a lower target with signals, a higher
-    # one stays at the old limit.
-    try:
-        resize_to_new_target(state, body)
-    except ApiError as e:
-        raise _retry_later(e, retry) from e
-
-
-@kopf.on.update(*RESOURCE, field="spec.suspend")
-def suspend_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, new: Any,
-                    retry: int = 0, **_: Any) -> None:
-    """spec.suspend, as a Job's: the Job's own suspend, or where Kueue queues the Job,
-    its Workload's spec.active (kueue.py: Kueue owns the Job's suspend)."""
-    state = _state(memo)
-    job = (body.status or {}).get("jobName")
-    if not job:  # made suspended under Kueue, so not made yet
-        return ensure(body=body, memo=memo, logger=logger, retry=retry)
-    ns = body.meta.namespace or ""
-    path = child.path(ns, job, child.is_jobset(body.spec))
-    try:
-        current = state.kube.get(path)
-        if current is None:
-            return
-        if queued_by_kueue(current):
-            set_workload_active(state.kube, ns, current, bool(new))
-        else:
-            state.kube.merge_patch(path, {"spec": {"suspend": bool(new)}})
-        _observe(state.kube, body)
-    except ApiError as e:
-        raise _retry_later(e, retry) from e
-    events.normal(body, reason=Reason.SUSPEND_REQUESTED if new else Reason.RESUMED,
-              message=f"Job {job} {'suspended' if new else 'resumed'} (spec.suspend)")
-
-
-def _observe(kube: Kube, body: kopf.Body) -> None:
-    """status.observedGeneration: this generation is acted on (the Suspended condition
-    follows from the Job's events). Left behind, tools that wait on it (kstatus: Flux,
-    kubectl-style waits) read the ThrottledJob as in progress for good."""
-    generation = body.meta.get("generation")
-    kube.update_status(body.meta.namespace or "", body.meta.name or "",
-                       lambda st, _: at_generation(st, generation))
-
-
-@kopf.on.update(*RESOURCE, field="spec.jobTemplate")
-@kopf.on.update(*RESOURCE, field="spec.jobSetTemplate")
-def template_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
-                     retry: int = 0, **_: Any) -> None:
-    """A Job's pod template is immutable: say so instead of silently restarting."""
-    job = (body.status or {}).get("jobName")
-    if not job:
-        return ensure(body=body, memo=memo, logger=logger, retry=retry)
-    if _template_is_the_jobs(_state(memo), body, job, retry):
-        return
-    kind = child.kind(body.spec)
-    message = (f"the template changed, but {kind} {job} is already created and its pod "
-               "templates are immutable; delete and re-create the ThrottledJob to run the "
-               "new template")
-    set_one_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
-                   Reason.JOB_TEMPLATE_IMMUTABLE, message,
-                   observed=True)
-    kopf.warn(body, reason=Reason.JOB_TEMPLATE_IMMUTABLE, message=message)
-
-
-def _template_is_the_jobs(state: OperatorState, body: kopf.Body, job: str,
-                          retry: int) -> bool:
-    """Whether the template (and inject) is again the one the Job was made from (an edit
-    reverted): TemplateApplied is True again. A Job made before its hash was kept on it
-    never matches."""
-    try:
-        current = get_child(state.kube, body.meta.namespace or "", job,
-                            child.is_jobset(body.spec)) or {}
-        made_from = ((current.get("metadata") or {}).get("annotations") or {}).get(
-            TEMPLATE_HASH)
-        if made_from != template_hash(body.spec):
-            return False
-        set_one_condition(state.kube, body, Condition.TEMPLATE_APPLIED, True,
-                       Reason.TEMPLATE_MATCHES_JOB, f"the template is the one {job} runs",
-                       observed=True)
-    except ApiError as e:
-        raise _retry_later(e, retry) from e
-    return True
-
-
-@kopf.on.update(*RESOURCE, field="spec.throttle.inject")
-def inject_changed(body: kopf.Body, memo: kopf.Memo, old: Any, new: Any, retry: int = 0,
-                   **_: Any) -> None:
-    """`inject` shapes the pod template, which a created Job cannot change."""
-    job = (body.status or {}).get("jobName")
-    if not job or (old or DEFAULT_INJECT) == (new or DEFAULT_INJECT):
-        return  # no Job yet: the create path (policy_changed -> ensure) reads it
-    if _template_is_the_jobs(_state(memo), body, job, retry):
-        return
-    message = (f"throttle.inject changed to {new or DEFAULT_INJECT}, but Job {job} is "
-               "already created and its pod template is immutable; it applies to the next "
-               "Job (delete and re-create the ThrottledJob)")
-    set_one_condition(_state(memo).kube, body, Condition.TEMPLATE_APPLIED, False,
-                   Reason.INJECT_IMMUTABLE, message,
-                   observed=True)
-    kopf.warn(body, reason=Reason.INJECT_IMMUTABLE, message=message)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_NAME: kopf.PRESENT})

@@ -3,7 +3,7 @@ as jobset's reconciler is: `plan` works out, from the spec and what the sidecars
 said, the limits every pod should have; `PodLimits.reconcile` makes it so (`pods/resize`)
 and remembers what the API server refused. Creation writes the same limits into the pod
 template (children.build_child, through cpu_limits.apply); after that, a live edit of the
-target (handlers.policy_changed) and each read of the sidecars (poller.read_sidecars) call
+target (reconcile.apply) and each read of the sidecars (poller.read_sidecars) call
 `reconcile`, and nothing else resizes a pod.
 
 What a pod should have:

@@ -122,37 +122,55 @@ def sync_from_job(state: OperatorState, namespace: str, name: str, job_name: str
                   current: Mapping[str, Any] | None, owner_uid: str | None = None,
                   deleted: bool = False) -> bool:
     """The Job (or JobSet) `job_name` as it is now (`current`; None: not found) -> the
-    ThrottledJob's phase and conditions, with an event where the phase changes. A Job
-    not found, or `deleted` (its watch's last state, `current`) before it finished:
-    status_job_gone. `owner_uid`: only if the ThrottledJob has that uid (the Job of an
-    earlier ThrottledJob of this name, deleted and made anew, is not its). Returns
-    whether the ThrottledJob was the Job's."""
-    now, job = now_iso(), child.as_job(current) if current is not None else None
-    ours = False
+    ThrottledJob's phase and conditions, with an event where the phase changes
+    (from_job). Returns whether the ThrottledJob was the Job's."""
+    ours: list[bool] = []
+    mutate = from_job(job_name, current, now_iso(), owner_uid, deleted, ours)
+    post_phase_change(state.kube.update_status(namespace, name, mutate), job_name, current)
+    return bool(ours and ours[0])
+
+
+StatusChange = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
+
+
+def from_job(job_name: str, current: Mapping[str, Any] | None, now: str,
+             owner_uid: str | None = None, deleted: bool = False,
+             ours: list[bool] | None = None) -> StatusChange:
+    """The status change that the child `job_name` as it is now (`current`; None: not
+    found) makes: its phase and conditions. A Job not found, or `deleted` (its watch's
+    last state, `current`) before it finished: status_job_gone. `owner_uid`: only if the
+    ThrottledJob has that uid (the Job of an earlier ThrottledJob of this name, deleted
+    and made anew, is not its); whether it had is appended to `ours`."""
+    job = child.as_job(current) if current is not None else None
 
     def mutate(st: dict[str, Any], tj: Mapping[str, Any]) -> dict[str, Any]:
-        nonlocal ours
         meta = tj.get("metadata") or {}
-        ours = owner_uid is None or meta.get("uid") == owner_uid
-        if not ours:
+        if ours is not None:
+            ours[:] = [owner_uid is None or meta.get("uid") == owner_uid]
+        if owner_uid is not None and meta.get("uid") != owner_uid:
             return st
         out = status_from_job(st, job, tj, now) if job is not None else st
         if (job is None or deleted) and not meta.get("deletionTimestamp"):
             out = status_job_gone(out, job_name, now, deleted)
         return out
 
-    result = state.kube.update_status(namespace, name, mutate)
-    if result and result[1].get("phase") != result[2].get("phase"):
-        tj, _, new = result
-        phase = new.get("phase")
-        failed = condition(new, Condition.FAILED) or {}
-        if phase == Phase.FAILED and failed.get("reason") in GONE_REASONS:
-            kopf.warn(tj, reason=failed["reason"], message=failed.get("message", ""))
-        else:
-            post = kopf.warn if phase == Phase.FAILED else events.normal
-            post(tj, reason=f"Job{phase}",
-                 message=f"{(current or {}).get('kind', 'Job')} {job_name} is {phase}")
-    return ours
+    return mutate
+
+
+def post_phase_change(result: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None,
+                      job_name: str, current: Mapping[str, Any] | None) -> None:
+    """The event of a status write (`result`, Kube.update_status's) that moved the phase."""
+    if not result or result[1].get("phase") == result[2].get("phase"):
+        return
+    tj, _, new = result
+    phase = new.get("phase")
+    failed = condition(new, Condition.FAILED) or {}
+    if phase == Phase.FAILED and failed.get("reason") in GONE_REASONS:
+        kopf.warn(tj, reason=failed["reason"], message=failed.get("message", ""))
+    else:
+        post = kopf.warn if phase == Phase.FAILED else events.normal
+        post(tj, reason=f"Job{phase}",
+             message=f"{(current or {}).get('kind', 'Job')} {job_name} is {phase}")
 
 
 def set_workload_active(kube: Kube, namespace: str, job: Mapping[str, Any],
