@@ -165,3 +165,52 @@ def test_an_older_kueue_that_serves_workloads_only_at_v1beta1_is_found_there(
     found = set_workload_active(kube, "ml", job, suspend=True)
     assert found is not None and found["apiVersion"] == "kueue.x-k8s.io/v1beta1"
     assert emulator.call("GET", f"{path}/job-train-1a2b3")["spec"]["active"] is False
+
+
+def policy_events(emu: Emulator) -> list[dict]:
+    return [e for e in emu.items("/api/v1/namespaces/ml/events")
+            if e.get("reason") == "PolicyUpdated"]
+
+
+def peak_in_configmap(emu: Emulator, name: str) -> str:
+    cm = emu.call("GET", f"{CM_PATH}/{name}-throttle")
+    return yaml.safe_load(cm["data"]["policy.yaml"])["targets"]["cpu"]["peak"]
+
+
+def test_killed_mid_edit_the_next_pass_finishes_it(
+        emulator: Emulator, operator_process: OperatorProcess) -> None:
+    """SIGKILL while an edit's status write hangs (its ConfigMap patched, the status not
+    yet saying so): the restarted operator's pass writes the status, makes no second
+    ConfigMap or Job, and posts no event for the status write that did not happen."""
+    operator_process.start()
+    emulator.call("POST", TJ_PATH, make_tj("edit"), content_type=JSON)
+    created_once(emulator, "edit")
+    hang = Fault("PATCH", r"/throttledjobs/edit/status$", status=None, delay=20)
+    emulator.handler.faults.append(hang)
+    emulator.call("PATCH", f"{TJ_PATH}/edit", {"spec": {"throttle": {"targets": {
+        "cpu": {"peak": "700m"}}}}})
+    wait_for(lambda: hang.hits == 1, TIMEOUT, what="the edit's status write to hang")
+    assert peak_in_configmap(emulator, "edit") == "700m"
+    operator_process.kill()
+    operator_process.start()
+    wait_for(lambda: status(emulator, "edit").get("observedGeneration") == 2, TIMEOUT,
+             what="observedGeneration 2")
+    assert cond(emulator, "edit", "PolicyApplied")["status"] == "True"
+    assert len(jobs_of(emulator, "edit")) == 1 and not policy_events(emulator)
+    assert_valid_status(emulator, "edit")
+
+
+def test_an_edit_whose_status_write_meets_conflicts_is_written_once(
+        emulator: Emulator, operator_process: OperatorProcess) -> None:
+    """Two 409s on the edit's status write: read again and written, one event."""
+    operator_process.start()
+    emulator.call("POST", TJ_PATH, make_tj("clash"), content_type=JSON)
+    created_once(emulator, "clash")
+    conflict = Fault("PATCH", r"/throttledjobs/clash/status$", status=409, times=2)
+    emulator.handler.faults.append(conflict)
+    emulator.call("PATCH", f"{TJ_PATH}/clash", {"spec": {"throttle": {"targets": {
+        "cpu": {"peak": "700m"}}}}})
+    wait_for(lambda: len(policy_events(emulator)) == 1, TIMEOUT, what="a PolicyUpdated event")
+    assert conflict.hits == 2 and peak_in_configmap(emulator, "clash") == "700m"
+    assert cond(emulator, "clash", "PolicyApplied")["status"] == "True"
+    assert status(emulator, "clash")["observedGeneration"] == 2
