@@ -374,6 +374,12 @@ def _node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     stopping, args.metrics_port, args.metrics_pod_names)
 
 
+def guard_main(argv: list[str] | None = None) -> int:
+    """`tj-guard --shared-dir DIR`: `throttledjob guard` under the script name the
+    operator's guard container runs (its process is named after it from the start)."""
+    return main(["guard", *(sys.argv[1:] if argv is None else argv)])
+
+
 def _guard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from throttledjob.sidecar.guard import run_guard
 

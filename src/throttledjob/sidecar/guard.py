@@ -25,7 +25,6 @@ import ctypes
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -126,13 +125,6 @@ def name_this_process(name: str = GUARD_PROCESS_NAME) -> bool:
 
 
 _PR_SET_NAME = 15
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`tj-guard --shared-dir DIR`: the operator's command for the guard container."""
-    from throttledjob.cli import main as cli
-
-    return cli(["guard", *(sys.argv[1:] if argv is None else argv)])
 
 
 def run_guard(shared_dir: str, stop: threading.Event | None = None,
