@@ -1,6 +1,6 @@
 """GPU power targets, simulated: the power-limit explorer vs an oracle sweep of static caps
 and vs holding back alone (docs/dev/frontier.md). No GPU here, so every run drives the real
-GpuAgent (controller, explorer, lever) against the simulated board of sidecar/gpu/fake.py.
+GpuAgent (controller, explorer, lever) against the simulated board of gpu/fake.py.
 The figures measure the control logic on that model, not a board.
 
     .venv/bin/python -m bench.gpu_frontier [--intervals 300]
@@ -44,9 +44,9 @@ WORKLOADS = {
 def simulate(trace: str, sensitivity: float, intervals: int, target: float | None,
              lever: bool, static_limit: float | None = None) -> dict:
     from throttledjob.contracts.policy import Policy
-    from throttledjob.sidecar.gpu import GpuAgent
-    from throttledjob.sidecar.gpu.fake import FakeGpuBackend
-    from throttledjob.sidecar.gpu.simulate import drive
+    from throttledjob.gpu.fake import FakeGpuBackend
+    from throttledjob.sidecar.gpu_agent import GpuAgent
+    from throttledjob.sidecar.gpu_simulate import drive
 
     gpu = FakeGpuBackend(1, trace, clock_sensitivity=sensitivity)
     if static_limit is not None:
@@ -62,7 +62,7 @@ def simulate(trace: str, sensitivity: float, intervals: int, target: float | Non
 
 
 def run(intervals: int) -> list[dict]:
-    from throttledjob.sidecar.gpu.fake import MIN_LIMIT_WATTS, TDP_WATTS
+    from throttledjob.gpu.fake import MIN_LIMIT_WATTS, TDP_WATTS
 
     results = []
     for name, (trace, sens) in WORKLOADS.items():
@@ -106,9 +106,9 @@ def table(results: list[dict]) -> str:
 
 def clock_lock(intervals: int) -> list[dict]:
     """A locked SM clock against a power cap for the same peak, on the simulated board's
-    model (sidecar/gpu/fake.py): a cap lowers the clock only at the instants the power
+    model (gpu/fake.py): a cap lowers the clock only at the instants the power
     would pass it; a locked clock must fit the worst instant all the time."""
-    from throttledjob.sidecar.gpu.fake import IDLE_WATTS, TDP_WATTS, TRACES, clock_within
+    from throttledjob.gpu.fake import IDLE_WATTS, TDP_WATTS, TRACES, clock_within
 
     rows = []
     for name, (trace, sens) in WORKLOADS.items():

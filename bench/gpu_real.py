@@ -14,7 +14,7 @@ the first optimizer step (utilization is NVML's own window; power on recent boar
 fixed length, with and without a device synchronize) and the board's floor: what a pace
 point does to the board. Only reads: never sets a power limit, clock or any setting.
 Prints what the GPU was, then the table; `--json` keeps the traces. `--simulated` runs
-the same cases on the simulated board (sidecar/gpu/fake.py), read from the run's own
+the same cases on the simulated board (gpu/fake.py), read from the run's own
 /metrics, with a CPU stand-in of the model (`--tiny`): the suite's smoke run, whose
 figures describe the simulator, not a GPU.
 """
@@ -164,7 +164,7 @@ class Board:
 
     def describe(self) -> dict:
         if self.simulated:
-            return {"name": "simulated (sidecar/gpu/fake.py, trace steady)"}
+            return {"name": "simulated (gpu/fake.py, trace steady)"}
         return describe_board(self.nvml)
 
     def command(self, *options: str) -> list[str]:

@@ -311,10 +311,10 @@ def _inject_lib(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 def _gpu_agent(prog: str, args: argparse.Namespace, policy):
     """The GPU agent for --gpu-backend, or an exit code when the backend cannot open."""
+    from throttledjob.gpu import GpuError
     from throttledjob.runtime.progress import visible_devices
     from throttledjob.sidecar.exporter import log_to_stderr
-    from throttledjob.sidecar.gpu import GpuError, open_gpu_agent
-    from throttledjob.sidecar.gpu.agent import under_the_floor
+    from throttledjob.sidecar.gpu_agent import open_gpu_agent, under_the_floor
 
     log_to_stderr()
     try:
@@ -338,8 +338,8 @@ def _gpu_agent(prog: str, args: argparse.Namespace, policy):
 def _sidecar(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     prog = "throttledjob sidecar"
     try:
+        from throttledjob.gpu import GpuError
         from throttledjob.sidecar.exporter import ExporterError
-        from throttledjob.sidecar.gpu import GpuError
         from throttledjob.sidecar.pod import run_sidecar
     except ImportError as e:
         return _missing_extra(prog, "sidecar", e)
@@ -359,9 +359,9 @@ def _node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         signal.signal(sig, lambda *_: stopping.set())
     prog = "throttledjob node"
     try:
+        from throttledjob.gpu import GpuError, open_backend
         from throttledjob.node.process import run_node
         from throttledjob.sidecar.exporter import log_to_stderr
-        from throttledjob.sidecar.gpu import GpuError, open_backend
     except ImportError as e:
         return _missing_extra(prog, "node", e)
     log_to_stderr()

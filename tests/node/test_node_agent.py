@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 
 from throttledjob.contracts.policy import Policy
+from throttledjob.gpu.backend import GpuError
+from throttledjob.gpu.fake import MIN_LIMIT_WATTS, TDP_WATTS, FakeGpuBackend
+from throttledjob.gpu.node_backend import NodeAgentBackend
 from throttledjob.node.caps import CapKeeper
 from throttledjob.node.identity import PodRef, pod_uid_of_cgroup
 from throttledjob.node.server import MAX_CONNECTIONS, NodeAgent, serve
-from throttledjob.sidecar.gpu.agent import LOST_RETRY_SECONDS, GpuAgent
-from throttledjob.sidecar.gpu.backend import GpuError
-from throttledjob.sidecar.gpu.fake import MIN_LIMIT_WATTS, TDP_WATTS, FakeGpuBackend
-from throttledjob.sidecar.gpu.node_backend import NodeAgentBackend
+from throttledjob.sidecar.gpu_agent import LOST_RETRY_SECONDS, GpuAgent
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 needs_cgroup_v1 = pytest.mark.skipif(
@@ -92,8 +92,8 @@ ASK = """
 import json, sys
 from dataclasses import replace
 from pathlib import Path
-from throttledjob.sidecar.gpu.node_backend import NodeAgentBackend
-from throttledjob.sidecar.gpu.backend import GpuError
+from throttledjob.gpu.node_backend import NodeAgentBackend
+from throttledjob.gpu.backend import GpuError
 b = NodeAgentBackend(Path(sys.argv[1]))
 out = {"read": [r.uuid for r in b.read()]}
 for raw in sys.argv[2:]:

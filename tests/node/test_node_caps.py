@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from throttledjob.gpu.backend import GpuError, GpuReading
+from throttledjob.gpu.fake import TDP_WATTS, FakeGpuBackend, fake_uuid
 from throttledjob.node.caps import CapKeeper
 from throttledjob.node.identity import PodRef
 from throttledjob.node.process import Node
-from throttledjob.sidecar.gpu.backend import GpuError, GpuReading
-from throttledjob.sidecar.gpu.fake import TDP_WATTS, FakeGpuBackend, fake_uuid
 
 POD_A = PodRef("team", "train-a", "8b1f7f4e-0000-4000-8000-00000000000a", power_cap=True)
 POD_B = PodRef("team", "train-b", "8b1f7f4e-0000-4000-8000-00000000000b", power_cap=True)

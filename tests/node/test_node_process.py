@@ -12,10 +12,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from testing.helpers import require_tool
+from throttledjob.gpu.fake import TDP_WATTS, FakeGpuBackend, fake_uuid
 from throttledjob.node.identity import PodRef
 from throttledjob.node.metrics import make_registry
 from throttledjob.node.process import ASSIGNMENTS_TTL_SECONDS, Node
-from throttledjob.sidecar.gpu.fake import TDP_WATTS, FakeGpuBackend, fake_uuid
 
 POD = PodRef("team", "train-a", "8b1f7f4e-0000-4000-8000-00000000000a", power_cap=True)
 

@@ -23,6 +23,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from throttledjob.gpu.backend import GpuError
+from throttledjob.gpu.fake import TDP_WATTS, FakeGpuBackend, fake_uuid
+from throttledjob.gpu.node_backend import NodeAgentBackend
 from throttledjob.node import server as server_mod
 from throttledjob.node.caps import CHANGE_BURST, CHANGES_PER_SECOND, CapKeeper
 from throttledjob.node.csi import serve_csi
@@ -31,10 +34,7 @@ from throttledjob.node.metrics import serve_metrics
 from throttledjob.node.probe import probe
 from throttledjob.node.process import STALE_SECONDS, Node
 from throttledjob.node.server import NodeAgent, serve
-from throttledjob.sidecar.gpu.backend import GpuError
-from throttledjob.sidecar.gpu.fake import TDP_WATTS, FakeGpuBackend, fake_uuid
-from throttledjob.sidecar.gpu.node_backend import NodeAgentBackend
-from throttledjob.sidecar.server import MAX_CONNECTIONS as METRICS_CONNECTIONS
+from throttledjob.serving import MAX_CONNECTIONS as METRICS_CONNECTIONS
 
 POD_A = PodRef("team", "train-a", str(uuid.uuid4()), power_cap=True)
 POD_B = PodRef("team", "train-b", str(uuid.uuid4()), power_cap=True)
@@ -68,7 +68,7 @@ import json, resource, sys, uuid
 from pathlib import Path
 from throttledjob.node.identity import PodRef
 from throttledjob.node.process import Node
-from throttledjob.sidecar.gpu.fake import FakeGpuBackend, fake_uuid
+from throttledjob.gpu.fake import FakeGpuBackend, fake_uuid
 tmp = Path(sys.argv[1])
 pod = PodRef("team", "train-a", str(uuid.uuid4()), power_cap=True)
 board = FakeGpuBackend(1, "steady")
@@ -404,9 +404,9 @@ from pathlib import Path
 from throttledjob.node.caps import CapKeeper
 from throttledjob.node.identity import PodRef
 from throttledjob.node.server import NodeAgent, serve
-from throttledjob.sidecar.gpu.fake import FakeGpuBackend
-from throttledjob.sidecar.gpu.node_backend import NodeAgentBackend
-from throttledjob.sidecar.gpu.backend import GpuError
+from throttledjob.gpu.fake import FakeGpuBackend
+from throttledjob.gpu.node_backend import NodeAgentBackend
+from throttledjob.gpu.backend import GpuError
 tmp = Path(sys.argv[1])
 board = FakeGpuBackend(1, "steady")
 pod = PodRef("team", "train-a", "8b1f7f4e-0000-4000-8000-00000000000a", power_cap=True)

@@ -9,18 +9,12 @@ import pynvml
 import pytest
 
 from throttledjob.contracts.policy import Policy
-from throttledjob.sidecar.gpu import (
-    GpuAgent,
-    GpuError,
-    GpuReading,
-    NullGpuBackend,
-    open_backend,
-    select_gpus,
-)
-from throttledjob.sidecar.gpu.controller import DEFAULT_MARGIN
-from throttledjob.sidecar.gpu.fake import IDLE_WATTS, MEMORY_BYTES, FakeGpuBackend
-from throttledjob.sidecar.gpu.nvml import NvmlBackend
-from throttledjob.sidecar.gpu.simulate import drive, follow
+from throttledjob.gpu import GpuError, GpuReading, NullGpuBackend, open_backend, select_gpus
+from throttledjob.gpu.fake import IDLE_WATTS, MEMORY_BYTES, FakeGpuBackend
+from throttledjob.gpu.nvml import NvmlBackend
+from throttledjob.sidecar.gpu_agent import GpuAgent
+from throttledjob.sidecar.gpu_controller import DEFAULT_MARGIN
+from throttledjob.sidecar.gpu_simulate import drive, follow
 
 
 def test_auto_without_nvml_library_runs_cpu_only_and_says_why():

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from throttledjob.sidecar.gpu.controller import GpuController, GpuObservation
-from throttledjob.sidecar.gpu.fake import IDLE_WATTS, FakeGpuBackend
+from throttledjob.gpu.fake import IDLE_WATTS, FakeGpuBackend
+from throttledjob.sidecar.gpu_controller import GpuController, GpuObservation
 
 
 def replay(trace: str, samples: int = 80, util: float | None = None,

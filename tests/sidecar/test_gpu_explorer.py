@@ -3,7 +3,7 @@
 The simulator's dynamic power grows with the square of the clock and a workload's speed
 with the clock to its `clock_sensitivity` (1: compute-bound, 0.3: memory-bound; 4: a
 board or workload where a cap costs more than holding back, as no physical one should).
-Each test drives a GpuAgent (sidecar/gpu/agent.py) with a workload reporting its steps,
+Each test drives a GpuAgent (sidecar/gpu_agent.py) with a workload reporting its steps,
 and checks the explorer's promises: hold the target, take the cheaper lever, touch
 nothing under the target, never lift the cap into a target the hold-back cannot hold.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 
 from throttledjob.contracts.policy import Policy
-from throttledjob.sidecar.gpu import GpuAgent
-from throttledjob.sidecar.gpu.explorer import UNCAPPED, GpuSample, PowerLimitExplorer
-from throttledjob.sidecar.gpu.fake import FakeGpuBackend
-from throttledjob.sidecar.gpu.simulate import drive
+from throttledjob.gpu.fake import FakeGpuBackend
+from throttledjob.sidecar.gpu_agent import GpuAgent
+from throttledjob.sidecar.gpu_explorer import UNCAPPED, GpuSample, PowerLimitExplorer
+from throttledjob.sidecar.gpu_simulate import drive
 
 TARGET = 200.0
 

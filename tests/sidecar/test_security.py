@@ -58,7 +58,7 @@ def test_a_connection_flood_leaves_the_sidecar_serving_within_bounds(workload, s
     import socket
     import time
 
-    from throttledjob.sidecar.server import CONNECTION_TIMEOUT_SECONDS, MAX_CONNECTIONS
+    from throttledjob.serving import CONNECTION_TIMEOUT_SECONDS, MAX_CONNECTIONS
 
     proc = workload("--workers", "1", "--units", "100000")
     side = sidecar("targets: {cpu: {peak: 1}}\n", proc.pid)
@@ -91,7 +91,7 @@ def test_one_slow_client_cannot_lock_the_kubelet_out(workload, sidecar):
     import contextlib
     import socket
 
-    from throttledjob.sidecar.server import MAX_PER_CLIENT
+    from throttledjob.serving import MAX_PER_CLIENT
 
     proc = workload("--workers", "1", "--units", "100000")
     side = sidecar("targets: {cpu: {peak: 1}}\n", proc.pid)

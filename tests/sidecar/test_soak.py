@@ -15,11 +15,11 @@ import urllib.request
 import psutil
 
 from throttledjob.contracts.policy import Policy
+from throttledjob.gpu.fake import FakeGpuBackend
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.exporter import Exporter
-from throttledjob.sidecar.gpu import GpuAgent
-from throttledjob.sidecar.gpu.fake import FakeGpuBackend
-from throttledjob.sidecar.gpu.simulate import follow
+from throttledjob.sidecar.gpu_agent import GpuAgent
+from throttledjob.sidecar.gpu_simulate import follow
 from throttledjob.sidecar.processes import ProcessTree
 
 CYCLES = 100_000

@@ -1,6 +1,6 @@
 """Fake GPUs on the test cluster's real node, the way a real cluster gets them: a device
 plugin (the kubelet's device plugin API, v1beta1) registering `nvidia.com/gpu` with the
-simulated board's UUIDs (sidecar/gpu/fake.py: fake_uuid). Pods request `nvidia.com/gpu: 1`
+simulated board's UUIDs (gpu/fake.py: fake_uuid). Pods request `nvidia.com/gpu: 1`
 and the kubelet allocates one, as on a GPU node; the allocated container is told its
 GPU as the NVIDIA device plugin tells it (NVIDIA_VISIBLE_DEVICES). No device files: the
 node agent's simulated board is the GPU.
@@ -29,7 +29,7 @@ from pathlib import Path
 import grpc
 
 from throttledjob.contracts.names import GPU_RESOURCE as RESOURCE
-from throttledjob.sidecar.gpu.fake import fake_uuid
+from throttledjob.gpu.fake import fake_uuid
 from tools.k8s.kubelet import deviceplugin_pb2 as pb
 from tools.k8s.kubelet import deviceplugin_pb2_grpc as rpc
 

@@ -45,7 +45,7 @@ class Policy:
     # Enforced without cooperation: niceness, and pinning to this many CPUs.
     nice: int | None = None
     cpu_affinity: int | None = None
-    # The GPU board's power limit as a lever (privileged: sidecar/gpu/power_cap.py).
+    # The GPU board's power limit as a lever (privileged: sidecar/gpu_power_cap.py).
     gpu_power_limit: Permission = Permission.DENY
     params: dict[str, Any] = field(default_factory=dict)
 

@@ -8,5 +8,5 @@ csi.py       the CSI node driver: the kubelet's publish and unpublish of each po
 process.py   the wiring, the tidying pass, SIGTERM (docs/reliability.md, "the order of
              failure"); metrics.py its /metrics; probe.py its liveness probe
 
-The sidecar's side of the socket is sidecar/gpu/node_backend.py.
+The sidecar's side of the socket is gpu/node_backend.py.
 """

@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from throttledjob.gpu.backend import GpuBackend, GpuError, GpuReading
+from throttledjob.gpu.power_limit import SAME_WATTS, capped_limit
 from throttledjob.runtime.files import read_json_bounded, write_json_atomic
-from throttledjob.sidecar.gpu.backend import GpuBackend, GpuError, GpuReading
-from throttledjob.sidecar.gpu.power_cap import SAME_WATTS, capped_limit
 
 from .identity import PodRef
 

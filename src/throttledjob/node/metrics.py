@@ -4,9 +4,9 @@ holds each GPU and asked for each cap: anyone who reaches the port would read wh
 of which namespace holds which GPU at which limit. Read at each scrape; a GPU that cannot
 be read is left out of that scrape.
 
-Served by the sidecar's bounded server (sidecar/server.py): a thread per connection, at
-most MAX_CONNECTIONS of them and MAX_PER_CLIENT from one address, each timed out. Idle
-connections by the thousand cost the agent a few threads, and never a restore.
+Served by the bounded server the sidecar serves with too (serving.py): a thread per
+connection, at most MAX_CONNECTIONS of them and MAX_PER_CLIENT from one address, each timed
+out. Idle connections by the thousand cost the agent a few threads, and never a restore.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from throttledjob.sidecar.gpu.backend import GpuError
-from throttledjob.sidecar.server import CONNECTION_TIMEOUT_SECONDS, BoundedHTTPServer
+from throttledjob.gpu.backend import GpuError
+from throttledjob.serving import CONNECTION_TIMEOUT_SECONDS, BoundedHTTPServer
 
 from .process import Node
 

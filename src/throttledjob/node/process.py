@@ -37,8 +37,8 @@ from typing import Any
 
 import grpc
 
+from throttledjob.gpu.backend import GpuBackend
 from throttledjob.runtime.files import read_json_bounded, write_json_atomic
-from throttledjob.sidecar.gpu.backend import GpuBackend
 
 from .caps import STATE_MAX_BYTES, CapKeeper
 from .csi import SOCKET_NAME, OneVolumeAPod, serve_csi
@@ -49,7 +49,7 @@ from .server import NodeAgent, serve, shared_gpus
 
 TIDY_SECONDS = 5.0
 ASSIGNMENTS_TTL_SECONDS = 1.0
-# Under the sidecar's own 2 s for an answer (node_backend.py): a kubelet slower than this
+# Under the sidecar's own 2 s for an answer (gpu/node_backend.py): a kubelet slower than this
 # counts as not answering, and the last answer stands.
 KUBELET_TIMEOUT_SECONDS = 1.0
 # Not alive once no tidying pass ran for this long (the liveness probe restarts it).

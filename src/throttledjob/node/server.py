@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from throttledjob.sidecar.gpu.backend import GpuBackend, GpuError, GpuReading
+from throttledjob.gpu.backend import GpuBackend, GpuError, GpuReading
 
 from .caps import CapKeeper
 from .identity import PodRef, peer_pod_uid

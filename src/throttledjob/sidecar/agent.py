@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .cgroups.container_quota import ContainerQuota
     from .cgroups.throttling import ThrottleStats
     from .enforcer import Enforcer
-    from .gpu import GpuAgent
+    from .gpu_agent import GpuAgent
     from .levers import LeverSetting
     from .processes import ProcessTree
 

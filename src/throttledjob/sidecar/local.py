@@ -32,7 +32,7 @@ from .summary import run_line
 
 if TYPE_CHECKING:
     from .exporter import Exporter
-    from .gpu import GpuAgent
+    from .gpu_agent import GpuAgent
 
 # Signals that ask the command to end: throttling ends with them (_StandDown).
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)

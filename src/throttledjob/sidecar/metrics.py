@@ -21,8 +21,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 from throttledjob import __version__
 from throttledjob.contracts.status import LEVERS
+from throttledjob.gpu.backend import THROTTLE_REASONS
 
-from .gpu.backend import THROTTLE_REASONS
 from .snapshot import Snapshot, SnapshotHolder
 
 P = "throttledjob_"

@@ -23,7 +23,7 @@ from .cgroups.container_quota import ContainerQuota
 from .cgroups.fs import cgroup_of, pod_cgroup
 from .enforcement import cpu_limit_from_env, pod_enforcer, pod_plan
 from .exporter import Exporter, log_to_stderr
-from .gpu import open_gpu_agent
+from .gpu_agent import open_gpu_agent
 from .loop import run_loop
 from .policy_watch import PolicyWatcher
 from .processes import ProcessTree, resume

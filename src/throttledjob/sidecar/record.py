@@ -18,7 +18,7 @@ from .measure import Pace
 from .stats import PeakSummary
 
 if TYPE_CHECKING:
-    from .gpu import GpuState
+    from .gpu_agent import GpuState
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from throttledjob.contracts.names import PROGRESS_PREFIX
 from throttledjob.contracts.status import STATUS_VERSION, StatusDocument, observed_document
+from throttledjob.gpu.backend import GpuReading
 from throttledjob.runtime.progress import read_progress
 
-from .gpu.backend import GpuReading
 from .record import CycleResult
 from .stats import round_or_none
 from .summary import RunSummary, summarize

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .agent import GpuAgent
-from .fake import FakeGpuBackend, SimulatedLoad
+from throttledjob.gpu.fake import FakeGpuBackend, SimulatedLoad
+
+from .gpu_agent import GpuAgent
 
 
 def follow(agent: GpuAgent) -> None:

@@ -23,7 +23,7 @@ periodic load (a sawtooth) stays clipped rather than overshooting again each per
 while a workload whose peak has passed gets its speed back within a minute or so. It
 never asks for more than the slowdown budget allows and reports when that is not enough.
 Under target with no duty in force it does nothing. While `track` is set (a lever
-probe, sidecar/gpu/explorer.py) the duty follows the law down as well as up at once: from
+probe, sidecar/gpu_explorer.py) the duty follows the law down as well as up at once: from
 a duty that holds the target the law converges from above, so it never overshoots.
 """
 

@@ -17,23 +17,18 @@ one small object: what it needs, how it is applied, how it is put back.
   the policy no longer allows it): written back locally, asked of the agent otherwise.
   The cap outlives the process that set it otherwise.
 - Kept: a limit found over the one set (put back by someone else) is set again.
+The clamp (`capped_limit`) and the precision a limit is read back at (`SAME_WATTS`) are the
+board's, shared with the node agent: gpu/power_limit.py.
 """
 
 from __future__ import annotations
 
 import logging
 
-from .backend import GpuBackend, GpuError, GpuReading
+from throttledjob.gpu.backend import GpuBackend, GpuError, GpuReading
+from throttledjob.gpu.power_limit import SAME_WATTS, capped_limit
 
 log = logging.getLogger("throttledjob.sidecar")
-# NVML keeps a limit in milliwatts: a limit read within this of one set is that one.
-SAME_WATTS = 0.5
-
-
-def capped_limit(target: float, original: float, span: tuple[float, float]) -> float:
-    """The limit that caps a board at `target`: within its range (min, max), and never
-    over the limit it had, which a cap must not raise."""
-    return min(original, span[1], max(span[0], target))
 
 
 class PowerCap:

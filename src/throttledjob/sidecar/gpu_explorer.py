@@ -1,7 +1,7 @@
 """Online choice between the two ways to hold a GPU power target: cap the board, or hold
 the feeding process back.
 
-Holding back (the duty of sidecar/gpu/controller.py) sheds dynamic power and throughput
+Holding back (the duty of sidecar/gpu_controller.py) sheds dynamic power and throughput
 in the same proportion. A power limit (NVML) makes the board lower its clocks until the
 power fits; dynamic power falls faster than the clock (P ~ C V^2 f, the voltage following
 the clock) and a kernel mix slows at most in proportion to the clock (less when it is
@@ -42,7 +42,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..explorer import MIN_GAIN, PhaseGate
+from .levers import MIN_GAIN
+from .phase_gate import PhaseGate
 
 UNCAPPED = None   # the board's own power limit
 # The hold-back counts as settled once it moves less than this in an interval, or after

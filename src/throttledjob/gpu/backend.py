@@ -1,8 +1,9 @@
 """GPUs behind one small interface: readings in base units, one error type.
 
-The sidecar never calls NVML directly: the NVML adapter (sidecar/gpu/nvml.py), the
-simulated set (sidecar/gpu/fake.py) and the null backend below implement this interface,
-so the control loop has one code path; `open_backend` (sidecar/gpu/__init__.py) picks one.
+Neither the sidecar nor the node agent calls NVML directly: the NVML adapter (gpu/nvml.py),
+the simulated set (gpu/fake.py), the node agent's client (gpu/node_backend.py) and the null
+backend below implement this interface, so the control loop has one code path;
+`open_backend` (gpu/__init__.py) picks one.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class GpuReading:
     process_memory_bytes: dict[int, int] = field(default_factory=dict)
 
     def as_json(self) -> dict:
-        """The reading as the node agent sends it (sidecar/gpu/node_backend.py)."""
+        """The reading as the node agent sends it (gpu/node_backend.py)."""
         doc = {k: getattr(self, k) for k in self.__dataclass_fields__}
         doc["throttle_reasons"] = sorted(self.throttle_reasons)
         doc["process_memory_bytes"] = {str(k): v for k, v in self.process_memory_bytes.items()}
@@ -66,7 +67,8 @@ class GpuReading:
 
 
 class GpuBackend(ABC):
-    """What the sidecar needs from a GPU library. Every method may raise GpuError."""
+    """What the sidecar and the node agent need from a GPU library. Every method may
+    raise GpuError."""
 
     #: "nvml", "fake" or "none": shown in /status and metrics.
     kind: str = "none"

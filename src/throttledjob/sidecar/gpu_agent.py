@@ -6,7 +6,14 @@ With the lever, a power target is held by capping the board at the controller's 
 (the prior: the cap changes nothing until the workload draws that much), and the hold-back
 duty answers only for what the cap cannot hold (a utilization target, a board whose
 minimum limit is over the target). Once the workload reports steps, the explorer
-(sidecar/gpu/explorer.py) measures whether the cap or the hold-back alone costs less.
+(sidecar/gpu_explorer.py) measures whether the cap or the hold-back alone costs less.
+
+The sidecar's GPU control loop, over the device layer (throttledjob.gpu: the backends):
+gpu_agent.py       this: one GPU control cycle, and `open_gpu_agent`
+gpu_controller.py  the duty control law (pure)
+gpu_explorer.py    the power-limit explorer (pure)
+gpu_power_cap.py   the power-limit lever
+gpu_simulate.py    what feeds simulated GPUs: a test harness, or a live run's GPU agent
 """
 
 from __future__ import annotations
@@ -15,12 +22,13 @@ import logging
 from dataclasses import dataclass
 
 from throttledjob.contracts.policy import Policy
+from throttledjob.gpu import open_backend
+from throttledjob.gpu.backend import GpuBackend, GpuError, GpuReading, NullGpuBackend, select_gpus
 
-from ..stats import PeakSummary, PeakTracker
-from .backend import GpuBackend, GpuError, GpuReading, NullGpuBackend, select_gpus
-from .controller import DEFAULT_MARGIN, GpuController, GpuDecision, GpuObservation
-from .explorer import UNCAPPED, GpuSample, PowerLimitExplorer
-from .power_cap import PowerCap
+from .gpu_controller import DEFAULT_MARGIN, GpuController, GpuDecision, GpuObservation
+from .gpu_explorer import UNCAPPED, GpuSample, PowerLimitExplorer
+from .gpu_power_cap import PowerCap
+from .stats import PeakSummary, PeakTracker
 
 log = logging.getLogger("throttledjob.sidecar")
 # Intervals the duty tracks the control law down after the cap is lifted (it converges
@@ -348,3 +356,15 @@ class _LostBackend(NullGpuBackend):
     def __init__(self, lost: GpuBackend) -> None:
         self.kind = lost.kind
         self.simulated = lost.simulated
+
+
+def open_gpu_agent(backend: str, policy: Policy) -> GpuAgent:
+    """The GPU agent both hosts run (the pod's sidecar, local mode): the backend named
+    by `--gpu-backend` (gpu.open_backend; its note is the agent's `note`), and simulated
+    GPUs made to see what the agent does to the workload. Raises GpuError."""
+    from .gpu_simulate import follow
+
+    opened, note = open_backend(backend)
+    agent = GpuAgent(opened, policy, note=note)
+    follow(agent)
+    return agent

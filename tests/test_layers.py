@@ -1,0 +1,101 @@
+"""The layers stay layered: the GPU device layer (throttledjob.gpu) and the shared bounded
+HTTP server (throttledjob.serving) sit under both the pod's sidecar and the node agent, and
+the node agent does not reach into the sidecar (docs/dev/architecture.md); the guard,
+whose script is cli.guard_main, imports nothing of the CLI (no import circle). Read from
+the source with `ast`: every import, absolute or relative, at any depth of a function."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from testing.paths import ROOT
+
+SOURCES = ROOT / "src"
+PACKAGE = SOURCES / "throttledjob"
+SIDECAR, NODE, CLI = "throttledjob.sidecar", "throttledjob.node", "throttledjob.cli"
+# Where -> the packages it must not import.
+RULES = {
+    "node": (SIDECAR,),
+    "gpu": (SIDECAR, NODE),
+    "serving.py": (SIDECAR, NODE),
+    "sidecar/guard.py": (CLI,),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SOURCES).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(source: str, module: str, is_package: bool) -> set[str]:
+    """Every module `source` (the text of `module`) imports, as absolute names: for
+    `from X import a`, X and X.a (a may be a module: `from throttledjob import sidecar`).
+    A call to importlib.import_module or __import__ with a literal name counts too."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+        elif (isinstance(node, ast.Call) and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and getattr(node.func, "attr", getattr(node.func, "id", None))
+              in ("import_module", "__import__")):
+            found.add(node.args[0].value)
+    return found
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def violations(where: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    root = PACKAGE / where
+    paths = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+    bad = {}
+    for path in paths:
+        names = imported(path.read_text(), module_name(path), path.name == "__init__.py")
+        if hits := sorted(n for n in names if any(within(n, f) for f in forbidden)):
+            bad[str(path.relative_to(ROOT))] = hits
+    return bad
+
+
+@pytest.mark.parametrize("where", sorted(RULES))
+def test_a_lower_layer_imports_no_higher_one(where: str) -> None:
+    assert (PACKAGE / where).exists(), where
+    assert violations(where, RULES[where]) == {}
+
+
+@pytest.mark.parametrize("line", [
+    "import throttledjob.sidecar.gpu_agent",
+    "import throttledjob.sidecar as s",
+    "from throttledjob.sidecar.server import MetricsServer",
+    "from throttledjob import sidecar",
+    "from ..sidecar import exporter",
+    "from ..sidecar.exporter import log_to_stderr",
+    "from .. import sidecar",
+    "def f():\n    from ..sidecar import pod",
+    "importlib.import_module('throttledjob.sidecar.pod')",
+])
+def test_the_check_sees_every_form_of_import(line: str) -> None:
+    names = imported(line, "throttledjob.node.caps", is_package=False)
+    assert any(within(n, SIDECAR) for n in names), names
+
+
+def test_the_check_resolves_relative_imports_from_the_right_package() -> None:
+    assert imported("from .caps import CapKeeper", "throttledjob.node", is_package=True) \
+        == {"throttledjob.node.caps", "throttledjob.node.caps.CapKeeper"}
+    assert imported("from .backend import GpuError", "throttledjob.gpu.nvml", False) \
+        == {"throttledjob.gpu.backend", "throttledjob.gpu.backend.GpuError"}
+    assert not any(within(n, SIDECAR) for n in
+                   imported("from .server import serve", "throttledjob.node.process", False))
