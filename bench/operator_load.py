@@ -241,7 +241,7 @@ def floor(cluster: Any, kubectl: list[str], n: int) -> float:
                  "blockOwnerDeletion": True}
         doc = validate(made)
         for path, child in ((f"/api/v1/namespaces/{namespace}/configmaps",
-                             build_configmap(name, doc)),
+                             build_configmap(name, made["spec"], doc)),
                             (f"/apis/batch/v1/namespaces/{namespace}/jobs",
                              build_child(made, doc, settings))):
             child["metadata"]["ownerReferences"] = [owner]

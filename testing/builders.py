@@ -26,7 +26,8 @@ def built(tj: dict[str, Any], settings: OperatorSettings = SETTINGS
     """(Job, ConfigMap) as the handler sends them: built, then kopf.adopt-ed."""
     tj = owned(tj)
     doc = validate(tj)
-    job, cm = build_child(tj, doc, settings), build_configmap(tj["metadata"]["name"], doc)
+    job = build_child(tj, doc, settings)
+    cm = build_configmap(tj["metadata"]["name"], tj["spec"], doc)
     kopf.adopt([job, cm], owner=tj)
     return job, cm
 

@@ -144,7 +144,7 @@ def test_restart_over_a_stale_configmap_never_duplicates_the_job(
     the operator had been killed between creating the ConfigMap and the Job."""
     kubectl.apply(tj_manifest("restart", namespace, run_for="1h"))
     uid = kubectl.json("get", "tj", "-n", namespace, "restart")["metadata"]["uid"]
-    stale = build_configmap("restart", {"targets": {"cpu": {"peak": "3"}}})
+    stale = build_configmap("restart", {}, {"targets": {"cpu": {"peak": "3"}}})
     stale["metadata"].update(namespace=namespace, ownerReferences=[{
         "apiVersion": names.API_VERSION, "kind": names.KIND, "name": "restart", "uid": uid,
         "controller": True, "blockOwnerDeletion": True}])

@@ -663,10 +663,14 @@ def test_quota_splits_evenly_without_requests_and_keeps_a_lower_own_limit() -> N
 def test_a_request_over_its_share_falls_back_to_signals_and_says_why() -> None:
     tj = quota_tj(1, a={"requests": {"cpu": "2"}}, b={})
     doc = validate(owned(tj))
-    job, _ = built(tj)
+    job, cm = built(tj)
     assert all("cpu" not in (c["resources"].get("limits") or {})
                for c in pod_of(job)["containers"])
     assert ENV_CPU_LIMIT not in sidecar_env(job)
+    # Decided here, once: the pods' policy says what holds the target.
+    assert yaml.safe_load(cm["data"]["policy.yaml"])["enforcement"] == "Both"
+    _, held = built(quota_tj(1, a={"requests": {"cpu": "500m"}}, b={}))
+    assert yaml.safe_load(held["data"]["policy.yaml"])["enforcement"] == "Quota"
     warning = quota_warning(tj, doc) or ""
     assert "container a requests 2 CPU, more than its 500m share" in warning
     assert quota_warning(quota_tj(1, a={"requests": {"cpu": "500m"}}, b={}), doc) is None

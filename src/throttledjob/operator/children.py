@@ -24,7 +24,7 @@ from throttledjob.contracts.names import (
 )
 from throttledjob.contracts.policy import parse_policy
 
-from . import child, cpu_limits, job_split
+from . import child, cpu_limits, job_split, quota
 from .inject import add_runtime_library, inject_mode
 from .kueue import QUEUE_LABEL, carried_labels
 from .names import (
@@ -65,15 +65,18 @@ def _labels(tj_name: str) -> dict[str, str]:
     return {LABEL_NAME: tj_name, LABEL_MANAGED_BY: MANAGED_BY}
 
 
-def build_configmap(tj_name: str, policy_doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The policy ConfigMap; mounted as a volume (not subPath) so edits reach the pod."""
+def build_configmap(tj_name: str, spec: Mapping[str, Any],
+                    policy_doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy ConfigMap: the pods' policy (quota.pod_policy); mounted as a volume (not
+    subPath) so edits reach the pod."""
     import yaml
 
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": configmap_name(tj_name), "labels": _labels(tj_name)},
-        "data": {POLICY_KEY: yaml.safe_dump(dict(policy_doc), sort_keys=True)},
+        "data": {POLICY_KEY: yaml.safe_dump(quota.pod_policy(spec, policy_doc),
+                                            sort_keys=True)},
     }
 
 
@@ -198,9 +201,9 @@ def inject_pod(pod_template: dict[str, Any], body: Mapping[str, Any],
     uid = workload_uid(pod)
     sidecar = build_sidecar(settings, uid)
     # Enforcement Quota: the kernel holds the target with the workload's CPU limits, unless
-    # a request is over its share (validation.quota_warning says so; signals hold it).
-    target = job_split.pod_target(body["spec"], cpu_limits.quota_target(policy_doc))
-    if target is not None and not cpu_limits.request_over_limit(pod["containers"], target):
+    # a request is over its share (quota.py decides; signals hold it then).
+    target = job_split.pod_target(body["spec"], quota.kernel_target(body["spec"], policy_doc))
+    if target is not None:
         limit = cpu_limits.apply(pod["containers"], target)
         sidecar["env"] = [{"name": ENV_CPU_LIMIT, "value": f"{limit:g}"}]
     # The guard after the sidecar: it starts once the sidecar's startup probe passed,

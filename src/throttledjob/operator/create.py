@@ -82,7 +82,7 @@ def ensure_children(body: kopf.Body, state: OperatorState, logger: logging.Logge
         doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
         _refuse(kube, body, e, generation)
-    cm = build_configmap(name, doc)
+    cm = build_configmap(name, body.spec, doc)
     kopf.adopt(cm, owner=body)
     cm_path = f"/api/v1/namespaces/{ns}/configmaps"
     if _create(kube, body, cm_path, cm, generation) is None:

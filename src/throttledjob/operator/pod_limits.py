@@ -34,7 +34,7 @@ import kopf
 
 from throttledjob.contracts.policy import PolicyError
 
-from . import child, cpu_limits, events, metrics
+from . import child, cpu_limits, events, metrics, quota
 from .job_split import (
     Rank,
     applied_limit,
@@ -79,7 +79,7 @@ def target_of(spec: Mapping[str, Any]) -> float | None:
     """The CPU target the pods' limits hold (job-wide under scope Job); None where the
     kernel's quota does not enforce it, or the spec is not valid."""
     try:
-        return cpu_limits.quota_target(policy_document(spec))
+        return quota.kernel_target(spec, policy_document(spec))
     except (SpecError, PolicyError):
         return None
 

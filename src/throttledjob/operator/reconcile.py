@@ -104,7 +104,7 @@ def _decide_policy(tj: Mapping[str, Any], policy: Mapping[str, Any] | SpecError,
         out.said.append(Said(Condition.POLICY_APPLIED, False, policy.reason, str(policy),
                              warning=f"policy edit not applied: {policy}"))
         return
-    cm = build_configmap(tj["metadata"]["name"], policy)
+    cm = build_configmap(tj["metadata"]["name"], tj.get("spec") or {}, policy)
     if seen.config_map is None:
         out.create_config_map = cm  # gone while the Job runs: its new pods mount it
     elif (seen.config_map.get("data") or {}) != cm["data"]:

@@ -20,7 +20,7 @@ from throttledjob.contracts.names import (
 )
 from throttledjob.contracts.policy import Choice, PolicyError, parse_cpu_quantity, parse_policy
 
-from . import child, cpu_limits, job_split
+from . import child, cpu_limits, job_split, quota
 from .children import (
     DEFAULT_SIDECAR_UID,
     METRICS_PORT,
@@ -295,10 +295,7 @@ def _check_reachable(spec: Mapping[str, Any], doc: Mapping[str, Any],
 
 def quota_warning(body: Mapping[str, Any], policy_doc: Mapping[str, Any]) -> str | None:
     """Why enforcement Quota falls back to signals for this template, or None."""
-    spec = body.get("spec") or {}
-    target = job_split.pod_target(spec, cpu_limits.quota_target(policy_doc))
-    why = next((w for pod in child.pod_specs(spec) if target is not None and (
-        w := cpu_limits.request_over_limit(pod.get("containers") or [], target))), None)
+    why = quota.why_not(body.get("spec") or {}, policy_doc)
     return (f"enforcement Quota: no CPU limit set, {why}; the sidecar holds the target "
             "with signals instead. Lower the request to use the kernel's quota.") if why \
         else None
