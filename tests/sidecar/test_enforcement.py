@@ -3,6 +3,7 @@ policy and what the host allows, in a pod and in local mode."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -29,12 +30,18 @@ def test_in_a_pod_quota_holds_only_by_a_limit_at_or_under_the_target() -> None:
         plan = pod_plan(QUOTA, limit)
         assert plan.enforcement is Enforcement.COOPERATIVE and plan.enforcer is None
         assert f"CPU limit of {limit:g} cores" in plan.reason
-    # No limit (a request over its share), or a target lowered live under the running
+    # No limit read (a container's removed), or a target lowered live under the running
     # pod's limit: signals and pacing hold it.
-    for limit in (None, 2.0):
+    for limit in (math.inf, 2.0):
         plan = pod_plan(QUOTA, limit)
         assert plan.enforcement is Enforcement.BOTH and plan.enforcer == "signals"
         assert plan.reason.startswith("signals and pacing (")
+    # Not read yet (the workload has not started): the operator's word, in the policy,
+    # stands; where it could not set limits, it wrote Both (operator/quota.py).
+    plan = pod_plan(QUOTA, None)
+    assert plan.enforcement is Enforcement.COOPERATIVE and "set by the operator" in plan.reason
+    assert pod_plan(Policy(cpu_peak_cores=1.5, enforcement=Enforcement.BOTH), None).enforcer \
+        == "signals"
     assert pod_plan(Policy(enforcement=Enforcement.QUOTA), 1.0).enforcement \
         is Enforcement.BOTH
     # Other enforcements are the user's choice, limit or not.

@@ -302,17 +302,6 @@ def test_sidecar_requires_its_flags():
     assert shutil.which("sh") and sys.executable
 
 
-@pytest.mark.parametrize("value, limit", [("1.5", 1.5), ("0.866", 0.866), ("", None),
-                                          ("0", None), ("-1", None), ("nan", None),
-                                          ("inf", None), ("2 cores", None)])
-def test_the_workloads_cpu_limit_comes_from_the_operators_variable(value, limit) -> None:
-    from throttledjob.contracts.names import ENV_CPU_LIMIT
-    from throttledjob.sidecar.enforcement import cpu_limit_from_env
-
-    assert cpu_limit_from_env({ENV_CPU_LIMIT: value}) == limit
-    assert cpu_limit_from_env({}) is None
-
-
 # A workload that saves a checkpoint on SIGTERM: about 0.4 s of CPU, then the file,
 # with the handler's own wall and CPU time in it.
 CHECKPOINTER = """

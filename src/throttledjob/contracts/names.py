@@ -9,9 +9,6 @@ ENV_DISABLE = "THROTTLEDJOB_DISABLE"
 ENV_ON_STALE = "THROTTLEDJOB_ON_STALE"
 # "0"/"false"/"off": the injected start-up hook leaves the process alone.
 ENV_AUTOHOOK = "THROTTLEDJOB_AUTOHOOK"
-# Set on the sidecar by the operator: the CPU limits (cores, summed) it gave the workload
-# containers from the target, when the kernel's quota enforces it (sidecar/enforcement.py).
-ENV_CPU_LIMIT = "THROTTLEDJOB_WORKLOAD_CPU_LIMIT_CORES"
 # Set on each workload container by the operator: its name, which the sidecar reads from
 # /proc/PID/environ to say how much CPU each container wanted (cpuDemandCores in /status).
 ENV_CONTAINER = "THROTTLEDJOB_CONTAINER"

@@ -15,7 +15,6 @@ from typing import Any
 
 from throttledjob.contracts.names import (
     ENV_CONTAINER,
-    ENV_CPU_LIMIT,
     ENV_DIR,
     GPU_RESOURCE,
     NODE_CSI_DRIVER,
@@ -204,8 +203,7 @@ def inject_pod(pod_template: dict[str, Any], body: Mapping[str, Any],
     # a request is over its share (quota.py decides; signals hold it then).
     target = job_split.pod_target(body["spec"], quota.kernel_target(body["spec"], policy_doc))
     if target is not None:
-        limit = cpu_limits.apply(pod["containers"], target)
-        sidecar["env"] = [{"name": ENV_CPU_LIMIT, "value": f"{limit:g}"}]
+        cpu_limits.apply(pod["containers"], target)
     # The guard after the sidecar: it starts once the sidecar's startup probe passed,
     # still before any workload container.
     ours = [sidecar, build_guard(settings, uid)]

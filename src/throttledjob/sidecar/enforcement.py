@@ -6,11 +6,14 @@ hosts); none re-reads `Policy.enforcement`. The ladder:
 - **Quota, local mode**: the kernel's CFS quota on the command's own cgroup, where this
   machine lets us set one (cgroups/detection.py); else signals and pacing (Both), saying why.
 - **Quota, in a pod**: the workload containers' CPU limit is the kernel's quota; the
-  operator set it from the target when it built the Job. The sidecar paces the steps
-  the workload reports on top (Cooperative). With no limit, or one over the target (a
-  live edit lowered the target; a running pod's limit stays), signals and pacing hold
-  the rest (Both). A limit the slowdown budget lifted, as the sidecar asked, holds the
-  target as far as the budget allows: no signals are added to it.
+  operator set it from the target when it built the Job. Whether it could is the
+  operator's decision, written in the pod's policy (operator/quota.py: Both where it
+  could not); the sidecar reads it and infers nothing. It paces the steps the workload
+  reports on top (Cooperative). Where the live limit, read from the containers' cgroups,
+  is none or over the target (a live edit lowered the target and the resize was
+  refused), signals and pacing hold the rest (Both). A limit the slowdown budget lifted,
+  as the sidecar asked, holds the target as far as the budget allows: no signals are
+  added to it.
 - **Cooperative**: pacing at the steps the workload reports. **Signals**: SIGSTOP and
   SIGCONT, for any program. **Both**: pacing while the workload calls step(), signals
   while it does not.
@@ -21,10 +24,8 @@ hosts); none re-reads `Policy.enforcement`. The ladder:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from throttledjob.contracts.names import ENV_CPU_LIMIT
 from throttledjob.contracts.policy import Enforcement, Policy
 
 from .cgroups.detection import Detection
@@ -107,13 +108,18 @@ def local_enforcer(plan: Plan, tree: ProcessTree, process_group: int,
 
 def pod_plan(policy: Policy, limit_cores: float | None, lifted_cores: float | None = None,
              scoped: bool = True) -> Plan:
-    """In a pod: `limit_cores` is the workload containers' summed CPU limit (None: some
-    container has none), `lifted_cores` the limit the sidecar asked for to keep the
-    slowdown budget (None: none asked), `scoped` whether the pod's processes can be told
-    from others."""
+    """In a pod: `limit_cores` is the workload containers' summed CPU limit as their
+    cgroups show it (math.inf: some container has none; None: not read yet, as before
+    the workload starts: the policy's word stands), `lifted_cores` the limit the sidecar
+    asked for to keep the slowdown budget (None: none asked), `scoped` whether the pod's
+    processes can be told from others."""
     e, reason = policy.enforcement, ""
     target = policy.cpu_peak_cores
-    if e is Enforcement.QUOTA:
+    if e is Enforcement.QUOTA and limit_cores is None and target is not None:
+        e, reason = Enforcement.COOPERATIVE, (
+            "the containers' CPU limits, set by the operator from the target (the kernel's "
+            "quota), and pacing")
+    elif e is Enforcement.QUOTA:
         lifted = (limit_cores is not None and lifted_cores is not None
                   and limit_cores <= lifted_cores + LIFT_SLACK_CORES)
         held = limit_cores is not None and target is not None and (
@@ -124,7 +130,8 @@ def pod_plan(policy: Policy, limit_cores: float | None, lifted_cores: float | No
                 f"{', lifted for the slowdown budget,' if lifted else ''} and pacing")
         else:
             e, reason = Enforcement.BOTH, "signals and pacing ({})".format(
-                "no CPU limit on the workload" if limit_cores is None or target is None
+                "no CPU limit on the workload" if limit_cores in (None, math.inf)
+                or target is None
                 else f"the CPU limit of {limit_cores:g} cores is over the target")
     enforcer = "signals" if e in (Enforcement.SIGNALS, Enforcement.BOTH) else None
     reason = reason or _NAMES[e]
@@ -140,13 +147,3 @@ def pod_enforcer(plan: Plan, tree: ProcessTree, shared_dir: str) -> Enforcer | N
     if plan.enforcer != "signals" or not tree.scoped:
         return None
     return SignalEnforcer(tree, lease_path=lease_path(shared_dir))
-
-
-def cpu_limit_from_env(env: Mapping[str, str]) -> float | None:
-    """The workload containers' CPU limit the operator set from the target (cores), or
-    None: not set, or not a positive number (then signals hold the target)."""
-    try:
-        limit = float(env.get(ENV_CPU_LIMIT, ""))
-    except ValueError:
-        return None
-    return limit if math.isfinite(limit) and limit > 0 else None

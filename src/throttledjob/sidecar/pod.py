@@ -12,7 +12,7 @@ lease ends. GET /prestop (the workload containers' preStop hook) stands it down 
 from __future__ import annotations
 
 import logging
-import os
+import math
 import signal
 import threading
 
@@ -21,7 +21,7 @@ from throttledjob.contracts.policy import Policy
 from .agent import Agent
 from .cgroups.container_quota import ContainerQuota
 from .cgroups.fs import cgroup_of, pod_cgroup
-from .enforcement import cpu_limit_from_env, pod_enforcer, pod_plan
+from .enforcement import pod_enforcer, pod_plan
 from .exporter import Exporter, log_to_stderr
 from .gpu_agent import open_gpu_agent
 from .loop import run_loop
@@ -51,8 +51,9 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
                     "namespace, signalling none")
     resume(tree.pids())  # a predecessor killed mid-pause leaves the workload stopped
     # In a pod the kernel's quota is the workload's CPU limit, which the operator set
-    # from the target (or not): sidecar/enforcement.py says what holds the target.
-    limit = cpu_limit_from_env(os.environ)
+    # from the target (or not, and then the policy says Both): read live once the
+    # workload's cgroups are there (sidecar/enforcement.py says what holds the target).
+    limit = None
     plan = pod_plan(written, limit, scoped=tree.scoped)
     log.info("throttledjob: the CPU target is held by %s", plan.reason)
     gpu = open_gpu_agent(gpu_backend, written)
@@ -134,9 +135,12 @@ class PodHost:
 
 def _live_limit(agent: Agent, last: float | None) -> float | None:
     """The workload containers' CPU limit now (an in-place resize changes it), as their
-    cgroups say; the last one known where they cannot be read."""
+    cgroups say (math.inf: one has none); the last one known where they cannot be read."""
     kernel = agent.container_quota
-    return kernel.limit_cores() if kernel is not None and kernel.visible else last
+    if kernel is None or not kernel.visible:
+        return last
+    limit = kernel.limit_cores()
+    return math.inf if limit is None else limit
 
 
 def _stand_down(agent: Agent) -> None:
