@@ -27,10 +27,10 @@ from testing.cluster_cli import Kubectl, wait_json
 from testing.helpers import wait_for
 from testing.paths import VENV_BIN
 from throttledjob.contracts.names import NODE_POWER_CAP_ATTRIBUTE
+from throttledjob.gpu.fake import TDP_WATTS, fake_uuid
 from throttledjob.node.csi import EPHEMERAL, POD_INFO
 from throttledjob.node.pod_resources import gpus_by_pod
 from throttledjob.node.process import TIDY_SECONDS
-from throttledjob.sidecar.gpu.fake import TDP_WATTS, fake_uuid
 from tools.k8s import images
 from tools.k8s import node as node_mod
 

@@ -23,7 +23,7 @@ import pytest
 from testing.cluster_cli import Kubectl, helm, wait_json
 from testing.manifests import make_tj
 from testing.paths import CHART, ROOT
-from throttledjob.sidecar.gpu.fake import TDP_WATTS, fake_uuid
+from throttledjob.gpu.fake import TDP_WATTS, fake_uuid
 from tools.k8s import images
 
 pytestmark = pytest.mark.timeout(900)
