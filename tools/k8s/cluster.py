@@ -300,11 +300,13 @@ class Cluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def audit(self, username: str) -> list[dict[str, Any]]:
-        """Audit events of the requests `username` made, in order."""
-        path = self.dir / "audit.log"
-        if not path.exists():
-            return []
-        events = (json.loads(line) for line in path.read_text().splitlines() if line)
+        """Audit events of the requests `username` made, in order. The API server rotates
+        its log at 100 MB (audit-<time>.log, kept): the older files are read first, so
+        that an index into this list stays one across a rotation (a second run of
+        bench.operator_load on one cluster read no writes at all)."""
+        paths = [*sorted(self.dir.glob("audit-*.log")), self.dir / "audit.log"]
+        events = (json.loads(line) for path in paths if path.exists()
+                  for line in path.read_text().splitlines() if line)
         return [e for e in events if e.get("user", {}).get("username") == username]
 
     def restart(self, name: str) -> None:
