@@ -150,7 +150,7 @@ def test_an_older_kueue_that_serves_workloads_only_at_v1beta1_is_found_there(
         emulator: Emulator, tmp_path: Path) -> None:
     """Kueue before v0.15 answers 404 at v1beta2 (a server with Kueue 0.19, as the test
     cluster's, never does): the Workload is read, and held inactive, at v1beta1."""
-    from throttledjob.operator.poller import set_workload_active
+    from throttledjob.operator.kueue import active_patch, workload_path
 
     emulator.handler.resources["kueue.x-k8s.io/v1beta1/workloads"] = dict(
         kind="Workload", namespaced=True, singular="workload", verbs=VERBS)
@@ -161,9 +161,9 @@ def test_an_older_kueue_that_serves_workloads_only_at_v1beta1_is_found_there(
                      "labels": {"kueue.x-k8s.io/job-uid": "job-uid"}},
         "spec": {"active": True}}, content_type=JSON)
     kube = handler_memo(emulator.write_kubeconfig(tmp_path / "kubeconfig")).state.kube
-    job = {"metadata": {"name": "train", "uid": "job-uid"}}
-    found = set_workload_active(kube, "ml", job, suspend=True)
+    found = kube.workload_of("ml", "job-uid")
     assert found is not None and found["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    kube.merge_patch(workload_path(found), active_patch(found, suspend=True))  # as a pass does
     assert emulator.call("GET", f"{path}/job-train-1a2b3")["spec"]["active"] is False
 
 

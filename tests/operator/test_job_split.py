@@ -25,18 +25,29 @@ from throttledjob.operator.children import build_child
 from throttledjob.operator.job_split import Rank, moves, ranks, shares
 from throttledjob.operator.kube import ApiError, Kube
 from throttledjob.operator.names import SIDECAR_CONTAINER
+from throttledjob.operator.observe import Readings, Seen
 from throttledjob.operator.observed import status_with_split
-from throttledjob.operator.poller import (
-    OperatorState,
-    job_view,
-    read_sidecars,
-    resize_to_new_target,
-)
+from throttledjob.operator.reconcile import read_sidecars, resize_to_new_target
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.sidecar_status import HttpStatusReader
+from throttledjob.operator.state import OperatorState
 from throttledjob.operator.validation import SpecError, validate
+from throttledjob.operator.writes import cpu_target, decide
 
 TARGET = 1.0
+
+
+def target_of(tj: dict[str, Any]) -> float | None:
+    return cpu_target(tj["spec"], validate(tj))
+
+
+def job_view(state: OperatorState, tj: dict[str, Any], pods: list[dict[str, Any]],
+             reports: dict[str, dict[str, Any]]) -> tuple[float, list[Rank]]:
+    """What a reconcile pass decides of these readings: the target and the ranks."""
+    held = list(state.limits.refused.get(("ml", tj["metadata"]["name"]), {}))
+    writes = decide(tj, validate(tj), Seen(readings=Readings("job-uid", pods, reports, [],
+                                                             held)))
+    return writes.target or 0.0, writes.split
 
 
 def rank(uid: str, limit: float, use: float | None, rate: float | None = None,
@@ -322,7 +333,7 @@ def test_the_operator_moves_the_split_and_says_so(monkeypatch: pytest.MonkeyPatc
     def tick(reports: dict[str, dict[str, Any]]) -> tuple[float, list[Rank]]:
         pods = kubelet.listed()
         view = job_view(state, tj, pods, reports)
-        state.limits.reconcile(tj, pods, reports)
+        state.limits.reconcile(tj, pods, reports, target_of(tj))
         return view
 
     # Rank 1 costs twice as much a step; the kubelet defers: rank 0 shrinks, rank 1 waits.
@@ -377,7 +388,7 @@ class Cluster(Kubelet):
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.listed()
 
-    def update_status(self, namespace: str, name: str, mutate: Any) -> Any:
+    def update_status(self, namespace: str, name: str, mutate: Any, read: Any = None) -> Any:
         old = dict(self.tj.get("status") or {})
         self.tj["status"] = new = mutate(dict(old), self.tj)
         return self.tj, old, new
@@ -457,7 +468,7 @@ def test_a_live_edit_of_a_job_wide_target_moves_the_split_at_once(
     cluster.check = False
     state = OperatorState(OperatorSettings(), cluster, HttpStatusReader(1))  # type: ignore[arg-type]
     state.job_uids[("ml", "train")] = "job-uid"
-    resize_to_new_target(state, tj)
+    resize_to_new_target(state, tj, target_of(tj))
     for sidecar in sidecars:
         sidecar.close()
     assert cluster.calls == [("train-0", "300m"), ("train-1", "300m")]
@@ -477,7 +488,8 @@ def test_a_rank_the_api_server_will_not_resize_holds_its_limit_and_the_others_do
     tj["metadata"]["namespace"] = "ml"
     for _ in range(3):
         pods = kubelet.listed()
-        state.limits.reconcile(tj, pods, {"u0": report(0.1, 2.0), "u1": report(0.5, 2.0)})
+        state.limits.reconcile(tj, pods, {"u0": report(0.1, 2.0), "u1": report(0.5, 2.0)},
+                               target_of(tj))
     assert [reason for reason, _ in events] == ["QuotaResizeRefused"]  # asked once
     assert kubelet.calls == []  # rank 1 is not grown past what rank 0 still holds
 
@@ -495,7 +507,7 @@ def test_a_silent_sidecar_a_deleted_pod_and_an_operator_restart_mid_split(
 
     def tick(state: OperatorState, reports: dict[str, dict[str, Any]]) -> None:
         pods = kubelet.listed()
-        state.limits.reconcile(tj, pods, reports)
+        state.limits.reconcile(tj, pods, reports, target_of(tj))
         assert sum(job_split.applied_limit(p) or 0 for p in kubelet.listed()) <= 1.0 + 1e-9
 
     def fresh() -> OperatorState:
@@ -537,7 +549,7 @@ def test_a_pod_being_deleted_is_never_cut_and_its_share_goes_to_the_ranks_that_r
     tj["metadata"]["namespace"] = "ml"
     reports = {"u0": report(0.5, 1.0), "u1": report(0.5, 1.0)}
     pods = kubelet.listed()
-    state.limits.reconcile(tj, pods, reports)
+    state.limits.reconcile(tj, pods, reports, target_of(tj))
     assert kubelet.calls == []
     assert [r.name for r in job_view(state, tj, pods, reports)[1]] == ["train-0", "train-1-b"]
 

@@ -8,7 +8,20 @@ from typing import Any
 import pytest
 
 from throttledjob.operator import events as operator_events
-from throttledjob.operator.pod_limits import PodLimits, plan
+from throttledjob.operator import pod_limits
+from throttledjob.operator.pod_limits import PodLimits
+from throttledjob.operator.validation import policy_document
+from throttledjob.operator.writes import cpu_target
+
+
+def target_of(tj: dict[str, Any]) -> float | None:
+    return cpu_target(tj["spec"], policy_document(tj["spec"]))
+
+
+def plan(tj: dict[str, Any], pods: list[dict[str, Any]], reports: Any,
+         refused: dict[str, float]) -> tuple[list[Any], list[Any]]:
+    """pod_limits.plan at the target a reconcile pass parses from the spec."""
+    return pod_limits.plan(tj, pods, reports, refused, target_of(tj))
 
 
 def tj(peak: str, scope: str = "Pod") -> dict[str, Any]:
@@ -87,5 +100,6 @@ def test_a_pod_being_deleted_keeps_its_limits(monkeypatch: pytest.MonkeyPatch) -
     leaving = pod("a", "1000m")
     leaving["metadata"]["deletionTimestamp"] = "2026-11-28T10:00:00Z"
     api = Resizes()
-    PodLimits(api).reconcile(tj("0.5"), [leaving, pod("b", "1000m")])  # type: ignore[arg-type]
+    PodLimits(api).reconcile(tj("0.5"), [leaving, pod("b", "1000m")], None,  # type: ignore[arg-type]
+                             target_of(tj("0.5")))
     assert api.calls == ["train-b"]

@@ -23,17 +23,15 @@ from testing.helpers import require_tool, wait_for
 from testing.http import free_port
 from throttledjob.operator import events as operator_events
 from throttledjob.operator import metrics as operator_metrics
-from throttledjob.operator.kube import ApiError
+from throttledjob.operator.kube import ApiError, Kube
 from throttledjob.operator.names import SIDECAR_CONTAINER
-from throttledjob.operator.poller import (
-    OperatorState,
-    due,
-    poll,
-    read_sidecars,
-    resync_from_job,
-)
+from throttledjob.operator.poller import due, poll
+from throttledjob.operator.reconcile import read_sidecars, resync_from_job
 from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.sidecar_status import HttpStatusReader
+from throttledjob.operator.state import OperatorState
+from throttledjob.operator.validation import policy_document
+from throttledjob.operator.writes import cpu_target
 
 STATUS_DOC = {"observed": {"cpuPeakCores": 1.0, "cpuMaxCores": 1.9,
                            "gpuPeakUtilizationPercent": None, "gpuPeakPowerWatts": None,
@@ -87,13 +85,17 @@ class MemoryKube:
         self.pods: dict[str, list[dict[str, Any]]] = {}
         self.lock = threading.Lock()
 
+    tj_path = staticmethod(Kube.tj_path)
+
     def get(self, path: str) -> dict[str, Any] | None:
-        return None
+        with self.lock:
+            found = [tj for (ns, name), tj in self.tjs.items() if path == Kube.tj_path(ns, name)]
+            return copy.deepcopy(found[0]) if found else None
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self.pods.get(selector.split("=", 1)[1], []))
 
-    def update_status(self, namespace: str, name: str, mutate: Any) -> Any:
+    def update_status(self, namespace: str, name: str, mutate: Any, read: Any = None) -> Any:
         with self.lock:
             tj = self.tjs[(namespace, name)]
             old = dict(tj.get("status") or {})
@@ -185,7 +187,8 @@ def lift(state: OperatorState, tj: dict[str, Any],
          read: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
     """One read of the sidecars: each pod with its sidecar's report."""
     state.limits.reconcile(tj, [pod for pod, _ in read],
-                           {pod["metadata"]["uid"]: report for pod, report in read})
+                           {pod["metadata"]["uid"]: report for pod, report in read},
+                           cpu_target(tj["spec"], policy_document(tj["spec"])))
 
 
 def test_the_budget_lifts_a_pods_limits_and_a_refused_size_is_not_asked_again(
@@ -322,7 +325,7 @@ def test_a_child_is_found_at_the_kind_it_was_made_whatever_the_spec_says_now() -
     is still found (read as gone, the ThrottledJob was failed while its Job ran); and
     where the operator may not read the other kind (403), it is simply not there."""
     from throttledjob.operator import child
-    from throttledjob.operator.poller import get_child
+    from throttledjob.operator.observe import get_child
 
     class Api:
         def __init__(self, there: str | None, jobsets_forbidden: bool = False) -> None:

@@ -16,7 +16,7 @@ from . import child, events
 from .children import build_child, build_configmap, left_by_predecessor, owned_by
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
-from .poller import OperatorState
+from .state import OperatorState
 from .status import (
     Condition,
     Reason,

@@ -1,8 +1,8 @@
 """The kopf handlers: each one reads, calls a pure function, and writes.
 
-Every event about a ThrottledJob's spec leads to one pass of reconcile.py; the watches
-of its children and the poller (poller.py) bring the Job's and the sidecars' readings
-into its status. Importing this module registers them. What they share (settings, the
+Every event about a ThrottledJob (its spec, its child) and every tick of the poller
+(poller.py) leads to one pass of reconcile.py, the one writer of its children, pods'
+limits and status. Importing this module registers them. What they share (settings, the
 API client, what the watch has shown) is an OperatorState in kopf's memo, made once by
 the startup handler.
 """
@@ -22,15 +22,11 @@ from .children import LABEL_NAME, owner_reference
 from .kube import ApiError, Kube
 from .login import LoginError, connection_info
 from .names import GROUP, PLURAL, VERSION
-from .poller import (
-    POLL_THREADS,
-    OperatorState,
-    poll,
-    sync_from_job,
-)
-from .reconcile import reconcile as one_pass
+from .poller import POLL_THREADS, poll
+from .reconcile import child_pass, spec_pass
 from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
+from .state import OperatorState
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 
@@ -114,7 +110,7 @@ def reconcile(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: i
               **_: Any) -> None:
     """Created, resumed or any edit of the spec: one pass (reconcile.py)."""
     try:
-        one_pass(body, _state(memo), logger)
+        spec_pass(body, _state(memo), logger)
     except ApiError as e:
         raise _retry_later(e, retry) from e
 
@@ -128,7 +124,7 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
     installed, and starts it when it is."""
     state = _state(memo)
     ref = owner_reference(body) or {}
-    owner, name = ref.get("name"), body.meta.name or ""
+    owner = ref.get("name")
     if owner is None or namespace is None:
         return
     key, uid = (namespace, owner), body.meta.uid or ""
@@ -136,7 +132,7 @@ def job_event(body: kopf.Body, memo: kopf.Memo, type: str | None, namespace: str
         del state.job_uids[key]
     try:   # a Job deleted before it finished fails the ThrottledJob (status_job_gone)
         deleted = type == "DELETED"
-        ours = sync_from_job(state, namespace, owner, name, body, ref.get("uid"), deleted)
+        ours = child_pass(state, namespace, owner, body, ref.get("uid"), deleted)
         if ours and not deleted:
             state.job_uids[key] = uid
     except ApiError as e:

@@ -217,10 +217,12 @@ class Kube:
 
     def update_status(self, namespace: str, name: str,
                       mutate: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]],
+                      read: Mapping[str, Any] | None = None,
                       ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
         """Read-modify-write of a ThrottledJob's status, guarded by resourceVersion:
         `mutate(status, tj)` makes the new status from a copy of the old one and the
-        ThrottledJob as read.
+        ThrottledJob as read: `read` where the caller has just read it (a conflict reads
+        it anew), else a GET.
 
         Several writers (the create handler, the Job watcher, the sidecar timer) own
         different conditions of one list, and a merge patch replaces a list whole: the
@@ -232,8 +234,8 @@ class Kube:
         status patches per ThrottledJob in the burst against 2.2, burst/floor 1.59-1.88x
         against 1.44x; docs/dev/benchmarks-history.md, "Load")."""
         path = self.tj_path(namespace, name)
-        for _ in range(STATUS_WRITE_ATTEMPTS):
-            tj = self.get(path)
+        for attempt in range(STATUS_WRITE_ATTEMPTS):
+            tj = dict(read) if read is not None and attempt == 0 else self.get(path)
             if tj is None:
                 return None
             old = dict(tj.get("status") or {})

@@ -3,8 +3,8 @@ as jobset's reconciler is: `plan` works out, from the spec and what the sidecars
 said, the limits every pod should have; `PodLimits.reconcile` makes it so (`pods/resize`)
 and remembers what the API server refused. Creation writes the same limits into the pod
 template (children.build_child, through cpu_limits.apply); after that, a live edit of the
-target (reconcile.apply) and each read of the sidecars (poller.read_sidecars) call
-`reconcile`, and nothing else resizes a pod.
+target and each read of the sidecars call `reconcile`, both from a reconcile pass
+(reconcile.py), and nothing else resizes a pod.
 
 What a pod should have:
 - scope Pod: the target, or more where its sidecar says the slowdown budget needs more
@@ -32,9 +32,7 @@ from typing import Any
 
 import kopf
 
-from throttledjob.contracts.policy import PolicyError
-
-from . import child, cpu_limits, events, metrics, quota
+from . import child, cpu_limits, events, metrics
 from .job_split import (
     Rank,
     applied_limit,
@@ -49,7 +47,6 @@ from .job_split import (
 from .kube import ApiError, Kube
 from .kueue import queued_tj
 from .status import Reason
-from .validation import SpecError, policy_document
 
 # A lift of a pod's CPU limits smaller than this share of them is not applied; nor is a
 # change of the split among its containers.
@@ -75,15 +72,6 @@ def _uid(pod: Mapping[str, Any]) -> str:
     return (pod.get("metadata") or {}).get("uid", "")
 
 
-def target_of(spec: Mapping[str, Any]) -> float | None:
-    """The CPU target the pods' limits hold (job-wide under scope Job); None where the
-    kernel's quota does not enforce it, or the spec is not valid."""
-    try:
-        return quota.kernel_target(spec, policy_document(spec))
-    except (SpecError, PolicyError):
-        return None
-
-
 def job_ranks(spec: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Reports,
               held: Sequence[str], now: float | None = None) -> list[Rank]:
     """scope Job: the Job's pods as the split sees them; `held` keep their limits; `now`
@@ -93,15 +81,16 @@ def job_ranks(spec: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], report
 
 
 def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Reports | None,
-         refused: Mapping[str, float], now: float | None = None,
+         refused: Mapping[str, float], target: float | None, now: float | None = None,
          ) -> tuple[list[Resize], list[Rank]]:
     """The resizes that bring every pod to the limits it should have, in order (shrinks
     first under scope Job), and the ranks under scope Job. `reports`: the sidecars read
     (pod uid -> /status), None for a live edit, which reads none. `refused`: pod uid ->
-    a total the API server refused it, not asked for again. `now` (Unix seconds): under
-    scope Job the split waits for ranks still starting (job_split.settled)."""
+    a total the API server refused it, not asked for again. `target`: the CPU target the
+    kernel holds (writes.cpu_target; None: none, and nothing moves). `now` (Unix
+    seconds): under scope Job the split waits for ranks still starting
+    (job_split.settled)."""
     spec = tj.get("spec") or {}
-    target = target_of(spec)
     if target is None:
         return [], []
     if job_scoped(spec):
@@ -166,10 +155,11 @@ class PodLimits:
     refused: dict[TjKey, dict[str, float]] = field(default_factory=dict)
 
     def reconcile(self, tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
-                  reports: Reports | None = None) -> list[str]:
+                  reports: Reports | None, target: float | None) -> list[str]:
         """Every pod of `pods` (the Job's own) to the limits it should have; `reports`
-        as for plan (None: a live edit). Returns the uids of the ranks it shrank (scope
-        Job): their room is the grows' once the kubelet has applied them (shrunk_applied).
+        and `target` as for plan (reports None: a live edit). Returns the uids of the
+        ranks it shrank (scope Job): their room is the grows' once the kubelet has
+        applied them (shrunk_applied).
         Raises ApiError where a failure may pass (the caller retries)."""
         meta = tj.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
@@ -177,7 +167,7 @@ class PodLimits:
         # Kept in self while resizing, so a refusal is remembered even if a later one raises.
         refused = self.refused[key] = {
             uid: v for uid, v in self.refused.get(key, {}).items() if uid in live}
-        resizes, ranks_ = plan(tj, pods, reports, refused, time.time())
+        resizes, ranks_ = plan(tj, pods, reports, refused, target, time.time())
         moved = []
         for r in resizes:
             template = child.pod_containers(tj.get("spec") or {}, r.pod)

@@ -1,217 +1,228 @@
-"""One pass over a ThrottledJob: observe, decide, apply.
+"""One pass over a ThrottledJob: observe, decide, apply; the one path that writes its
+children, its pods' limits and its status.
 
-Every event about a ThrottledJob's spec (created, resumed after a restart, any edit)
-lands here (handlers.reconcile). Before its child is made, the pass makes it
-(create.py). After, it compares what the spec asks with what the API shows (the
-ConfigMap's policy, the hash of the template the child was made from, the child's or
-its Kueue Workload's suspend, the child's own status), never what changed, so it is safe
-to run again at any point: a pass stopped between two writes is finished by the next.
+Every trigger leads here with what it looked at (observe.py):
+- the spec, created, resumed after a restart or edited (handlers.reconcile): before the
+  child is made, the pass makes it (create.py); after, it compares the spec with the
+  child, the ConfigMap and Kueue's Workload;
+- the child's watch (handlers.job_event), with the child as the event shows it;
+- the poller's ticks (poller.py): the sidecars of a Running ThrottledJob
+  (read_sidecars), the Workload of one Kueue holds (read_queue), and the child of an
+  unfinished one, level-triggered, for events lost to a restart (resync_from_job).
 
-`decide` is pure: the spec, its policy (parsed once per pass), and what was seen, in;
-the writes, out. `apply` makes them in one order: the children, then one status write,
-then the events (only for what was written), then the pods' limits.
+Each pass parses the policy once, decides its writes in pure functions (writes.py) and
+applies them in one order: the children, then one status write, then the events (only
+for a write that happened), then the pods' limits. It compares what is with what
+should be, never what changed, so it is safe to run again at any point: a pass stopped
+between two writes is finished by the next.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
-from . import child, events
-from .children import TEMPLATE_HASH, build_configmap, configmap_name, template_hash
+from . import child
+from .children import configmap_name
 from .create import ensure_children
-from .kube import Kube
-from .kueue import active_patch, queued_by_kueue, workload_path
-from .names import INJECT_MODES
-from .poller import (
-    OperatorState,
-    from_job,
+from .job_split import job_scoped
+from .kueue import queued_by_kueue, workload_path
+from .observe import (
+    Found,
+    Seen,
     get_child,
-    post_phase_change,
-    resize_to_new_target,
+    job_pods,
+    job_uid,
+    spec_seen,
+    workload,
 )
-from .status import Condition, Phase, Reason, at_generation, now_iso, set_condition
+from .observe import read_sidecars as read_reports
+from .pod_limits import shrunk_applied
+from .state import OperatorState
+from .status import now_iso
 from .validation import SpecError, validate
+from .writes import Policy, Writes, cpu_target, decide, events_after, next_status
 
-FINISHED = (Phase.SUCCEEDED, Phase.FAILED)
-
-
-@dataclass(frozen=True)
-class Seen:
-    """What the API shows of a made ThrottledJob's children."""
-
-    child: Mapping[str, Any] | None  # its Job or JobSet; None: gone
-    config_map: Mapping[str, Any] | None
-    workload: Mapping[str, Any] | None  # Kueue's Workload of the child, where Kueue queues it
+# After a shrink of a job-wide split, how long the grows it makes room for wait for the
+# kubelet to apply it, and how often they look (grow_into_shrinks).
+SHRINK_WAIT_SECONDS = 5.0
+SHRINK_CHECK_SECONDS = 0.25
 
 
-@dataclass(frozen=True)
-class Said:
-    """A condition this pass sets, and the event that says it when it changes."""
-
-    type: Condition
-    ok: bool
-    reason: str
-    message: str
-    warning: str | None = None  # the Warning event's message, posted where it changed
-
-
-@dataclass
-class Writes:
-    """What one pass does, in the order `apply` makes it."""
-
-    create_config_map: dict[str, Any] | None = None
-    config_map_data: dict[str, str] | None = None  # patched onto the existing ConfigMap
-    child_patch: dict[str, Any] | None = None  # spec.suspend, onto the Job or JobSet
-    workload_patch: dict[str, Any] | None = None  # spec.active, onto Kueue's Workload
-    said: list[Said] = field(default_factory=list)
-    events: list[tuple[str, str]] = field(default_factory=list)  # Normal: (reason, message)
-    resize: bool = False  # the running pods' limits to the new target, now
-
-
-def decide(tj: Mapping[str, Any], policy: Mapping[str, Any] | SpecError,
-           seen: Seen) -> Writes:
-    """The writes that bring a made ThrottledJob's children to its spec. `policy`: the
-    spec's policy document, or why the spec's policy is refused (the pods keep the last
-    good one)."""
-    spec, status = tj.get("spec") or {}, tj.get("status") or {}
-    out = Writes()
-    if seen.child is None or status.get("phase") in FINISHED:
-        return out  # the child's status says it all (from_job)
-    job = seen.child["metadata"]["name"]
-    _decide_policy(tj, policy, seen, out)
-    _decide_template(spec, seen.child, out)
-    suspend = bool(spec.get("suspend"))
-    if seen.workload is not None:
-        out.workload_patch = active_patch(seen.workload, suspend)
-    elif not queued_by_kueue(seen.child) and \
-            bool((seen.child.get("spec") or {}).get("suspend")) != suspend:
-        out.child_patch = {"spec": {"suspend": suspend}}
-    if out.workload_patch or out.child_patch:
-        out.events.append((Reason.SUSPEND_REQUESTED if suspend else Reason.RESUMED,
-                           f"Job {job} {'suspended' if suspend else 'resumed'} "
-                           "(spec.suspend)"))
-    return out
-
-
-def _decide_policy(tj: Mapping[str, Any], policy: Mapping[str, Any] | SpecError,
-                   seen: Seen, out: Writes) -> None:
-    if isinstance(policy, SpecError):
-        out.said.append(Said(Condition.POLICY_APPLIED, False, policy.reason, str(policy),
-                             warning=f"policy edit not applied: {policy}"))
-        return
-    cm = build_configmap(tj["metadata"]["name"], tj.get("spec") or {}, policy)
-    if seen.config_map is None:
-        out.create_config_map = cm  # gone while the Job runs: its new pods mount it
-    elif (seen.config_map.get("data") or {}) != cm["data"]:
-        out.config_map_data, out.resize = cm["data"], True
-        out.events.append((Reason.POLICY_UPDATED, f"Updated ConfigMap "
-                           f"{cm['metadata']['name']}; running pods apply it live"))
-    out.said.append(Said(Condition.POLICY_APPLIED, True, Reason.CONFIG_MAP_UPDATED,
-                         "the sidecar reads the new policy live"))
-
-
-def _decide_template(spec: Mapping[str, Any], job: Mapping[str, Any], out: Writes) -> None:
-    """TemplateApplied: whether the child was made from this template and inject (a Job's
-    pod template is immutable: say so rather than restart it). A child made before its
-    hash was kept on it is not judged."""
-    made_from = ((job.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_HASH)
-    name, kind = job["metadata"]["name"], job.get("kind", "Job")
-    if made_from is None:
-        return
-    if made_from == template_hash(spec):
-        out.said.append(Said(Condition.TEMPLATE_APPLIED, True, Reason.TEMPLATE_MATCHES_JOB,
-                             f"the template is the one {name} runs"))
-        return
-    throttle = spec.get("throttle") or {}
-    inject = [m for m in INJECT_MODES
-              if template_hash({**spec, "throttle": {**throttle, "inject": m}}) == made_from]
-    if inject:  # only throttle.inject differs
-        reason, message = Reason.INJECT_IMMUTABLE, (
-            f"throttle.inject changed to {throttle.get('inject')}, but {kind} {name} is "
-            "already created and its pod template is immutable; it applies to the next "
-            "Job (delete and re-create the ThrottledJob)")
-    else:
-        reason, message = Reason.JOB_TEMPLATE_IMMUTABLE, (
-            f"the template changed, but {kind} {name} is already created and its pod "
-            "templates are immutable; delete and re-create the ThrottledJob to run the "
-            "new template")
-    out.said.append(Said(Condition.TEMPLATE_APPLIED, False, reason, message,
-                         warning=message))
-
-
-def reconcile(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> None:
-    """One pass over the ThrottledJob `body` (module doc)."""
+def spec_pass(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> None:
+    """The spec, created, resumed or edited."""
     made = (body.status or {}).get("jobName")
     if not made:
         ensure_children(body, state, logger)
         return
-    ns = body.meta.namespace or ""
+    ns, name = body.meta.namespace or "", body.meta.name or ""
+    # The body as the watch showed it: its status may lag our own writes, so the status
+    # write reads it anew.
+    _pass(state, body, spec_seen(state.kube, ns, name, made, child.is_jobset(body.spec)),
+          read=None)
+
+
+def child_pass(state: OperatorState, namespace: str, name: str,
+               current: Mapping[str, Any], owner_uid: str | None, deleted: bool) -> bool:
+    """The child as its watch shows it (`deleted`: its last state). Returns whether the
+    ThrottledJob `name` is its owner (`owner_uid`): the child of an earlier ThrottledJob
+    of this name, deleted and made anew, is not its."""
+    tj = state.kube.get(state.kube.tj_path(namespace, name))
+    if tj is None or (owner_uid is not None and tj["metadata"].get("uid") != owner_uid):
+        return False
+    found = Found(current, (current.get("metadata") or {}).get("name", ""))
+    _pass(state, tj, Seen(child=found, deleted=deleted), read=tj)
+    return True
+
+
+def resync_from_job(state: OperatorState, namespace: str, name: str,
+                    job: str | None) -> None:
+    """Level-triggered: the child as it is now (None: gone)."""
+    if not job:
+        return
+    tj = state.kube.get(state.kube.tj_path(namespace, name))
+    if tj is not None:
+        current = get_child(state.kube, namespace, job, state.is_jobset(namespace, name))
+        _pass(state, tj, Seen(child=Found(current, job)), read=tj)
+
+
+def read_queue(state: OperatorState, namespace: str, name: str, job: str | None) -> None:
+    """A child that Kueue queues: its Workload's admission, and the Workload held to the
+    spec's suspend."""
+    if not job:
+        return
+    kube = state.kube
+    current = get_child(kube, namespace, job, state.is_jobset(namespace, name))
+    tj = kube.get(kube.tj_path(namespace, name))
+    if current is None or tj is None or not queued_by_kueue(current):
+        return
+    seen = Seen(child=Found(current, job), workload=workload(kube, namespace, current))
+    _pass(state, tj, seen, read=tj)
+
+
+def read_sidecars(state: OperatorState, namespace: str, name: str,
+                  job: str | None = None) -> None:
+    """What each running pod's sidecar says: the observed peaks, the split, the limits."""
+    uid = job_uid(state, namespace, name, job)
+    if not uid:
+        return
+    readings = read_reports(state, namespace, name, uid,
+                            job_pods(state.kube, namespace, name, uid))
+    # Read after the sidecars (up to their deadline each): the status write starts from it.
+    tj = state.kube.get(state.kube.tj_path(namespace, name))
+    if tj is not None:
+        _pass(state, tj, Seen(readings=readings), read=tj)
+
+
+def policy_of(tj: Mapping[str, Any], state: OperatorState) -> Policy:
+    """The spec's policy document, parsed once per pass, or why it is refused."""
     try:
-        policy: Mapping[str, Any] | SpecError = validate(
-            body, state.settings.allow_host_access, state.settings.jobsets)
+        return validate(tj, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
-        policy = e
-    seen = observe(state.kube, ns, made, child.is_jobset(body.spec), body.meta.name or "")
-    apply(state, body, made, seen, decide(body, policy, seen))
+        return e
 
 
-def observe(kube: Kube, namespace: str, job: str, jobset: bool, name: str) -> Seen:
-    current = get_child(kube, namespace, job, jobset)
-    workload = None
-    if current is not None and queued_by_kueue(current):
-        workload = kube.workload_of(namespace, current["metadata"].get("uid", ""))
-    return Seen(current, kube.get(f"/api/v1/namespaces/{namespace}/configmaps/"
-                                  f"{configmap_name(name)}"), workload)
+def _pass(state: OperatorState, tj: Mapping[str, Any], seen: Seen,
+          read: Mapping[str, Any] | None) -> None:
+    apply(state, tj, seen, decide(tj, policy_of(tj, state), seen), read)
 
 
-def apply(state: OperatorState, body: kopf.Body, job: str, seen: Seen,
-          writes: Writes) -> None:
-    kube, ns, name = state.kube, body.meta.namespace or "", body.meta.name or ""
-    cm_path = f"/api/v1/namespaces/{ns}/configmaps"
-    if writes.create_config_map is not None:
-        kopf.adopt(writes.create_config_map, owner=body)
-        kube.create(cm_path, writes.create_config_map)
-    if writes.config_map_data is not None:
-        kube.merge_patch(f"{cm_path}/{configmap_name(name)}",
-                         {"data": writes.config_map_data})
-    if writes.child_patch is not None:
-        kube.merge_patch(child.path(ns, job, child.is_jobset(body.spec)), writes.child_patch)
-    if writes.workload_patch is not None and seen.workload is not None:
-        kube.merge_patch(workload_path(seen.workload), writes.workload_patch)
-    now, generation = now_iso(), body.meta.get("generation")
-    job_status = from_job(job, seen.child, now)
+def apply(state: OperatorState, tj: Mapping[str, Any], seen: Seen, writes: Writes,
+          read: Mapping[str, Any] | None = None) -> None:
+    """The writes of a pass, in order; `read`: `tj` as just read from the API, which the
+    status write starts from (None: it reads anew)."""
+    kube, meta = state.kube, tj.get("metadata") or {}
+    ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid")
+    _write_children(state, tj, seen, writes)
+    now = now_iso()
 
-    def mutate(st: dict[str, Any], tj: Mapping[str, Any]) -> dict[str, Any]:
-        out = at_generation(job_status(st, tj), generation)
-        for said in writes.said:
-            out["conditions"] = set_condition(out.get("conditions"), said.type, said.ok,
-                                              said.reason, said.message, now, generation)
-        return out
+    def mutate(status: dict[str, Any], fresh: Mapping[str, Any]) -> dict[str, Any]:
+        if (fresh.get("metadata") or {}).get("uid") != uid:
+            return status  # made anew since the pass looked: not the one it decided for
+        return next_status(status, fresh, seen, writes, now)
 
-    result = kube.update_status(ns, name, mutate)
+    result = kube.update_status(ns, name, mutate, read)
     if result is None:
         return
-    post_phase_change(result, job, seen.child)
-    for reason, message in writes.events:
-        events.normal(body, reason=reason, message=message)
-    _, old, new = result
-    for said in writes.said:
-        if said.warning and _changed(old, new, said.type):
-            kopf.warn(body, reason=said.reason, message=said.warning)
-    if writes.resize:
-        # Enforcement Quota: the running pods' limits to the new target now. A refused
-        # resize leaves the old limits: the sidecar then holds a lower target with
-        # signals, a higher one stays at the old limit.
-        resize_to_new_target(state, result[0])
+    fresh, old, new = result
+    kind = ((seen.child.obj if seen.child else None) or {}).get(
+        "kind", child.kind(tj.get("spec") or {}))
+    for e in events_after(old, new, writes, kind):
+        kopf.event(fresh, type="Warning" if e.warning else "Normal", reason=e.reason,
+                   message=e.message)
+    _write_limits(state, fresh, seen, writes)
 
 
-def _changed(old: Mapping[str, Any], new: Mapping[str, Any], type_: str) -> bool:
-    def key(st: Mapping[str, Any]) -> tuple[Any, ...]:
-        c = next((c for c in st.get("conditions") or [] if c.get("type") == type_), {})
-        return c.get("status"), c.get("reason"), c.get("message")
-    return key(old) != key(new)
+def _write_children(state: OperatorState, tj: Mapping[str, Any], seen: Seen,
+                    writes: Writes) -> None:
+    kube, meta = state.kube, tj.get("metadata") or {}
+    cm_path = f"/api/v1/namespaces/{meta.get('namespace', '')}/configmaps"
+    if writes.create_config_map is not None:
+        kopf.adopt(writes.create_config_map, owner=tj)
+        kube.create(cm_path, writes.create_config_map)
+    if writes.config_map_data is not None:
+        kube.merge_patch(f"{cm_path}/{configmap_name(meta.get('name', ''))}",
+                         {"data": writes.config_map_data})
+    if writes.child_patch is not None and seen.child and seen.child.obj is not None:
+        current = seen.child.obj
+        kube.merge_patch(child.path(meta.get("namespace", ""), current["metadata"]["name"],
+                                    current.get("kind") == "JobSet"), writes.child_patch)
+    if writes.workload_patch is not None and seen.workload and seen.workload.obj:
+        kube.merge_patch(workload_path(seen.workload.obj), writes.workload_patch)
+
+
+def _write_limits(state: OperatorState, tj: Mapping[str, Any], seen: Seen,
+                  writes: Writes) -> None:
+    """The pods' CPU limits (enforcement Quota; pod_limits.py): to what the sidecars just
+    said, or, after a live edit of the target, to the new target now. A refused resize
+    leaves the old limits: the sidecar then holds a lower target with signals, a higher
+    one stays at the old limit."""
+    if seen.readings is not None:
+        r = seen.readings
+        shrunk = state.limits.reconcile(tj, r.pods, r.reports, writes.target)
+        if shrunk:
+            grow_into_shrinks(state, tj, r.child_uid, r.reports, shrunk)
+    elif writes.resize:
+        resize_to_new_target(state, tj, writes.target)
+
+
+def resize_to_new_target(state: OperatorState, tj: Mapping[str, Any],
+                         target: float | None) -> None:
+    """A live edit of the target, applied now, not at the next read: scope Pod moves
+    every pod to it (no sidecar read: pod_limits.plan); scope Job reads the ranks'
+    sidecars, as the split needs their figures (a rank not read keeps its limit, so with
+    none read nothing moved until the next read)."""
+    meta = tj.get("metadata") or {}
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    if job_scoped(tj.get("spec") or {}):
+        read_sidecars(state, ns, name, (tj.get("status") or {}).get("jobName"))
+        return
+    uid = state.job_uids.get((ns, name))
+    state.limits.reconcile(tj, job_pods(state.kube, ns, name, uid) if uid else [], None,
+                           target)
+
+
+def grow_into_shrinks(state: OperatorState, tj: Mapping[str, Any], uid: str,
+                      reports: Mapping[str, Mapping[str, Any]], shrunk: list[str]) -> None:
+    """Once the kubelet has applied the split's shrinks (`shrunk`, pod uids), make the
+    grows they leave room for, with the same reports; until then the grows cannot fit
+    under the target. Waits up to SHRINK_WAIT_SECONDS (half the status interval at most):
+    left to the next read, a grow came a whole status interval after its shrink, the
+    rank it was for held back meanwhile."""
+    meta = tj.get("metadata") or {}
+    namespace, name = meta.get("namespace", ""), meta.get("name", "")
+    deadline = time.monotonic() + min(SHRINK_WAIT_SECONDS,
+                                      state.settings.status_interval_seconds / 2)
+    while time.monotonic() < deadline and not state.stop.wait(SHRINK_CHECK_SECONDS):
+        pods = job_pods(state.kube, namespace, name, uid)
+        if shrunk_applied(pods, shrunk):
+            # As it is now: a target cut meanwhile is not grown past.
+            current = state.kube.get(state.kube.tj_path(namespace, name))
+            if current is not None:
+                target = cpu_target(current.get("spec") or {}, policy_of(current, state))
+                state.limits.reconcile(current, pods, reports, target)
+            return
