@@ -106,9 +106,8 @@ def test_410_gone_on_the_watch_restarts_it_and_loses_nothing(
     emulator.call("PATCH", f"{TJ_PATH}/before", {"spec": {"throttle": {"targets": {
         "cpu": {"peak": "700m"}}}}})
     created_once(emulator, "after")
-    wait_for(lambda: yaml.safe_load(emulator.call("GET", f"{CM_PATH}/before-throttle")[
-        "data"]["policy.yaml"])["targets"]["cpu"]["peak"] == "700m", TIMEOUT,
-        what="the edit after the 410")
+    wait_for(lambda: peak_in_configmap(emulator, "before") == "700m", TIMEOUT,
+             what="the edit after the 410")
     assert len(jobs_of(emulator, "before")) == 1
     # The Job watch restarted too: a Job status change still reaches the ThrottledJob.
     emulator.call("PATCH", f"{JOBS_PATH}/after/status", {"status": {"active": 1}})

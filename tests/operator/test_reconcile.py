@@ -36,7 +36,8 @@ def looked(job: dict[str, Any] | None, cm: dict[str, Any] | None,
            workload: dict[str, Any] | None = None) -> Seen:
     """What a pass for the spec sees: the child, its ConfigMap and, where Kueue queues
     the child, its Workload (observe.spec_seen)."""
-    return Seen(child=Found(job, job["metadata"]["name"] if job else "train-x"),
+    return Seen(for_spec=True,
+                child=Found(job, job["metadata"]["name"] if job else "train-x"),
                 config_map=Found(cm),
                 workload=Found(workload) if job and queued_by_kueue(job) else None)
 

@@ -53,6 +53,7 @@ class Readings:
 class Seen:
     """What one pass looked at (None: not looked at)."""
 
+    for_spec: bool = False  # a pass for the spec: it acts on the spec's generation
     child: Found | None = None  # the Job or JobSet
     deleted: bool = False  # the child as its watch last showed it, deleted
     config_map: Found | None = None
@@ -82,11 +83,16 @@ def workload(kube: Kube, namespace: str, current: Mapping[str, Any] | None) -> F
     return Found(kube.workload_of(namespace, current["metadata"].get("uid", "")))
 
 
-def spec_seen(kube: Kube, namespace: str, name: str, job: str, jobset: bool) -> Seen:
-    """What a pass for the spec compares it with: the child, its ConfigMap, its Workload."""
+def spec_seen(kube: Kube, namespace: str, name: str, job: str, jobset: bool,
+              finished: bool) -> Seen:
+    """What a pass for the spec compares it with: the child, its ConfigMap, its Workload;
+    nothing where the ThrottledJob has `finished` (its child's status says it all, and
+    every finished one is resumed at each restart of the operator)."""
+    if finished:
+        return Seen(for_spec=True)
     current = get_child(kube, namespace, job, jobset)
     config_map = kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{configmap_name(name)}")
-    return Seen(child=Found(current, job), config_map=Found(config_map),
+    return Seen(for_spec=True, child=Found(current, job), config_map=Found(config_map),
                 workload=workload(kube, namespace, current))
 
 

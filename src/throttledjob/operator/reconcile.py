@@ -45,7 +45,15 @@ from .pod_limits import shrunk_applied
 from .state import OperatorState
 from .status import now_iso
 from .validation import SpecError, validate
-from .writes import Policy, Writes, cpu_target, decide, events_after, next_status
+from .writes import (
+    FINISHED,
+    Policy,
+    Writes,
+    cpu_target,
+    decide,
+    events_after,
+    next_status,
+)
 
 # After a shrink of a job-wide split, how long the grows it makes room for wait for the
 # kubelet to apply it, and how often they look (grow_into_shrinks).
@@ -62,8 +70,9 @@ def spec_pass(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> 
     ns, name = body.meta.namespace or "", body.meta.name or ""
     # The body as the watch showed it: its status may lag our own writes, so the status
     # write reads it anew.
-    _pass(state, body, spec_seen(state.kube, ns, name, made, child.is_jobset(body.spec)),
-          read=None)
+    finished = (body.status or {}).get("phase") in FINISHED
+    _pass(state, body, spec_seen(state.kube, ns, name, made, child.is_jobset(body.spec),
+                                 finished), read=None)
 
 
 def child_pass(state: OperatorState, namespace: str, name: str,

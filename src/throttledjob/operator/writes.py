@@ -84,7 +84,7 @@ def decide(tj: Mapping[str, Any], policy: Policy, seen: Seen) -> Writes:
     if seen.readings is not None and job_scoped(spec):
         r = seen.readings
         out.split = job_ranks(spec, r.pods, r.reports, r.held)
-    if seen.config_map is not None:  # a pass for the spec
+    if seen.for_spec:
         out.generation = (tj.get("metadata") or {}).get("generation")
     if current is None or status.get("phase") in FINISHED:
         return out  # the child's status says it all
@@ -92,7 +92,7 @@ def decide(tj: Mapping[str, Any], policy: Policy, seen: Seen) -> Writes:
     if seen.workload is not None and seen.workload.obj is not None:
         # Held to spec.suspend on every look: Kueue makes a Workload anew active.
         out.workload_patch = active_patch(seen.workload.obj, suspend)
-    if seen.config_map is None:
+    if not seen.for_spec:
         return out
     _decide_policy(tj, policy, seen, out)
     _decide_template(spec, current, out)
