@@ -35,8 +35,8 @@ from pathlib import Path
 from bench.harness import markdown, throttledjob_run
 from bench.zoo import WORKLOADS as ZOO
 from testing.paths import HUNGRY, ROOT
-from throttledjob.sidecar.cgroups.detection import detect
-from throttledjob.sidecar.cgroups.local_quota import CgroupQuota
+from throttledjob.sidecar.cpu.cgroups.detection import detect
+from throttledjob.sidecar.cpu.cgroups.local_quota import CgroupQuota
 
 FRACTIONS = (0.5, 0.7, 0.9)
 

@@ -20,8 +20,8 @@ import sys
 
 from bench.harness import markdown
 from testing.paths import ROOT
-from throttledjob.sidecar.cgroups.detection import detect
-from throttledjob.sidecar.cgroups.local_quota import CgroupQuota, QuotaBackend
+from throttledjob.sidecar.cpu.cgroups.detection import detect
+from throttledjob.sidecar.cpu.cgroups.local_quota import CgroupQuota, QuotaBackend
 
 DEFAULT = [sys.executable, str(ROOT / "examples" / "torch_train.py"), "--steps", "1000"]
 

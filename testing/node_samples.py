@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from testing.cluster_cli import Kubectl
-from throttledjob.sidecar.cgroups.fs import read_limit
+from throttledjob.sidecar.cpu.cgroups.fs import read_limit
 from throttledjob.sidecar.stats import nearest_rank
 
 UID = 65532  # the image's user

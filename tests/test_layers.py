@@ -1,8 +1,10 @@
 """The layers stay layered: the GPU device layer (throttledjob.gpu) and the shared bounded
 HTTP server (throttledjob.serving) sit under both the pod's sidecar and the node agent, and
-the node agent does not reach into the sidecar (docs/dev/architecture.md); the guard,
-whose script is cli.guard_main, imports nothing of the CLI (no import circle). Read from
-the source with `ast`: every import, absolute or relative, at any depth of a function."""
+the node agent does not reach into the sidecar (docs/dev/architecture.md); inside the
+sidecar, the CPU half (sidecar/cpu/) and the GPU half (sidecar/gpu_*.py) import nothing of
+each other, only the loop both share joins them; the guard, whose script is
+cli.guard_main, imports nothing of the CLI (no import circle). Read from the source with
+`ast`: every import, absolute or relative, at any depth of a function."""
 
 from __future__ import annotations
 
@@ -12,12 +14,16 @@ from testing.imports import PACKAGE, imported, module_name, within
 from testing.paths import ROOT
 
 SIDECAR, NODE, CLI = "throttledjob.sidecar", "throttledjob.node", "throttledjob.cli"
+CPU_HALF = f"{SIDECAR}.cpu"
+GPU_HALF = tuple(sorted(f"{SIDECAR}.{p.stem}" for p in (PACKAGE / "sidecar").glob("gpu_*.py")))
 # Where -> the packages it must not import.
 RULES = {
     "node": (SIDECAR,),
     "gpu": (SIDECAR, NODE),
     "serving.py": (SIDECAR, NODE),
-    "sidecar/guard.py": (CLI,),
+    "sidecar/cpu/guard.py": (CLI,),
+    "sidecar/cpu": GPU_HALF,
+    **{f"sidecar/{m.rpartition('.')[2]}.py": (CPU_HALF,) for m in GPU_HALF},
 }
 
 
@@ -60,4 +66,9 @@ def test_the_check_resolves_relative_imports_from_the_right_package() -> None:
     assert imported("from .backend import GpuError", "throttledjob.gpu.nvml", False) \
         == {"throttledjob.gpu.backend", "throttledjob.gpu.backend.GpuError"}
     assert not any(within(n, SIDECAR) for n in
-                   imported("from .server import serve", "throttledjob.node.process", False))
+                   imported("from .socket_protocol import serve", "throttledjob.node.process",
+                            False))
+
+
+def test_the_gpu_half_is_found() -> None:
+    assert f"{SIDECAR}.gpu_agent" in GPU_HALF and len(GPU_HALF) >= 2, GPU_HALF

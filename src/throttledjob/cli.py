@@ -312,7 +312,7 @@ def _inject_lib(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 def _gpu_agent(prog: str, args: argparse.Namespace, policy):
     """The GPU agent for --gpu-backend, or an exit code when the backend cannot open."""
     from throttledjob.gpu import GpuError
-    from throttledjob.runtime.progress import visible_devices
+    from throttledjob.runtime.progress_files import visible_devices
     from throttledjob.sidecar.exporter import log_to_stderr
     from throttledjob.sidecar.gpu_agent import open_gpu_agent, under_the_floor
 
@@ -381,6 +381,6 @@ def guard_main(argv: list[str] | None = None) -> int:
 
 
 def _guard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from throttledjob.sidecar.guard import run_guard
+    from throttledjob.sidecar.cpu.guard import run_guard
 
     return run_guard(args.shared_dir)

@@ -14,7 +14,7 @@ import pytest
 
 from testing.benchmarks import run_benchmark, table_rows
 from testing.helpers import require_tool
-from throttledjob.sidecar.cgroups.detection import detect
+from throttledjob.sidecar.cpu.cgroups.detection import detect
 
 pytestmark = pytest.mark.bench
 

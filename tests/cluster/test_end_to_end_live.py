@@ -39,9 +39,9 @@ from testing.processes import stopped
 from throttledjob.operator.children import SHARED_DIR
 from throttledjob.operator.names import SIDECAR_CONTAINER
 from throttledjob.operator.status import condition
-from throttledjob.sidecar import guard
-from throttledjob.sidecar.lease import lease_path, read_lease
-from throttledjob.sidecar.processes import alive
+from throttledjob.sidecar.cpu import guard
+from throttledjob.sidecar.cpu.lease import lease_path, read_lease
+from throttledjob.sidecar.cpu.processes import alive
 from throttledjob.sidecar.summary import cpu_peak_bound
 from tools.k8s import cluster as k8s
 from tools.k8s import images

@@ -99,7 +99,7 @@ def test_pods_get_the_fake_gpus_and_the_kubelet_says_which_pod_holds_which(
 
 
 # What a pod's process says to the node agent, in the protocol's own words (stdlib only:
-# node/server.py): its GPUs, then a cap of its own GPU and one of the other GPU.
+# node/socket_protocol.py): its GPUs, then a cap of its own GPU and one of the other GPU.
 ASK_AGENT = """
 import json, socket, sys, time
 s = socket.socket(socket.AF_UNIX)

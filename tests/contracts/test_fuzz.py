@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from throttledjob.contracts.policy import PolicyError, load_policy_file, parse_policy
 from throttledjob.contracts.settings import SETTINGS_FILE, Settings, SettingsError, parse_settings
-from throttledjob.runtime.progress import read_progress
-from throttledjob.runtime.settings import SettingsWatcher
+from throttledjob.runtime.progress_files import read_progress
+from throttledjob.runtime.settings_watch import SettingsWatcher
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True),
                     st.text(max_size=20))

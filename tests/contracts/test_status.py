@@ -37,7 +37,7 @@ def test_the_sidecars_status_document_reads_back_unchanged():
 
     from throttledjob.contracts.policy import Policy
     from throttledjob.sidecar.agent import Agent
-    from throttledjob.sidecar.processes import ProcessTree
+    from throttledjob.sidecar.cpu.processes import ProcessTree
     from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 
     with tempfile.TemporaryDirectory() as d:
@@ -74,7 +74,7 @@ def test_the_sidecars_observed_is_the_table_field_for_field():
     import tempfile
 
     from throttledjob.sidecar.agent import Agent
-    from throttledjob.sidecar.processes import ProcessTree
+    from throttledjob.sidecar.cpu.processes import ProcessTree
     from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 
     with tempfile.TemporaryDirectory() as d:

@@ -27,7 +27,7 @@ from throttledjob.gpu.fake import MIN_LIMIT_WATTS, TDP_WATTS, FakeGpuBackend
 from throttledjob.gpu.node_backend import NodeAgentBackend
 from throttledjob.node.caps import CapKeeper
 from throttledjob.node.identity import PodRef, pod_uid_of_cgroup
-from throttledjob.node.server import MAX_CONNECTIONS, NodeAgent, serve
+from throttledjob.node.socket_protocol import MAX_CONNECTIONS, NodeAgent, serve
 from throttledjob.sidecar.gpu_agent import LOST_RETRY_SECONDS, GpuAgent
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")

@@ -26,14 +26,14 @@ import pytest
 from throttledjob.gpu.backend import GpuError
 from throttledjob.gpu.fake import TDP_WATTS, FakeGpuBackend, fake_uuid
 from throttledjob.gpu.node_backend import NodeAgentBackend
-from throttledjob.node import server as server_mod
+from throttledjob.node import socket_protocol
 from throttledjob.node.caps import CHANGE_BURST, CHANGES_PER_SECOND, CapKeeper
 from throttledjob.node.csi import serve_csi
 from throttledjob.node.identity import PodRef
 from throttledjob.node.metrics import serve_metrics
 from throttledjob.node.probe import probe
 from throttledjob.node.process import STALE_SECONDS, Node
-from throttledjob.node.server import NodeAgent, serve
+from throttledjob.node.socket_protocol import NodeAgent, serve
 from throttledjob.serving import MAX_CONNECTIONS as METRICS_CONNECTIONS
 
 POD_A = PodRef("team", "train-a", str(uuid.uuid4()), power_cap=True)
@@ -219,7 +219,7 @@ def test_a_connection_whose_thread_cannot_start_gives_its_slot_back(
 
     try:
         monkeypatch.setattr(threading.Thread, "start", no_thread)
-        for _ in range(2 * server_mod.MAX_CONNECTIONS):
+        for _ in range(2 * socket_protocol.MAX_CONNECTIONS):
             with socket.socket(socket.AF_UNIX) as s:
                 s.connect(str(sock))
                 s.settimeout(5)
@@ -310,7 +310,7 @@ def test_the_socket_is_made_over_whatever_the_pod_left_and_never_through_a_link(
     with pytest.raises(OSError, match="not the agent's socket"):
         directory = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
         try:
-            server_mod._make_connectable(directory, "shadow")
+            socket_protocol._make_connectable(directory, "shadow")
         finally:
             os.close(directory)
     assert oct(node_file.stat().st_mode & 0o777) == oct(0o600)
@@ -403,7 +403,7 @@ import json, os, sys, threading
 from pathlib import Path
 from throttledjob.node.caps import CapKeeper
 from throttledjob.node.identity import PodRef
-from throttledjob.node.server import NodeAgent, serve
+from throttledjob.node.socket_protocol import NodeAgent, serve
 from throttledjob.gpu.fake import FakeGpuBackend
 from throttledjob.gpu.node_backend import NodeAgentBackend
 from throttledjob.gpu.backend import GpuError

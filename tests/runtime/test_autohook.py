@@ -19,7 +19,7 @@ from throttledjob.contracts.settings import SETTINGS_FILE, Settings
 from throttledjob.runtime.autohook import enabled
 from throttledjob.runtime.files import write_json_atomic
 from throttledjob.runtime.inject import pythonpath_with, write_library
-from throttledjob.runtime.progress import read_progress
+from throttledjob.runtime.progress_files import read_progress
 
 TRAIN = """
 import torch

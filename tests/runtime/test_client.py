@@ -14,7 +14,7 @@ from throttledjob.contracts.settings import SETTINGS_FILE, Settings
 from throttledjob.runtime import Throttle
 from throttledjob.runtime.batching import BatchPlan, scaled_batch
 from throttledjob.runtime.files import write_json_atomic
-from throttledjob.runtime.progress import read_progress
+from throttledjob.runtime.progress_files import read_progress
 
 
 def publish(directory, **fields) -> None:

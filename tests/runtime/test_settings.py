@@ -15,7 +15,7 @@ from throttledjob.contracts.settings import (
     parse_settings,
 )
 from throttledjob.runtime.files import read_json_bounded, write_json_atomic
-from throttledjob.runtime.settings import SettingsWatcher
+from throttledjob.runtime.settings_watch import SettingsWatcher
 
 
 def good(**fields) -> dict:
@@ -126,7 +126,7 @@ def test_bounded_read_neither_blocks_on_a_fifo_nor_follows_a_symlink(tmp_path, k
 
 def test_progress_reading_skips_what_is_not_a_regular_file_and_is_bounded(tmp_path):
     from throttledjob.contracts.progress import MAX_PROGRESS_FILES, Progress
-    from throttledjob.runtime.progress import count_fresh_peers, read_progress, write_progress
+    from throttledjob.runtime.progress_files import count_fresh_peers, read_progress, write_progress
 
     write_progress(str(tmp_path), Progress(pid=42, steps=3, time=1.0))
     os.mkfifo(tmp_path / "progress-43.json")

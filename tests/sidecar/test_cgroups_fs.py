@@ -1,9 +1,9 @@
-"""The cgroupfs readers (sidecar/cgroups/fs.py) on this machine's own /proc: which cgroups
+"""The cgroupfs readers (sidecar/cpu/cgroups/fs.py) on this machine's own /proc: which cgroups
 a process is in, and whether a path is at or under a cgroup."""
 
 from __future__ import annotations
 
-from throttledjob.sidecar.cgroups.fs import cgroup_of, in_cgroup, pod_cgroup
+from throttledjob.sidecar.cpu.cgroups.fs import cgroup_of, in_cgroup, pod_cgroup
 
 
 def test_cgroup_of_reads_this_machines_proc(spawn):

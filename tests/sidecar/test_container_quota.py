@@ -13,12 +13,12 @@ from testing.fake_tree import FakeTree
 from throttledjob.contracts.names import ENV_CONTAINER
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.contracts.progress import Progress
-from throttledjob.runtime.progress import write_progress
+from throttledjob.runtime.progress_files import write_progress
 from throttledjob.sidecar.agent import Agent
-from throttledjob.sidecar.cgroups.container_quota import WIDTH_MEMORY_SECONDS, ContainerQuota
-from throttledjob.sidecar.enforcement import pod_plan
-from throttledjob.sidecar.levers import LeverSample
-from throttledjob.sidecar.measure import Meter
+from throttledjob.sidecar.cpu.cgroups.container_quota import WIDTH_MEMORY_SECONDS, ContainerQuota
+from throttledjob.sidecar.cpu.enforcement import pod_plan
+from throttledjob.sidecar.cpu.lever_settings import LeverSample
+from throttledjob.sidecar.cpu.measure import Meter
 from throttledjob.sidecar.snapshot import Health, snapshot_of, status_document
 from throttledjob.sidecar.summary import summarize
 

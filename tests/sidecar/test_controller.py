@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from throttledjob.sidecar.controller import DEFAULT_MARGIN, CpuController, CpuObservation
+from throttledjob.sidecar.cpu.controller import DEFAULT_MARGIN, CpuController, CpuObservation
 from throttledjob.sidecar.stats import PeakStats
 
 
@@ -163,7 +163,7 @@ def test_the_kernel_quota_aims_at_the_target_and_other_enforcers_under_it():
     """The margin keeps the 1-second peaks of pacing and signals under the target; the
     kernel holds every period to its quota, so under it the margin only costs time."""
     from throttledjob.contracts.policy import Enforcement, Policy
-    from throttledjob.sidecar.decide import cpu_controller
+    from throttledjob.sidecar.cpu.decide import cpu_controller
 
     kernel = cpu_controller(Policy(cpu_peak_cores=1.0, enforcement=Enforcement.QUOTA))
     assert kernel is not None and kernel.rate == 1.0

@@ -16,13 +16,13 @@ from testing.fake_tree import FakeTree
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.contracts.progress import Progress
 from throttledjob.contracts.settings import SETTINGS_FILE
-from throttledjob.runtime.progress import write_progress
-from throttledjob.sidecar.act import COOPERATION_TIMEOUT_INTERVALS, Actuator
-from throttledjob.sidecar.controller import CpuController
-from throttledjob.sidecar.decide import KERNEL_PAUSE_SLACK, budget_reason, decide, gpu_rate
-from throttledjob.sidecar.enforcement import plan_as_written, pod_plan
-from throttledjob.sidecar.levers import LeverSetting, Pacing
-from throttledjob.sidecar.measure import (
+from throttledjob.runtime.progress_files import write_progress
+from throttledjob.sidecar.cpu.act import COOPERATION_TIMEOUT_INTERVALS, Actuator
+from throttledjob.sidecar.cpu.controller import CpuController
+from throttledjob.sidecar.cpu.decide import KERNEL_PAUSE_SLACK, budget_reason, decide, gpu_rate
+from throttledjob.sidecar.cpu.enforcement import plan_as_written, pod_plan
+from throttledjob.sidecar.cpu.lever_settings import LeverSetting, Pacing
+from throttledjob.sidecar.cpu.measure import (
     Meter,
     ProgressClock,
     Sample,
@@ -226,7 +226,7 @@ def test_steps_keep_counting_past_the_processes_the_meter_keeps(tmp_path) -> Non
     """A pipeline that starts a stepping process per task, 1,500 in all, 100 at a time:
     each one's steps count once, past the 1,024 whose counts the meter keeps (the count
     stopped there)."""
-    from throttledjob.sidecar.measure import MAX_STEP_PIDS
+    from throttledjob.sidecar.cpu.measure import MAX_STEP_PIDS
 
     meter = Meter(FakeTree(), str(tmp_path), now=0.0)
     # Pids no process has here (under pid_max, so the parser takes them): each task gone.

@@ -1,4 +1,4 @@
-"""How the CPU target is held (sidecar/enforcement.py): the ladder from the written
+"""How the CPU target is held (sidecar/cpu/enforcement.py): the ladder from the written
 policy and what the host allows, in a pod and in local mode."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ import os
 import pytest
 
 from throttledjob.contracts.policy import Enforcement, Policy
-from throttledjob.sidecar.cgroups.detection import detect
-from throttledjob.sidecar.cgroups.local_quota import CgroupQuota
-from throttledjob.sidecar.enforcement import (
+from throttledjob.sidecar.cpu.cgroups.detection import detect
+from throttledjob.sidecar.cpu.cgroups.local_quota import CgroupQuota
+from throttledjob.sidecar.cpu.enforcement import (
     local_enforcer,
     local_plan,
     plan_as_written,
     pod_enforcer,
     pod_plan,
 )
-from throttledjob.sidecar.enforcer import SignalEnforcer
-from throttledjob.sidecar.processes import ProcessTree
+from throttledjob.sidecar.cpu.enforcer import SignalEnforcer
+from throttledjob.sidecar.cpu.processes import ProcessTree
 
 QUOTA = Policy(cpu_peak_cores=1.5, enforcement=Enforcement.QUOTA)
 

@@ -14,8 +14,8 @@ import psutil
 
 from testing.helpers import wait_for
 from testing.processes import stopped
-from throttledjob.sidecar.enforcer import Enforcer, SignalEnforcer
-from throttledjob.sidecar.processes import ProcessTree
+from throttledjob.sidecar.cpu.enforcer import Enforcer, SignalEnforcer
+from throttledjob.sidecar.cpu.processes import ProcessTree
 
 BUSY = [sys.executable, "-c", "while True: pass"]
 

@@ -15,13 +15,13 @@ import random
 import pytest
 
 from testing.fake_tree import FakeTree
-from throttledjob.sidecar.exploration_cost import (
+from throttledjob.sidecar.cpu.exploration_cost import (
     exploration_cost,
     lever_gain_bound,
     worth_exploring,
 )
-from throttledjob.sidecar.explorer import Explorer, Measuring, Settled, Waiting
-from throttledjob.sidecar.levers import (
+from throttledjob.sidecar.cpu.explorer import Explorer, Measuring, Settled, Waiting
+from throttledjob.sidecar.cpu.lever_settings import (
     DEFAULT_SETTING,
     Estimate,
     LeverSample,
@@ -319,7 +319,7 @@ def run_agent(tmp_path, policy, model: Model | None, intervals: int = 20,
     from throttledjob.contracts.progress import Progress
     from throttledjob.contracts.settings import SETTINGS_FILE, parse_settings
     from throttledjob.runtime.files import read_json_bounded
-    from throttledjob.runtime.progress import write_progress
+    from throttledjob.runtime.progress_files import write_progress
     from throttledjob.sidecar.agent import Agent
 
     now = [0.0]
@@ -494,7 +494,7 @@ def test_agent_hands_pacing_between_stopping_and_the_runtime_without_a_gap(tmp_p
     from throttledjob.contracts.progress import Progress
     from throttledjob.contracts.settings import SETTINGS_FILE, parse_settings
     from throttledjob.runtime.files import read_json_bounded
-    from throttledjob.runtime.progress import write_progress
+    from throttledjob.runtime.progress_files import write_progress
 
     agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, STOP)
     published = []
@@ -516,7 +516,7 @@ def test_a_quota_trimmed_for_cooperative_pacing_is_not_carried_over_to_stop_paci
     the quota over the setpoint; the enforcer delivers a quota exactly, so on the switch to
     stop pacing it must start from the setpoint, not from the raised quota."""
     from throttledjob.contracts.progress import Progress
-    from throttledjob.runtime.progress import write_progress
+    from throttledjob.runtime.progress_files import write_progress
 
     agent, tree, enforcer, now = agent_with_scripted_levers(tmp_path, DEFAULT_SETTING)
     for i in range(1, 12):
@@ -577,7 +577,7 @@ def test_partly_idle_intervals_raise_the_quota_only_for_peers_sharing_it(tmp_pat
     shortfall can be the actuator's own, and the quota may rise."""
     from throttledjob.contracts.policy import Policy
     from throttledjob.contracts.progress import Progress
-    from throttledjob.runtime.progress import write_progress
+    from throttledjob.runtime.progress_files import write_progress
     from throttledjob.sidecar.agent import Agent
 
     now, tree = [0.0], FakeTree()
@@ -847,7 +847,7 @@ def test_the_explorers_measurements_hold_the_target_off_the_budgets_books(tmp_pa
     it; it is measured with the target held (`probing`, at most PROBE_HOLD_INTERVALS per
     setting) and budgeted again once the explorer settles."""
     from throttledjob.contracts.policy import Policy
-    from throttledjob.sidecar.lever_choice import PROBE_HOLD_INTERVALS
+    from throttledjob.sidecar.cpu.lever_choice import PROBE_HOLD_INTERVALS
 
     seen = []
     # 1.6, not the default 1.25: under 1.25 no thread count could win, nothing would be
@@ -870,7 +870,7 @@ def test_a_measurement_stalled_by_idle_intervals_is_budgeted_again(tmp_path):
     """Idle intervals tell the explorer nothing, so a measurement can last: the hold
     ends after PROBE_HOLD_INTERVALS of it, and the budget applies again."""
     from throttledjob.contracts.policy import Policy
-    from throttledjob.sidecar.lever_choice import PROBE_HOLD_INTERVALS
+    from throttledjob.sidecar.cpu.lever_choice import PROBE_HOLD_INTERVALS
 
     class StallsAfterStart(Model):
         def busy(self, levers, quota):
@@ -909,7 +909,7 @@ def test_the_explorer_reads_steps_at_the_rate_the_runtime_counted_them(tmp_path)
     interval reads 100."""
     from throttledjob.contracts.policy import Policy
     from throttledjob.contracts.progress import Progress
-    from throttledjob.runtime.progress import write_progress
+    from throttledjob.runtime.progress_files import write_progress
     from throttledjob.sidecar.agent import Agent
 
     now, tree = [0.0], FakeTree()

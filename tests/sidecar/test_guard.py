@@ -23,8 +23,8 @@ from testing.helpers import wait_for
 from testing.paths import VENV_BIN
 from testing.processes import stopped
 from testing.workloads import LONG, tree
-from throttledjob.sidecar.enforcer import SignalEnforcer
-from throttledjob.sidecar.guard import (
+from throttledjob.sidecar.cpu.enforcer import SignalEnforcer
+from throttledjob.sidecar.cpu.guard import (
     LATE_SECONDS,
     POLL_SECONDS,
     SLACK_SECONDS,
@@ -32,8 +32,8 @@ from throttledjob.sidecar.guard import (
     held,
     run_guard,
 )
-from throttledjob.sidecar.lease import LeaseWriter, StopLease, lease_path, read_lease
-from throttledjob.sidecar.processes import ProcessTree
+from throttledjob.sidecar.cpu.lease import LeaseWriter, StopLease, lease_path, read_lease
+from throttledjob.sidecar.cpu.processes import ProcessTree
 
 # The longest stop the enforcer makes, then the guard's slack and one poll: the bound
 # docs/reliability.md states for a dead sidecar's stop. On this shared 2-core machine a

@@ -16,7 +16,7 @@ import pytest
 
 from testing.helpers import wait_for
 from testing.paths import HUNGRY
-from throttledjob.sidecar import controller
+from throttledjob.sidecar.cpu import controller
 from throttledjob.sidecar.summary import cpu_peak_bound
 
 
@@ -77,7 +77,7 @@ def test_killed_command_exits_128_plus_signal(throttledjob_cmd, tmp_path):
 
 def _kernel_quota_or_fail():
     """The kernel quota must be usable where the suite runs as root (CI): else skip."""
-    from throttledjob.sidecar.cgroups.detection import detect
+    from throttledjob.sidecar.cpu.cgroups.detection import detect
 
     found = detect()
     if not found:
@@ -88,7 +88,7 @@ def _kernel_quota_or_fail():
 
 
 def _our_cgroups() -> set[str]:
-    from throttledjob.sidecar.cgroups.local_quota import PREFIX
+    from throttledjob.sidecar.cpu.cgroups.local_quota import PREFIX
 
     found = _kernel_quota_or_fail()
     return {n for n in os.listdir(found.backend.parent) if n.startswith(PREFIX)}
@@ -116,10 +116,10 @@ def test_the_kernel_quota_is_the_default_and_holds_the_target(throttledjob_cmd, 
 
 def test_without_a_kernel_quota_it_falls_back_to_signals_and_says_why():
     from throttledjob.contracts.policy import Enforcement, Policy
-    from throttledjob.sidecar.cgroups.detection import detect
-    from throttledjob.sidecar.enforcement import local_enforcer, local_plan
-    from throttledjob.sidecar.enforcer import SignalEnforcer
-    from throttledjob.sidecar.processes import ProcessTree
+    from throttledjob.sidecar.cpu.cgroups.detection import detect
+    from throttledjob.sidecar.cpu.enforcement import local_enforcer, local_plan
+    from throttledjob.sidecar.cpu.enforcer import SignalEnforcer
+    from throttledjob.sidecar.cpu.processes import ProcessTree
 
     # What detect() says on a machine whose cgroups we may not write (a read-only mount).
     found = detect(root="/nonexistent-cgroupfs")

@@ -10,8 +10,8 @@ from testing.helpers import wait_for
 from testing.processes import stopped
 from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.sidecar.agent import Agent
+from throttledjob.sidecar.cpu.processes import ProcessTree
 from throttledjob.sidecar.loop import run_loop
-from throttledjob.sidecar.processes import ProcessTree
 from throttledjob.sidecar.record import CycleResult
 
 

@@ -19,7 +19,7 @@ from testing.helpers import wait_for
 from testing.http import free_port, get_json
 from testing.paths import HUNGRY, VENV_BIN
 from testing.processes import stop
-from throttledjob.sidecar.cgroups.fs import in_cgroup, pod_cgroup
+from throttledjob.sidecar.cpu.cgroups.fs import in_cgroup, pod_cgroup
 
 CPU_HIERARCHY = Path("/sys/fs/cgroup/cpu")
 

@@ -13,8 +13,8 @@ import textwrap
 import psutil
 
 from testing.helpers import wait_for
-from throttledjob.sidecar.cgroups.fs import cgroup_of
-from throttledjob.sidecar.processes import ProcessTree, descendants, resume
+from throttledjob.sidecar.cpu.cgroups.fs import cgroup_of
+from throttledjob.sidecar.cpu.processes import ProcessTree, descendants, resume
 
 # A root with a child, which has a child of its own: three generations of sleepers.
 GENERATIONS = ["/bin/sh", "-c", 'sleep 60 & /bin/sh -c "sleep 60 & wait" & wait']

@@ -19,14 +19,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from throttledjob.sidecar.cgroups.detection import detect
-from throttledjob.sidecar.cgroups.local_quota import (
+from throttledjob.sidecar.cpu.cgroups.detection import detect
+from throttledjob.sidecar.cpu.cgroups.local_quota import (
     PREFIX,
     CgroupQuota,
     QuotaBackend,
     sweep_orphans,
 )
-from throttledjob.sidecar.processes import descendants
+from throttledjob.sidecar.cpu.processes import descendants
 from throttledjob.sidecar.summary import cpu_peak_bound
 
 DETECTED = detect()

@@ -17,10 +17,10 @@ import psutil
 from throttledjob.contracts.policy import Policy
 from throttledjob.gpu.fake import FakeGpuBackend
 from throttledjob.sidecar.agent import Agent
+from throttledjob.sidecar.cpu.processes import ProcessTree
 from throttledjob.sidecar.exporter import Exporter
 from throttledjob.sidecar.gpu_agent import GpuAgent
 from throttledjob.sidecar.gpu_simulate import follow
-from throttledjob.sidecar.processes import ProcessTree
 
 CYCLES = 100_000
 WARM_UP = 10_000

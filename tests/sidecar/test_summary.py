@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from testing.fake_tree import FakeTree
 from throttledjob.contracts.policy import Policy
 from throttledjob.contracts.progress import Progress
-from throttledjob.runtime.progress import write_progress
+from throttledjob.runtime.progress_files import write_progress
 from throttledjob.sidecar.agent import Agent
 from throttledjob.sidecar.local import build_report
 from throttledjob.sidecar.metrics import make_registry
@@ -103,8 +103,8 @@ def test_the_estimates_top_charges_time_of_unknown_cost_at_the_most_it_can_cost(
     """Time under one thread of two, whose cost was never measured, is left out of the
     estimate (a lower bound); the interval's top charges it at 2x, the most one thread
     of two can cost, and both outputs show the pair."""
-    from throttledjob.sidecar.lever_time import max_lever_cost
-    from throttledjob.sidecar.levers import LeverSetting
+    from throttledjob.sidecar.cpu.lever_settings import LeverSetting
+    from throttledjob.sidecar.cpu.lever_time import max_lever_cost
 
     assert max_lever_cost(LeverSetting(threads=1), 2) == 2.0
     assert max_lever_cost(LeverSetting(threads=2, batch_scale=0.5), 8) == 8.0
@@ -129,8 +129,8 @@ def test_the_estimates_top_charges_each_setting_at_the_most_it_can_cost():
     read it low (it can be 2x), and the defaults held by that quota (up to 1.25x): the
     estimate charges what was measured, the top the most; a setting not measured at all
     is in the top only, at the most any can cost."""
-    from throttledjob.sidecar.lever_time import LeverLedger
-    from throttledjob.sidecar.levers import DEFAULT_SETTING, LeverSetting
+    from throttledjob.sidecar.cpu.lever_settings import DEFAULT_SETTING, LeverSetting
+    from throttledjob.sidecar.cpu.lever_time import LeverLedger
 
     one, half = LeverSetting(threads=1), LeverSetting(batch_scale=0.5)
     ledger = LeverLedger(cores=2)
@@ -156,7 +156,7 @@ def test_a_levers_cost_slows_the_time_the_workload_computes_not_its_waits():
     """One thread (1 core when busy) computed half a second, held back a tenth of the
     interval and waited the rest: half a second is what its cost slowed. Charged on the
     wait too, a bursty loop's real slowdown of 1.45 read 1.7."""
-    from throttledjob.sidecar.lever_time import busy_seconds
+    from throttledjob.sidecar.cpu.lever_time import busy_seconds
 
     assert busy_seconds(1.0, 0.1, used_seconds=0.5, peak_cores=1.0) == pytest.approx(0.5)
     # Busy for all its unpaused time (2 cores when busy, 1.8 CPU-seconds): all of it.
@@ -213,7 +213,7 @@ def test_the_pace_and_cost_of_a_step_are_read_over_ten_seconds():
     batches of 7 twice a second at uneven times: each second's count reads 7, 14 or 21.
     Over the window its cost reads true within 6%, where one second's swung by a third
     or more; a new phase shows within the window's length."""
-    from throttledjob.sidecar.measure import PaceWindow
+    from throttledjob.sidecar.cpu.measure import PaceWindow
 
     window, one_second = PaceWindow(), PaceWindow(seconds=1.0)
     steps, cpu, costs, windowed = 0, 0.0, [], []
@@ -239,7 +239,7 @@ def test_a_ranks_start_before_its_first_step_is_not_charged_to_its_steps():
     """A DDP rank imports torch and waits at the rendezvous for 6 s at about a core, then
     steps 14 times a second at 0.05 CPU-seconds each. Two seconds into its steps its
     cost reads 0.05, not the start's CPU spread over 28 steps (0.26)."""
-    from throttledjob.sidecar.measure import PaceWindow
+    from throttledjob.sidecar.cpu.measure import PaceWindow
 
     window, cpu, steps = PaceWindow(), 0.0, 0
     for second in range(1, 10):
@@ -269,7 +269,7 @@ def test_a_ranks_start_before_its_first_step_is_not_charged_to_its_steps():
 def test_a_process_leaving_the_tree_does_not_understate_the_cost_of_a_step():
     """The tree's CPU is its members' now: a DataLoader worker that exits takes 3 CPU
     seconds out of the sum. The window counts only rises, so the cost stays 0.05."""
-    from throttledjob.sidecar.measure import PaceWindow
+    from throttledjob.sidecar.cpu.measure import PaceWindow
 
     window, cpu = PaceWindow(), 0.0
     for second in range(1, 13):

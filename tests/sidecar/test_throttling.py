@@ -1,4 +1,4 @@
-"""The kernel's throttling counters and their one account (sidecar/cgroups/throttling.py),
+"""The kernel's throttling counters and their one account (sidecar/cpu/cgroups/throttling.py),
 on synthetic cpu.stat readings: a tree 2 cores wide held to 1 core per 100 ms period is
 throttled 100 ms (summed over CPUs) in each, and waits half of the wall time."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from throttledjob.sidecar.cgroups.throttling import (
+from throttledjob.sidecar.cpu.cgroups.throttling import (
     ThrottleAccount,
     ThrottleStats,
     parse_cpu_stat,

@@ -25,7 +25,7 @@ class Enforcement(Choice):
     # The kernel's CPU quota (CFS bandwidth) on the workload's own cgroup holds the peak:
     # exact, no CPU of ours, nothing ever stopped; cooperative levers (threads, batch) are
     # still explored under it. Where no quota can be set, it falls back to BOTH (the
-    # ladder, local and in a pod: sidecar/enforcement.py).
+    # ladder, local and in a pod: sidecar/cpu/enforcement.py).
     QUOTA = "quota"
     COOPERATIVE = "cooperative"  # pacing by the runtime library at the workload's steps
     SIGNALS = "signals"  # SIGSTOP/SIGCONT duty cycling by the sidecar, for any program

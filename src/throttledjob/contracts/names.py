@@ -20,7 +20,7 @@ ENV_USER_PYTHONPATH = "THROTTLEDJOB_USER_PYTHONPATH"
 SETTINGS_FILE = "settings.json"
 PROGRESS_PREFIX = "progress-"
 # Sidecar -> guard: before the signal enforcer stops the workload it writes which pids it
-# stops and until when (sidecar/lease.py); the guard resumes them if that moment passes.
+# stops and until when (sidecar/cpu/lease.py); the guard resumes them if that moment passes.
 STOP_LEASE_FILE = "stop-lease"
 # The guard's process name (prctl PR_SET_NAME): it shares the pod's process namespace and
 # cgroup with the workload, and the sidecar must never count it as the workload (it

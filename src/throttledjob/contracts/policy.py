@@ -194,7 +194,7 @@ POLICY_FIELDS: tuple[PolicyField, ...] = (
                 "Fraction of the batch size to use.", 0.001, 1.0),
     PolicyField("levers.rateLimitPerSecond", "rate_limit_per_second", "number",
                 "Most steps per second.", 1e-6, 1e9),
-    # The two the sidecar sets on the workload's processes itself (sidecar/os_levers.py),
+    # The two the sidecar sets on the workload's processes itself (sidecar/cpu/os_levers.py),
     # read when it starts: the agent keeps them for its life.
     PolicyField("levers.nice", "nice", "integer",
                 "Niceness the sidecar gives the workload's processes (never lowered): "

@@ -2,7 +2,7 @@
 
 In a pod the sidecar has no GPU device files: the device plugin gives them only to the
 containers that request `nvidia.com/gpu`. The node agent reads every GPU of the node and
-answers each pod for its own GPUs (node/server.py: the protocol, and how it knows the
+answers each pod for its own GPUs (node/socket_protocol.py: the protocol, and how it knows the
 pod). This backend is that conversation: a reading, a power limit range, a cap, and a
 restore: the agent keeps each GPU's original limit (`keeps_originals`), so a sidecar
 restarted while its GPU was capped still puts the right one back. An agent

@@ -45,7 +45,7 @@ from .csi import SOCKET_NAME, OneVolumeAPod, serve_csi
 from .identity import PodRef
 from .pod_resources import gpus_by_pod
 from .pod_resources import socket_path as pod_resources_socket
-from .server import NodeAgent, serve, shared_gpus
+from .socket_protocol import NodeAgent, serve, shared_gpus
 
 TIDY_SECONDS = 5.0
 ASSIGNMENTS_TTL_SECONDS = 1.0

@@ -37,7 +37,8 @@ __all__ = ["BatchPlan", "Settings", "Throttle", "batch_plan", "batch_size", "def
 _default: Throttle | None = None
 # Imported on first use, so that `import throttledjob.runtime` (done at every interpreter
 # start by the injected auto-hook) costs next to nothing.
-_LAZY = {"Throttle": ".client", "BatchPlan": ".batching", "Settings": ".settings"}
+_LAZY = {"Throttle": ".client", "BatchPlan": ".batching",
+         "Settings": "throttledjob.contracts.settings"}
 # Held while the default Throttle is made: two threads' first step() made two.
 _lock = _thread.allocate_lock()
 

@@ -18,10 +18,10 @@ from throttledjob.contracts.settings import UNTHROTTLED, Settings
 
 from .batching import BatchPlan, scaled_batch
 from .budget import CpuBudget
-from .levers import ThreadCap, apply_gpu_memory_fraction, free_gpu_cache, is_out_of_memory
+from .library_levers import ThreadCap, apply_gpu_memory_fraction, free_gpu_cache, is_out_of_memory
 from .params import Param
-from .progress import count_fresh_peers, visible_devices, write_progress
-from .settings import SettingsWatcher
+from .progress_files import count_fresh_peers, visible_devices, write_progress
+from .settings_watch import SettingsWatcher
 
 log = logging.getLogger("throttledjob.runtime")
 T = TypeVar("T")

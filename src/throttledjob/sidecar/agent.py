@@ -1,11 +1,11 @@
 """One control cycle, shared by local mode and the pod sidecar: measure, decide, act.
 
-measure.py turns the interval's counters into a `Sample`; decide.py turns the sample into
-the rate the workload is held to; the explorer picks the cooperative levers; act.py
-publishes both (the settings file, the enforcer). Each cycle returns a frozen
-`CycleResult` (sidecar/record.py, also handed to every observer): the only view of the
-agent that readers (the /status snapshot, the `--report`, the status line) get, so none
-reaches into it.
+cpu/measure.py turns the interval's counters into a `Sample`; the GPU half (gpu_agent.py)
+decides its duty; cpu/decide.py turns the sample and that duty into the rate the workload
+is held to; the explorer picks the cooperative levers; cpu/act.py publishes both (the
+settings file, the enforcer). Each cycle returns a frozen `CycleResult` (record.py, also
+handed to every observer): the only view of the agent that readers (the /status
+snapshot, the `--report`, the status line) get, so none reaches into it.
 """
 
 from __future__ import annotations
@@ -18,29 +18,29 @@ from typing import TYPE_CHECKING
 
 from throttledjob.contracts.policy import Enforcement, Policy
 
-from .act import Acted, Actuator, stop_pacing
-from .decide import BudgetBook, cpu_controller, decide
-from .enforcement import Plan, plan_as_written
-from .lever_choice import LeverChoice
-from .measure import Meter
-from .os_levers import OsLevers
-from .processes import resume
+from .cpu.act import Acted, Actuator, stop_pacing
+from .cpu.decide import BudgetBook, cpu_controller, decide
+from .cpu.enforcement import Plan, plan_as_written
+from .cpu.lever_choice import LeverChoice
+from .cpu.measure import Meter
+from .cpu.os_levers import OsLevers
+from .cpu.processes import resume
 from .record import CycleResult, LastCycle
 
 if TYPE_CHECKING:
-    from .cgroups.container_quota import ContainerQuota
-    from .cgroups.throttling import ThrottleStats
-    from .enforcer import Enforcer
+    from .cpu.cgroups.container_quota import ContainerQuota
+    from .cpu.cgroups.throttling import ThrottleStats
+    from .cpu.enforcer import Enforcer
+    from .cpu.lever_settings import LeverSetting
+    from .cpu.processes import ProcessTree
     from .gpu_agent import GpuAgent
-    from .levers import LeverSetting
-    from .processes import ProcessTree
 
 
 class Agent:
-    """One control cycle: measure (measure.py) -> decide (decide.py) -> act (act.py),
-    then the run's totals. The GPU wing (gpu/agent.py) measures and decides its own
-    duty; its rate enters the CPU decision. The lever explorer (explorer.py) picks the
-    cooperative levers between decide and act."""
+    """One control cycle: measure (cpu/measure.py) -> decide (cpu/decide.py) -> act
+    (cpu/act.py), then the run's totals. The GPU half (gpu_agent.py) measures and decides
+    its own duty; its rate enters the CPU decision. The lever explorer (cpu/explorer.py)
+    picks the cooperative levers between decide and act."""
 
     def __init__(self, policy: Policy, tree: ProcessTree, settings_dir: str,
                  enforcer: Enforcer | None = None, clock: Callable[[], float] = time.monotonic,
@@ -62,7 +62,7 @@ class Agent:
         self._running = False
         self.clock = clock
         self.controller = cpu_controller(policy, self.plan)
-        # Cheaper cooperative levers than pacing alone, found online (lever_choice.py).
+        # Cheaper cooperative levers than pacing alone, found online (cpu/lever_choice.py).
         self.choice = LeverChoice()
         self.os_levers = OsLevers(policy.nice, policy.cpu_affinity)
         self.started = clock()

@@ -8,7 +8,7 @@ the clock) and a kernel mix slows at most in proportion to the clock (less when 
 bound by memory), so a cap is usually much cheaper: published studies find about 60% of
 TDP for a small slowdown on training. A board's governor can still do badly, and a
 workload can be bound by something the clock does not touch, so which one is cheaper
-for this workload is measured, as for the CPU levers (sidecar/explorer.py).
+for this workload is measured, as for the CPU levers (sidecar/cpu/explorer.py).
 
 Two settings are enough. With the hold-back shedding whatever a cap above the target
 leaves, throughput under a cap c is speed(c) x (T - idle) / (c - idle); where speed and
@@ -42,8 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .levers import MIN_GAIN
-from .phase_gate import PhaseGate
+from .phase_gate import MIN_GAIN, PhaseGate
 
 UNCAPPED = None   # the board's own power limit
 # The hold-back counts as settled once it moves less than this in an interval, or after

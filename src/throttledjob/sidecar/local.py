@@ -20,13 +20,13 @@ from throttledjob.contracts.policy import Enforcement, Policy
 from throttledjob.runtime.inject import pythonpath_with, write_library
 
 from .agent import Agent
-from .cgroups.detection import detect
-from .enforcement import Plan, local_enforcer, local_plan, without_kernel_quota
-from .enforcer import Enforcer
+from .cpu.cgroups.detection import detect
+from .cpu.enforcement import Plan, local_enforcer, local_plan, without_kernel_quota
+from .cpu.enforcer import Enforcer
+from .cpu.processes import ProcessTree, resume
 from .local_host import LocalHost, is_tty
 from .local_report import build_report, own_cpu_seconds, save_report
 from .loop import run_loop
-from .processes import ProcessTree, resume
 from .record import CycleResult
 from .summary import run_line
 

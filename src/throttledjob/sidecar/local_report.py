@@ -13,7 +13,7 @@ from typing import Any
 
 from throttledjob.runtime.files import write_json_atomic
 
-from .cgroups.throttling import ThrottleStats
+from .cpu.cgroups.throttling import ThrottleStats
 from .record import CycleResult
 from .stats import round_or_none
 from .summary import summarize
@@ -63,11 +63,11 @@ def build_report(result: CycleResult, wall: float, exit_code: int,
             "probe_seconds": round(result.probe_seconds, 3),
             "probe_max_cores": round_or_none(result.probe_max_cores),
             "budget_exhausted_seconds": round(result.budget_exhausted_seconds, 3),
-            # Why, where the budget stood in a target's way at the end (decide.py).
+            # Why, where the budget stood in a target's way at the end (cpu/decide.py).
             "budget_exhausted_reason": result.budget_reason,
             # The controller's last rate (the key's "quota" predates the word "rate").
             "final_quota_cores": round_or_none(result.controller_rate),
-            # Which enforcer held the workload, and why that one (sidecar/enforcement.py).
+            # Which enforcer held the workload, and why that one (sidecar/cpu/enforcement.py).
             "enforcer": result.plan.reason,
             # The kernel quota's own counters (cpu.stat), where it held the workload.
             "kernel_throttling": _kernel_counters(result.kernel_throttling),

@@ -1,9 +1,15 @@
-"""When a settled workload's drift is a new phase, worth exploring its levers again
-(explorer.py's Settled state asks)."""
+"""What both lever explorers (cpu/explorer.py, gpu_explorer.py) take for noise: a gain
+too small to leave a setting for, and drift too short to be a new phase worth exploring
+again (their Settled states ask). One rule for both halves, so neither imports the
+other."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# A setting counts as better than the one in force only if it wins by this much: noise
+# must not move a workload off its own defaults (or a board off its cap).
+MIN_GAIN = 0.03
 
 
 @dataclass

@@ -5,7 +5,7 @@ own and pid 1 ('pause'); `--root-pid` narrows it to one process tree (tests, or 
 without a shared namespace where the workload is known by other means). The policy is
 a projected ConfigMap, reloaded live. Whatever the exit, nothing is left stopped: on
 start it resumes a workload a dead predecessor left stopped, on exit it resumes all, and
-if it dies inside a stop the pod's guard (guard.py) resumes the workload when the stop's
+if it dies inside a stop the pod's guard (cpu/guard.py) resumes the workload when the stop's
 lease ends. GET /prestop (the workload containers' preStop hook) stands it down for good.
 """
 
@@ -19,14 +19,14 @@ import threading
 from throttledjob.contracts.policy import Policy
 
 from .agent import Agent
-from .cgroups.container_quota import ContainerQuota
-from .cgroups.fs import cgroup_of, pod_cgroup
-from .enforcement import pod_enforcer, pod_plan
+from .cpu.cgroups.container_quota import ContainerQuota
+from .cpu.cgroups.fs import cgroup_of, pod_cgroup
+from .cpu.enforcement import pod_enforcer, pod_plan
+from .cpu.processes import ProcessTree, resume
 from .exporter import Exporter, log_to_stderr
 from .gpu_agent import open_gpu_agent
 from .loop import run_loop
 from .policy_watch import PolicyWatcher
-from .processes import ProcessTree, resume
 from .record import CycleResult
 
 log = logging.getLogger("throttledjob.sidecar")
@@ -52,7 +52,7 @@ def run_sidecar(policy_path: str, shared_dir: str, host: str = "0.0.0.0", port: 
     resume(tree.pids())  # a predecessor killed mid-pause leaves the workload stopped
     # In a pod the kernel's quota is the workload's CPU limit, which the operator set
     # from the target (or not, and then the policy says Both): read live once the
-    # workload's cgroups are there (sidecar/enforcement.py says what holds the target).
+    # workload's cgroups are there (sidecar/cpu/enforcement.py says what holds the target).
     limit = None
     plan = pod_plan(written, limit, scoped=tree.scoped)
     log.info("throttledjob: the CPU target is held by %s", plan.reason)

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from throttledjob.contracts.policy import Policy
 
-from .cgroups.throttling import ThrottleStats
-from .enforcement import Plan
-from .levers import LeverSetting
-from .measure import Pace
+from .cpu.cgroups.throttling import ThrottleStats
+from .cpu.enforcement import Plan
+from .cpu.lever_settings import LeverSetting
+from .cpu.measure import Pace
 from .stats import PeakSummary
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class CycleResult:
     time: float                     # the agent's clock at the cycle (monotonic seconds)
     wall_seconds: float             # since the agent started
     policy: Policy
-    plan: Plan                      # how the CPU target is held (sidecar/enforcement.py)
+    plan: Plan                      # how the CPU target is held (sidecar/cpu/enforcement.py)
     last: LastCycle
     cycle_seconds: float            # how long the cycle itself took
     cpu_seconds: float              # the workload's CPU time so far

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from throttledjob.contracts.names import PROGRESS_PREFIX
 from throttledjob.contracts.status import STATUS_VERSION, StatusDocument, observed_document
 from throttledjob.gpu.backend import GpuReading
-from throttledjob.runtime.progress import read_progress
+from throttledjob.runtime.progress_files import read_progress
 
 from .record import CycleResult
 from .stats import round_or_none

@@ -79,7 +79,7 @@ def summarize(result: CycleResult) -> RunSummary:
     power = gpu.power if gpu else PeakSummary()
     enforcer_lever = "quota" if result.plan.kernel_quota else "signals"
     by_lever = {enforcer_lever: signal_paused, "pacing": coop_paused}
-    if kernel_paused:  # a pod's own limits (sidecar/cgroups/container_quota.py)
+    if kernel_paused:  # a pod's own limits (sidecar/cpu/cgroups/container_quota.py)
         by_lever["quota"] = by_lever.get("quota", 0.0) + kernel_paused
     used = {
         "quota": (enforcer_lever == "quota" and signal_paused > 0) or kernel_paused > 0,

@@ -3,9 +3,9 @@ to next, and whether the slowdown budget stands in a target's way (`budget_reaso
 the one definition: the metrics, /status, the report and the status line all read it,
 over one window, through the agent's CycleResult).
 
-No I/O: the controllers keep their own state (sidecar/controller.py, gpu/), everything
-else comes in as arguments, so each rule is tested with hand-made samples
-(tests/sidecar/test_decide.py).
+No I/O: the controllers keep their own state (cpu/controller.py, gpu_controller.py), and
+everything else comes in as arguments (the GPU half's duty among them), so each rule is
+tested with hand-made samples (tests/sidecar/test_cycle_parts.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 
 from throttledjob.contracts.policy import Policy
 
+from ..stats import RECENT_SAMPLES
 from .controller import BINDING_PAUSE_FRACTION, DEFAULT_MARGIN, CpuController, CpuObservation
 from .enforcement import Plan, plan_as_written
 from .measure import Sample
-from .stats import RECENT_SAMPLES
 
 
 @dataclass(frozen=True)

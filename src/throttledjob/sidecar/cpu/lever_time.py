@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .levers import DEFAULT_SETTING, LeverSetting
+from .lever_settings import DEFAULT_SETTING, LeverSetting
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ micro-batch. They cost *more* on others (a matmul-bound loop loses speed in prop
 threads, no better than duty cycling). Which is which can only be measured, so this unit
 measures it online, as Zeus's power-limit optimizer does for GPU power limits.
 
-The model of what a setting does (its throughput under the target) is in levers.py.
+The model of what a setting does (its throughput under the target) is in lever_settings.py.
 
 The slowdown budget. With `max_slowdown` B, the rate is lifted wherever holding the
 target would slow the workload by more than B, so a setting is ranked by its throughput
@@ -49,17 +49,16 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
+from ..phase_gate import MIN_GAIN, PhaseGate
 from .exploration_cost import exploration_cost, lever_gain_bound, worth_exploring
-from .levers import (
+from .lever_settings import (
     DEFAULT_SETTING,
-    MIN_GAIN,
     Estimate,
     LeverSample,
     LeverSetting,
     fewer_threads,
     more_threads,
 )
-from .phase_gate import PhaseGate
 
 # ---- states -------------------------------------------------------------------------
 

@@ -13,12 +13,12 @@ import os
 
 from throttledjob.contracts.policy import Enforcement, Policy
 
+from ..stats import round_or_none
 from .enforcement import Plan
 from .explorer import Explorer
+from .lever_settings import DEFAULT_SETTING, LeverSample, LeverSetting, probe_order
 from .lever_time import LeverLedger, LeverTime, busy_seconds
-from .levers import DEFAULT_SETTING, LeverSample, LeverSetting, probe_order
 from .measure import ProgressClock, Sample, progress_clock, steps_in_interval
-from .stats import round_or_none
 
 PROBE_HOLD_INTERVALS = 8
 

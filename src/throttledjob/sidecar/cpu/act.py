@@ -2,7 +2,7 @@
 by, and the enforcer that holds processes that do not pace themselves.
 
 Which of the two holds the workload in an interval follows the plan
-(sidecar/enforcement.py): pacing where the plan paces, the enforcer where it holds
+(sidecar/cpu/enforcement.py): pacing where the plan paces, the enforcer where it holds
 always, and in Both the enforcer only while the workload does not pace itself.
 """
 
@@ -18,7 +18,7 @@ from throttledjob.runtime.files import write_json_atomic
 
 from .enforcement import Plan
 from .enforcer import Enforcer
-from .levers import LeverSetting, Pacing
+from .lever_settings import LeverSetting, Pacing
 
 # With enforcement Both, the workload counts as cooperating while it has called step()
 # within this many control intervals; otherwise the signal enforcer takes over.

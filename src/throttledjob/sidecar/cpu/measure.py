@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 from throttledjob.contracts.progress import MAX_PROGRESS_FILES, Progress
 from throttledjob.contracts.status import PACE_WINDOW_SECONDS
-from throttledjob.runtime.progress import read_progress
+from throttledjob.runtime.progress_files import read_progress
 
+from ..stats import PeakTracker
 from .cgroups.container_quota import ContainerQuota
 from .enforcer import Enforcer
 from .processes import ProcessTree, alive, own_cpu_seconds
-from .stats import PeakTracker
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Pure functions of numbers (explorer.py asks them before it probes).
 
 from __future__ import annotations
 
-from .levers import MAX_PER_CORE_GAIN, LeverSetting, Pacing
+from .lever_settings import MAX_PER_CORE_GAIN, LeverSetting, Pacing
 
 
 def lever_gain_bound(candidates: list[LeverSetting], demand_cores: float,

@@ -26,9 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-# A lever setting counts as better than the defaults only if it wins by this much: noise
-# must not move a workload off its own defaults.
-MIN_GAIN = 0.03
+from ..phase_gate import MIN_GAIN
+
 # Below this usage (cores) an interval tells nothing about the levers (idle wait).
 IDLE_CORES = 0.05
 # Demand, where no kernel measured the width, is usage / (1 - pause); past this pause
