@@ -42,7 +42,7 @@ from bench.sidecars import SLOWDOWN_AFTER
 from testing.audit import ours_and_kopfs, writes
 from testing.paths import ROOT, VENV_BIN
 from throttledjob.operator.children import METRICS_PORT, build_child, build_configmap
-from throttledjob.operator.settings import OperatorSettings
+from throttledjob.operator.config import OperatorSettings
 from throttledjob.operator.validation import validate
 from tools.k8s import cluster as k8s
 

@@ -8,7 +8,7 @@ from typing import Any
 import kopf
 
 from throttledjob.operator.children import build_child, build_configmap
-from throttledjob.operator.settings import OperatorSettings
+from throttledjob.operator.config import OperatorSettings
 from throttledjob.operator.validation import validate
 
 SETTINGS = OperatorSettings()

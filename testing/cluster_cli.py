@@ -134,7 +134,7 @@ def tj_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
 
 
 def tj_condition(kubectl: Kubectl, namespace: str, name: str, type_: str) -> dict[str, Any]:
-    from throttledjob.operator.status import condition
+    from throttledjob.operator.conditions import condition
 
     return condition(tj_status(kubectl, namespace, name), type_) or {}
 

@@ -23,14 +23,15 @@ from typing import Any
 
 from testing.manifests import NAMESPACE
 from testing.validation import cr_errors
-from throttledjob.operator import names
+from throttledjob.operator import api_names
 from throttledjob.operator.children import LABEL_NAME
+from throttledjob.operator.conditions import condition
 from throttledjob.operator.kube import USER_AGENT
-from throttledjob.operator.status import condition
 
 RESOURCES = {
-    f"{names.GROUP}/{names.VERSION}/{names.PLURAL}": dict(
-        kind=names.KIND, namespaced=True, singular=names.SINGULAR, shortnames=names.SHORT_NAMES,
+    f"{api_names.GROUP}/{api_names.VERSION}/{api_names.PLURAL}": dict(
+        kind=api_names.KIND, namespaced=True, singular=api_names.SINGULAR,
+        shortnames=api_names.SHORT_NAMES,
         subresources=["status"]),
     "batch/v1/jobs": dict(kind="Job", namespaced=True, singular="job",
                           subresources=["status"]),
@@ -282,7 +283,7 @@ class Emulator:
                 if m == method and fragment in path]
 
 
-TJ_PATH = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{NAMESPACE}/{names.PLURAL}"
+TJ_PATH = f"/apis/{api_names.GROUP}/{api_names.VERSION}/namespaces/{NAMESPACE}/{api_names.PLURAL}"
 JOBS_PATH = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
 CM_PATH = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 

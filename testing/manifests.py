@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from throttledjob.operator import names
+from throttledjob.operator import api_names
 from tools.k8s.cluster import ON_KWOK
 
 NAMESPACE = "ml"
@@ -42,7 +42,7 @@ def make_tj(name: str = "train", *, throttle: dict[str, Any] | None = None,
     }
     if parameters is not None:
         spec["parameters"] = parameters
-    return {"apiVersion": names.API_VERSION, "kind": names.KIND,
+    return {"apiVersion": api_names.API_VERSION, "kind": api_names.KIND,
             "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
 
 
@@ -51,7 +51,7 @@ def operator_job(name: str = "train", inject: str = "None", settings: Any = None
     """The Job the operator builds for a small ThrottledJob in namespace "ml" (keyword
     arguments override pod spec fields of its template), as it sends it."""
     from throttledjob.operator.children import build_child
-    from throttledjob.operator.settings import OperatorSettings
+    from throttledjob.operator.config import OperatorSettings
     from throttledjob.operator.validation import validate
 
     tj = make_tj(name, throttle={"targets": {"cpu": {"peak": "1500m"}}, "maxSlowdown": 1.25,

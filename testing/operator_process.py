@@ -91,10 +91,10 @@ def handler_memo(kubeconfig: Path, **settings: Any) -> Any:
     OperatorState of test `settings` and a client logged in with `kubeconfig`."""
     import kopf
 
+    from throttledjob.operator.config import OperatorSettings
     from throttledjob.operator.kube import Kube
     from throttledjob.operator.login import connection_info
     from throttledjob.operator.poller import OperatorState
-    from throttledjob.operator.settings import OperatorSettings
     from throttledjob.operator.sidecar_status import HttpStatusReader
 
     ours = OperatorSettings(**settings)

@@ -3,16 +3,16 @@ each comes from); the chart must grant exactly these."""
 
 from __future__ import annotations
 
-from throttledjob.operator import names
+from throttledjob.operator import api_names
 
 Rules = dict[tuple[str, str], frozenset[str]]
 
 NAMESPACED: Rules = {
-    (names.GROUP, names.PLURAL): frozenset({"get", "list", "watch", "patch"}),
-    (names.GROUP, f"{names.PLURAL}/status"): frozenset({"patch"}),
+    (api_names.GROUP, api_names.PLURAL): frozenset({"get", "list", "watch", "patch"}),
+    (api_names.GROUP, f"{api_names.PLURAL}/status"): frozenset({"patch"}),
     # Checked by admission (OwnerReferencesPermissionEnforcement), never called: see
     # ADMISSION.
-    (names.GROUP, f"{names.PLURAL}/finalizers"): frozenset({"update"}),
+    (api_names.GROUP, f"{api_names.PLURAL}/finalizers"): frozenset({"update"}),
     ("batch", "jobs"): frozenset({"get", "list", "watch", "create", "patch"}),
     ("", "configmaps"): frozenset({"get", "create", "patch"}),
     ("", "pods"): frozenset({"list"}),
@@ -29,4 +29,4 @@ CRDS: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"):
 NAMESPACES: Rules = {("", "namespaces"): frozenset({"list", "watch"})}
 # Grants no call uses, which an admission plugin checks: the blockOwnerDeletion of the
 # owner references the operator writes (the test cluster's API server enables the plugin).
-ADMISSION: Rules = {(names.GROUP, f"{names.PLURAL}/finalizers"): frozenset({"update"})}
+ADMISSION: Rules = {(api_names.GROUP, f"{api_names.PLURAL}/finalizers"): frozenset({"update"})}

@@ -20,15 +20,6 @@ SHARED_NAMES = {
     "__init__.py": (None, "every package has one"),
     "metrics.py": ({"sidecar", "node", "operator"},
                    "each process's own Prometheus series, under the name a reader looks for"),
-    "settings.py": ({"contracts", "operator"},
-                    "contracts/: the settings file's format; operator/: its own settings "
-                    "from the environment (its owner's to rename)"),
-    "status.py": ({"contracts", "operator"},
-                  "contracts/: the /status document; operator/: a ThrottledJob's phase and "
-                  "conditions (its owner's to rename)"),
-    "names.py": ({"contracts", "operator"},
-                 "contracts/: the names the processes share; operator/: the API's names and "
-                 "the spec's choices (its owner's to rename)"),
 }
 
 

@@ -28,8 +28,8 @@ from testing.paths import CHART, ROOT
 from testing.validation import k8s_errors
 from throttledjob import __version__
 from throttledjob.operator import children
-from throttledjob.operator.names import SIDECAR_CONTAINER
-from throttledjob.operator.settings import OperatorSettings
+from throttledjob.operator.api_names import SIDECAR_CONTAINER
+from throttledjob.operator.config import OperatorSettings
 
 CONFIGS = {
     "default": None,
@@ -157,7 +157,7 @@ def test_operator_gets_its_flags_probes_and_sidecar_defaults(tmp_path) -> None:
     assert "--status-interval=5" in c["args"] and "--verbose" in c["args"]
     assert "--liveness=http://0.0.0.0:9090/healthz" in c["args"]
     env = {e["name"]: e["value"] for e in c["env"]}
-    # The names the operator reads (operator/settings.py, OperatorSettings.from_env).
+    # The names the operator reads (operator/config.py, OperatorSettings.from_env).
     settings = OperatorSettings.from_env(env)
     assert settings.sidecar_cpu_request == "100m"
     assert settings.sidecar_memory_limit == "256Mi"

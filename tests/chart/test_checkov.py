@@ -79,7 +79,7 @@ def justified() -> dict[str, str]:
 
 def operator_settings(objs: list[dict[str, Any]]) -> Any:
     """The settings the rendered operator runs with: its environment and sidecar image."""
-    from throttledjob.operator.settings import OperatorSettings
+    from throttledjob.operator.config import OperatorSettings
 
     (deploy,) = [o for o in objs if o["kind"] == "Deployment"]
     (c,) = deploy["spec"]["template"]["spec"]["containers"]

@@ -25,7 +25,7 @@ import pytest
 
 from testing.chart import NAMESPACE, by_kind, render
 from testing.rbac import CRDS, JOBSET, KUEUE, NAMESPACED, NAMESPACES, Rules
-from throttledjob.operator import names
+from throttledjob.operator import api_names
 
 
 def rules_of(role: dict[str, Any]) -> Rules:
@@ -99,7 +99,7 @@ def test_no_destructive_or_escalating_verb(verb: str, tmp_path) -> None:
                 # `update` of a ThrottledJob's finalizers is no call: admission checks it
                 # for the owner references the operator writes (testing/rbac.ADMISSION).
                 assert all(verb not in r["verbs"] for r in obj["rules"]
-                           if r["resources"] != [f"{names.PLURAL}/finalizers"]), obj["metadata"]
+                           if r["resources"] != [f"{api_names.PLURAL}/finalizers"]), obj["metadata"]
                 assert all(r["resources"] != ["secrets"] for r in obj["rules"])
 
 
@@ -111,10 +111,10 @@ def test_throttledjobs_are_aggregated_into_edit_and_view(tmp_path) -> None:
     by_label = {k.removeprefix(AGGREGATE): rules_of(o) for o in aggregated
                 for k in o["metadata"]["labels"] if k.startswith(AGGREGATE)}
     assert set(by_label) == {"edit", "admin", "view"}
-    assert by_label["edit"] == by_label["admin"] == {(names.GROUP, names.PLURAL): frozenset(
+    assert by_label["edit"] == by_label["admin"] == {(api_names.GROUP, api_names.PLURAL): frozenset(
         {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"})}
-    assert by_label["view"] == {(names.GROUP, r): frozenset({"get", "list", "watch"})
-                                for r in (names.PLURAL, f"{names.PLURAL}/status")}
+    assert by_label["view"] == {(api_names.GROUP, r): frozenset({"get", "list", "watch"})
+                                for r in (api_names.PLURAL, f"{api_names.PLURAL}/status")}
     assert not [o for o in by_kind(render({"rbac": {"create": False}}, tmp_path), "ClusterRole")]
 
 

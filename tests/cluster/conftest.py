@@ -24,7 +24,7 @@ from testing.fake_sidecar import FakeSidecar
 from testing.helpers import require_tool
 from testing.operator_process import OperatorProcess
 from testing.paths import CHART, ROOT
-from throttledjob.operator import names
+from throttledjob.operator import api_names
 from tools.k8s import batch, images
 from tools.k8s import cluster as k8s
 from tools.k8s import node as node_mod
@@ -157,7 +157,7 @@ def kubectl(cluster: Any) -> Kubectl:
 def crd_installed(kubectl: Kubectl) -> None:
     """The CRD exactly as the chart ships it (charts/throttledjob/crds/)."""
     kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
-    kubectl("wait", "--for=condition=Established", f"crd/{names.PLURAL}.{names.GROUP}",
+    kubectl("wait", "--for=condition=Established", f"crd/{api_names.PLURAL}.{api_names.GROUP}",
             "--timeout=60s")
 
 

@@ -13,7 +13,7 @@ import yaml
 from testing.cluster_cli import Kubectl
 from testing.manifests import make_tj
 from testing.paths import ROOT
-from throttledjob.operator import names
+from throttledjob.operator import api_names
 from throttledjob.operator.spec_rules import broken_spec, broken_throttle
 
 
@@ -28,7 +28,7 @@ def _doc_examples() -> list[dict[str, Any]]:
         blocks = re.findall(r"```yaml\n(.*?)```", text, re.S) if path.suffix == ".md" else [text]
         for block in blocks:
             for doc in yaml.safe_load_all(block):
-                if isinstance(doc, dict) and doc.get("kind") == names.KIND:
+                if isinstance(doc, dict) and doc.get("kind") == api_names.KIND:
                     docs.append(doc)
     return docs
 

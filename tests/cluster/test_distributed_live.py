@@ -39,7 +39,7 @@ from testing.helpers import wait_for
 from testing.node_samples import CgroupSampler, on_real_node, summed
 from testing.paths import ROOT
 from throttledjob.contracts.policy import parse_cpu_quantity
-from throttledjob.operator import names
+from throttledjob.operator import api_names
 from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
 from tools.k8s import images
@@ -122,7 +122,7 @@ def job_wide(job: str, namespace: str) -> list[dict[str, Any]]:
     container, one target for the whole job (the operator names the Job as the
     ThrottledJob); `inject: Auto`, so each rank reports its optimizer steps and the
     split weighs its CPU cost of a step, with no change to the script."""
-    tj = {"apiVersion": names.API_VERSION, "kind": names.KIND,
+    tj = {"apiVersion": api_names.API_VERSION, "kind": api_names.KIND,
           "metadata": {"name": job, "namespace": namespace},
           "spec": {"jobTemplate": {"spec": ddp_job_spec(job, job, {"requests": REQUESTS})},
                    "throttle": {"scope": "Job", "inject": "Auto",
@@ -197,7 +197,7 @@ def run_ddp(kubectl: Kubectl, real_node: Any, namespace: str, job: str,
                 for rank in range(RANKS)]
     kubectl.apply(*objects)
     split = SplitWatch(kubectl, namespace, job) if any(
-        o["kind"] == names.KIND for o in objects) else None
+        o["kind"] == api_names.KIND for o in objects) else None
     try:
         done = wait_json(kubectl, lambda j: any(
             c["type"] in ("Complete", "Completed", "Failed") and c["status"] == "True"
@@ -355,7 +355,7 @@ def jobset_job_wide(name: str, namespace: str) -> dict[str, Any]:
     job = {"spec": {**{k: v for k, v in spec.items()
                        if k not in ("completions", "parallelism", "completionMode")},
                     "completions": 1, "parallelism": 1}}
-    return {"apiVersion": names.API_VERSION, "kind": names.KIND,
+    return {"apiVersion": api_names.API_VERSION, "kind": api_names.KIND,
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"jobSetTemplate": {"spec": {
                          "network": {"enableDNSHostnames": True,
@@ -412,7 +412,7 @@ def test_when_a_short_pod_ends_the_long_one_gets_the_whole_job_wide_target(
                  "command": ["python", "-c", busy],
                  "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
                  "securityContext": CONTAINER_SECURITY}
-    tj = {"apiVersion": names.API_VERSION, "kind": names.KIND,
+    tj = {"apiVersion": api_names.API_VERSION, "kind": api_names.KIND,
           "metadata": {"name": name, "namespace": namespace},
           "spec": {"jobTemplate": {"spec": {
                        "completions": 2, "parallelism": 2, "completionMode": "Indexed",

@@ -36,9 +36,9 @@ from testing.helpers import require_tool, wait_for
 from testing.node_samples import CgroupSampler, on_real_node, summed
 from testing.paths import ROOT
 from testing.processes import stopped
+from throttledjob.operator.api_names import SIDECAR_CONTAINER
 from throttledjob.operator.children import SHARED_DIR
-from throttledjob.operator.names import SIDECAR_CONTAINER
-from throttledjob.operator.status import condition
+from throttledjob.operator.conditions import condition
 from throttledjob.sidecar.cpu import guard
 from throttledjob.sidecar.cpu.lease import lease_path, read_lease
 from throttledjob.sidecar.cpu.processes import alive

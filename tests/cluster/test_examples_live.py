@@ -16,7 +16,7 @@ import pytest
 from testing.cluster_cli import Kubectl, tj_status, wait_json
 from testing.examples import Example, examples
 from testing.paths import ROOT
-from throttledjob.operator.status import condition
+from throttledjob.operator.conditions import condition
 from tools import image
 
 RUN_TIMEOUT = 240.0

@@ -28,7 +28,7 @@ from testing.manifests import tj_manifest
 from testing.operator_process import OperatorProcess
 from testing.rbac import ADMISSION, CRDS, NAMESPACED, NAMESPACES
 from throttledjob.contracts.policy import parse_policy
-from throttledjob.operator import names
+from throttledjob.operator import api_names
 from throttledjob.operator.children import LABEL_NAME, owned_by
 
 
@@ -83,8 +83,8 @@ def test_lifecycle_on_a_real_cluster(kubectl: Kubectl, real_operator: OperatorPr
                      what="a Running pod")
     assert failed_creates(kubectl, namespace) == []
     init = [c["name"] for c in pods["items"][0]["spec"]["initContainers"]]
-    assert names.SIDECAR_CONTAINER in init
-    assert (names.INJECT_CONTAINER in init) == (inject == "Auto")
+    assert api_names.SIDECAR_CONTAINER in init
+    assert (api_names.INJECT_CONTAINER in init) == (inject == "Auto")
 
     # A pod of someone else's that carries our label (and a "sidecar" on its IP) is
     # never read: only pods the Job owns are.

@@ -20,7 +20,7 @@ from testing.cluster_cli import (
 from testing.helpers import wait_for
 from testing.manifests import tj_manifest
 from testing.operator_process import OperatorProcess
-from throttledjob.operator import names
+from throttledjob.operator import api_names
 from throttledjob.operator.children import build_configmap
 from throttledjob.operator.inject import INJECT_DIR
 
@@ -146,7 +146,7 @@ def test_restart_over_a_stale_configmap_never_duplicates_the_job(
     uid = kubectl.json("get", "tj", "-n", namespace, "restart")["metadata"]["uid"]
     stale = build_configmap("restart", {}, {"targets": {"cpu": {"peak": "3"}}})
     stale["metadata"].update(namespace=namespace, ownerReferences=[{
-        "apiVersion": names.API_VERSION, "kind": names.KIND, "name": "restart", "uid": uid,
+        "apiVersion": api_names.API_VERSION, "kind": api_names.KIND, "name": "restart", "uid": uid,
         "controller": True, "blockOwnerDeletion": True}])
     kubectl.apply(stale)
 
@@ -179,12 +179,12 @@ def test_inject_auto_job_has_init_container_volume_and_users_pythonpath(
                       what="the Job")
     pod = job["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["initContainers"]] == [
-        names.SIDECAR_CONTAINER, names.GUARD_CONTAINER, names.INJECT_CONTAINER]
+        api_names.SIDECAR_CONTAINER, api_names.GUARD_CONTAINER, api_names.INJECT_CONTAINER]
     assert pod["initContainers"][2]["args"] == ["inject-lib", INJECT_DIR]
-    assert {"name": names.INJECT_VOLUME, "emptyDir": {"sizeLimit": "32Mi"}} in pod["volumes"]
+    assert {"name": api_names.INJECT_VOLUME, "emptyDir": {"sizeLimit": "32Mi"}} in pod["volumes"]
     (trainer,) = pod["containers"]
     assert {"name": "PYTHONPATH", "value": f"{INJECT_DIR}:/app/src"} in trainer["env"]
-    assert {"name": names.INJECT_VOLUME, "mountPath": INJECT_DIR, "readOnly": True} \
+    assert {"name": api_names.INJECT_VOLUME, "mountPath": INJECT_DIR, "readOnly": True} \
         in trainer["volumeMounts"]
     assert "inject" not in policy_of(kubectl, namespace, "zero-code")
 

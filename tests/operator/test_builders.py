@@ -21,7 +21,7 @@ from throttledjob.contracts.names import (
 )
 from throttledjob.contracts.policy import parse_policy
 from throttledjob.contracts.status import parse_status
-from throttledjob.operator import names
+from throttledjob.operator import api_names
 from throttledjob.operator.children import (
     DEFAULT_SIDECAR_UID,
     LABEL_NAME,
@@ -31,9 +31,7 @@ from throttledjob.operator.children import (
     job_owner_name,
     sidecar_endpoint,
 )
-from throttledjob.operator.observed import status_with_observed
-from throttledjob.operator.settings import OperatorSettings
-from throttledjob.operator.status import (
+from throttledjob.operator.conditions import (
     as_stored,
     at_generation,
     condition,
@@ -43,6 +41,8 @@ from throttledjob.operator.status import (
     status_job_created,
     status_job_gone,
 )
+from throttledjob.operator.config import OperatorSettings
+from throttledjob.operator.observed import status_with_observed
 from throttledjob.operator.validation import (
     SpecError,
     quota_warning,
@@ -60,7 +60,7 @@ def test_job_and_configmap_are_valid_kubernetes_objects() -> None:
     assert job["metadata"]["namespace"] == cm["metadata"]["namespace"] == NAMESPACE
     for obj in (job, cm):
         (ref,) = obj["metadata"]["ownerReferences"]
-        assert ref["kind"] == names.KIND and ref["controller"] is True
+        assert ref["kind"] == api_names.KIND and ref["controller"] is True
         assert ref["uid"] == owned(make_tj())["metadata"]["uid"]
 
 
@@ -76,16 +76,16 @@ def test_job_keeps_the_users_template_and_adds_the_sidecar() -> None:
     assert job["metadata"]["labels"]["team"] == "vision"  # the user's Job labels
     assert job["spec"]["backoffLimit"] == 0
     assert pod["nodeSelector"] == {"gpu": "a100"}
-    assert [c["name"] for c in pod["initContainers"]] == [names.SIDECAR_CONTAINER,
-                                                          names.GUARD_CONTAINER, "fetch"]
+    assert [c["name"] for c in pod["initContainers"]] == [api_names.SIDECAR_CONTAINER,
+                                                          api_names.GUARD_CONTAINER, "fetch"]
     (trainer,) = pod["containers"]
     assert trainer["env"] == [{"name": "EPOCHS", "value": "3"},
                               {"name": ENV_DIR, "value": SHARED_DIR},
                               {"name": ENV_CONTAINER, "value": trainer["name"]}]
     assert trainer["volumeMounts"] == [{"name": "data", "mountPath": "/data"},
-                                       {"name": names.SHARED_VOLUME, "mountPath": SHARED_DIR}]
-    assert [v["name"] for v in pod["volumes"]] == ["data", names.SHARED_VOLUME,
-                                                    names.POLICY_VOLUME]
+                                       {"name": api_names.SHARED_VOLUME, "mountPath": SHARED_DIR}]
+    assert [v["name"] for v in pod["volumes"]] == ["data", api_names.SHARED_VOLUME,
+                                                    api_names.POLICY_VOLUME]
     policy_volume = pod["volumes"][-1]["configMap"]
     assert policy_volume["name"] == "train-throttle"
     labels = job["spec"]["template"]["metadata"]["labels"]
@@ -124,13 +124,13 @@ def test_the_guard_runs_apart_as_the_workload_and_can_only_read_the_lease() -> N
                                      "enforcement": "Signals"}))
     pod = pod_of(job)
     sidecar, guard = pod["initContainers"][:2]
-    assert guard["name"] == names.GUARD_CONTAINER and guard["restartPolicy"] == "Always"
+    assert guard["name"] == api_names.GUARD_CONTAINER and guard["restartPolicy"] == "Always"
     assert guard["command"] == [GUARD_PROCESS_NAME]  # its process name from the start
     assert guard["args"] == ["--shared-dir", SHARED_DIR]
     # Same UID as the sidecar (the workload's: kill(2) needs it), nothing more.
     assert guard["securityContext"] == sidecar["securityContext"]
     assert guard["securityContext"]["runAsUser"] == 1000
-    assert guard["volumeMounts"] == [{"name": names.SHARED_VOLUME, "mountPath": SHARED_DIR,
+    assert guard["volumeMounts"] == [{"name": api_names.SHARED_VOLUME, "mountPath": SHARED_DIR,
                                       "readOnly": True}]
     # A container of its own memory: the sidecar's OOM kill does not take it along.
     assert guard["resources"]["limits"]["memory"] == "32Mi"
@@ -178,16 +178,16 @@ def test_the_sidecar_of_a_gpu_pod_gets_the_node_agents_volume_where_it_runs(
     doc = validate(owned(tj))
     pod = pod_of(build_child(owned(tj), doc, OperatorSettings(node_agent=node_agent)))
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert (volumes.get(names.NODE_AGENT_VOLUME) == {
-        "name": names.NODE_AGENT_VOLUME, "csi": {
+    assert (volumes.get(api_names.NODE_AGENT_VOLUME) == {
+        "name": api_names.NODE_AGENT_VOLUME, "csi": {
             "driver": "node.throttledjob.io", "readOnly": True,
             "volumeAttributes": {"powerCap": "true" if power_cap == "Allow" else "false"}},
     }) is mounted
     mounts = {c["name"]: [m["mountPath"] for m in c.get("volumeMounts", [])
-                          if m["name"] != names.NODE_AGENT_VOLUME or m.get("readOnly")]
+                          if m["name"] != api_names.NODE_AGENT_VOLUME or m.get("readOnly")]
               for c in [*pod["initContainers"], *pod["containers"]]}
     assert [c for c, paths in mounts.items() if "/run/throttledjob/node" in paths] == (
-        [names.SIDECAR_CONTAINER] if mounted else [])
+        [api_names.SIDECAR_CONTAINER] if mounted else [])
     assert restricted_violations(pod) == []
 
 
@@ -447,7 +447,7 @@ def workload(active: bool = True, **conditions: tuple[str, str, str]) -> dict[st
      "True", "Admitted"),
 ])
 def test_the_admitted_condition_says_what_kueue_says(wl, admitted, reason) -> None:
-    from throttledjob.operator.status import status_with_admission
+    from throttledjob.operator.conditions import status_with_admission
 
     c = condition(status_with_admission({}, wl, {"metadata": {"generation": 2}}, NOW),
                   "Admitted")

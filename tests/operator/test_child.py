@@ -11,11 +11,11 @@ import pytest
 
 from testing.manifests import make_tj
 from throttledjob.operator import child
+from throttledjob.operator.api_names import SIDECAR_CONTAINER
 from throttledjob.operator.children import LABEL_NAME, build_child
-from throttledjob.operator.names import SIDECAR_CONTAINER
+from throttledjob.operator.conditions import status_from_job
+from throttledjob.operator.config import OperatorSettings
 from throttledjob.operator.pod_limits import job_ranks
-from throttledjob.operator.settings import OperatorSettings
-from throttledjob.operator.status import status_from_job
 from throttledjob.operator.validation import SpecError, validate
 
 

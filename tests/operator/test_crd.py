@@ -24,16 +24,16 @@ from throttledjob.contracts.policy import (
     parse_policy,
 )
 from throttledjob.contracts.status import OBSERVED, OBSERVED_NAMES, Aggregate
-from throttledjob.operator import crd, names
+from throttledjob.operator import api_names, crd
+from throttledjob.operator.conditions import status_job_created
 from throttledjob.operator.observed import aggregate_observed, status_with_observed
-from throttledjob.operator.status import status_job_created
 
 SCHEMA = crd.openapi_schema()
 NOW = "2026-01-01T00:00:00Z"
 
 
 def test_chart_crd_file_is_generated_from_the_source() -> None:
-    path = ROOT / names.CRD_FILE
+    path = ROOT / api_names.CRD_FILE
     assert path.read_text() == crd.render_yaml(), (
         "run: python -m throttledjob.operator.crd --write")
     assert yaml.safe_load(path.read_text()) == crd.build_crd()
@@ -44,7 +44,7 @@ def test_generator_check_mode_detects_drift(tmp_path: Path) -> None:
     assert subprocess.run([*cmd, "--check"], capture_output=True).returncode == 1
     assert subprocess.run([*cmd, "--write"]).returncode == 0
     assert subprocess.run([*cmd, "--check"]).returncode == 0
-    target = tmp_path / names.CRD_FILE
+    target = tmp_path / api_names.CRD_FILE
     target.write_text(target.read_text().replace("maximum: 100", "maximum: 1000"))
     result = subprocess.run([*cmd, "--check"], capture_output=True, text=True)
     assert result.returncode == 1 and "out of date" in result.stderr
@@ -108,8 +108,8 @@ def test_crd_names_columns_and_status_subresource() -> None:
 
 
 def test_status_schema_accepts_what_the_builders_write() -> None:
+    from throttledjob.operator.conditions import status_from_job, status_job_created
     from throttledjob.operator.observed import status_with_observed
-    from throttledjob.operator.status import status_from_job, status_job_created
 
     now = "2026-01-01T00:00:00Z"
     st = status_job_created({}, "train", 1, now)

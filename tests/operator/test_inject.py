@@ -21,10 +21,10 @@ from testing.paths import VENV_BIN
 from testing.validation import k8s_validate
 from throttledjob.contracts.names import ENV_DIR, ENV_USER_PYTHONPATH
 from throttledjob.contracts.policy import parse_policy
-from throttledjob.operator import crd, names
+from throttledjob.operator import api_names, crd
 from throttledjob.operator.children import SHARED_DIR
+from throttledjob.operator.config import OperatorSettings
 from throttledjob.operator.inject import INJECT_DIR
-from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.validation import SpecError, validate
 
 INJECT = {"targets": {"cpu": {"peak": "1500m"}}, "inject": "Auto"}
@@ -46,9 +46,9 @@ def test_default_is_none_and_leaves_the_pod_alone() -> None:
                      {"targets": {"cpu": {"peak": 1}}, "inject": "None"}):
         job, _ = built(make_tj(throttle=throttle))
         pod = pod_of(job)
-        assert [c["name"] for c in pod["initContainers"]] == [names.SIDECAR_CONTAINER,
-                                                              names.GUARD_CONTAINER]
-        assert names.INJECT_VOLUME not in [v["name"] for v in pod["volumes"]]
+        assert [c["name"] for c in pod["initContainers"]] == [api_names.SIDECAR_CONTAINER,
+                                                              api_names.GUARD_CONTAINER]
+        assert api_names.INJECT_VOLUME not in [v["name"] for v in pod["volumes"]]
         assert "PYTHONPATH" not in env_of(pod["containers"][0])
 
 
@@ -58,23 +58,24 @@ def test_auto_adds_init_container_volume_and_pythonpath() -> None:
     pod = pod_of(job)
     init_names = [c["name"] for c in pod["initContainers"]]
     # The sidecar and its guard first
-    assert init_names == [names.SIDECAR_CONTAINER, names.GUARD_CONTAINER, names.INJECT_CONTAINER]
+    assert init_names == [api_names.SIDECAR_CONTAINER, api_names.GUARD_CONTAINER,
+                          api_names.INJECT_CONTAINER]
     init = pod["initContainers"][2]
     assert init["image"] == OperatorSettings().sidecar_image  # the product image
     assert init["args"] == ["inject-lib", INJECT_DIR]
     assert "restartPolicy" not in init  # runs to completion before the workload
-    assert init["volumeMounts"] == [{"name": names.INJECT_VOLUME, "mountPath": INJECT_DIR}]
+    assert init["volumeMounts"] == [{"name": api_names.INJECT_VOLUME, "mountPath": INJECT_DIR}]
     sc = init["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert restricted_violations(pod) == []
-    volume = next(v for v in pod["volumes"] if v["name"] == names.INJECT_VOLUME)
-    assert volume == {"name": names.INJECT_VOLUME, "emptyDir": {"sizeLimit": "32Mi"}}
+    volume = next(v for v in pod["volumes"] if v["name"] == api_names.INJECT_VOLUME)
+    assert volume == {"name": api_names.INJECT_VOLUME, "emptyDir": {"sizeLimit": "32Mi"}}
     (trainer,) = pod["containers"]
     assert env_of(trainer)["PYTHONPATH"] == INJECT_DIR
     assert env_of(trainer)[ENV_DIR] == SHARED_DIR  # the hook needs the shared dir too
-    assert {"name": names.INJECT_VOLUME, "mountPath": INJECT_DIR, "readOnly": True} \
+    assert {"name": api_names.INJECT_VOLUME, "mountPath": INJECT_DIR, "readOnly": True} \
         in trainer["volumeMounts"]
     # The policy the sidecar reads has no `inject`: it is the operator's alone.
     doc = yaml.safe_load(cm["data"]["policy.yaml"])
@@ -89,7 +90,7 @@ def test_every_workload_container_gets_it_and_the_users_init_containers_do_not()
     job, _ = built(tj)
     out = pod_of(job)
     assert [c["name"] for c in out["initContainers"]] == [
-        names.SIDECAR_CONTAINER, names.GUARD_CONTAINER, names.INJECT_CONTAINER, "fetch"]
+        api_names.SIDECAR_CONTAINER, api_names.GUARD_CONTAINER, api_names.INJECT_CONTAINER, "fetch"]
     assert all(env_of(c)["PYTHONPATH"] == INJECT_DIR for c in out["containers"])
     assert "env" not in out["initContainers"][3]
     k8s_validate(job)
@@ -131,7 +132,7 @@ def test_the_off_switch_set_by_the_user_is_kept() -> None:
 
 
 @pytest.mark.parametrize(("tj", "reason"), [
-    (injected(name=names.INJECT_CONTAINER), "NameClash"),
+    (injected(name=api_names.INJECT_CONTAINER), "NameClash"),
     (injected(volumeMounts=[{"name": "x", "mountPath": "/opt/throttledjob/python"}]),
      "MountPathClash"),
     (injected(env=[{"name": ENV_USER_PYTHONPATH, "value": "x"}]), "EnvClash"),
@@ -145,7 +146,7 @@ def test_names_the_injection_needs_are_refused(tj: dict[str, Any], reason: str) 
 def test_a_volume_named_like_ours_is_refused() -> None:
     tj = injected()
     tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["volumes"] = [
-        {"name": names.INJECT_VOLUME, "emptyDir": {}}]
+        {"name": api_names.INJECT_VOLUME, "emptyDir": {}}]
     with pytest.raises(SpecError, match="reserved"):
         validate(owned(tj))
 
@@ -194,7 +195,7 @@ def test_the_built_pod_loads_the_hook_and_keeps_the_users_path(
     pod = pod_of(job)
     # The init container, as the image runs it: `throttledjob inject-lib DIR`.
     lib = tmp_path / "python"
-    (init,) = [c for c in pod["initContainers"] if c["name"] == names.INJECT_CONTAINER]
+    (init,) = [c for c in pod["initContainers"] if c["name"] == api_names.INJECT_CONTAINER]
     done = subprocess.run([str(VENV_BIN / "throttledjob"), *init["args"][:1], str(lib)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

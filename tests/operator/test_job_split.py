@@ -21,14 +21,14 @@ from testing.fake_sidecar import FakeSidecar
 from testing.manifests import make_tj
 from throttledjob.operator import events as operator_events
 from throttledjob.operator import job_split
+from throttledjob.operator.api_names import SIDECAR_CONTAINER
 from throttledjob.operator.children import build_child
+from throttledjob.operator.config import OperatorSettings
 from throttledjob.operator.job_split import Rank, moves, ranks, shares
 from throttledjob.operator.kube import ApiError, Kube
-from throttledjob.operator.names import SIDECAR_CONTAINER
 from throttledjob.operator.observe import Readings, Seen
 from throttledjob.operator.observed import status_with_split
 from throttledjob.operator.reconcile import read_sidecars, resize_to_new_target
-from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.sidecar_status import HttpStatusReader
 from throttledjob.operator.state import OperatorState
 from throttledjob.operator.validation import SpecError, validate

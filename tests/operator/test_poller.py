@@ -23,11 +23,11 @@ from testing.helpers import require_tool, wait_for
 from testing.http import free_port
 from throttledjob.operator import events as operator_events
 from throttledjob.operator import metrics as operator_metrics
+from throttledjob.operator.api_names import SIDECAR_CONTAINER
+from throttledjob.operator.config import OperatorSettings
 from throttledjob.operator.kube import ApiError, Kube
-from throttledjob.operator.names import SIDECAR_CONTAINER
 from throttledjob.operator.poller import due, poll
 from throttledjob.operator.reconcile import read_sidecars, resync_from_job
-from throttledjob.operator.settings import OperatorSettings
 from throttledjob.operator.sidecar_status import HttpStatusReader
 from throttledjob.operator.state import OperatorState
 from throttledjob.operator.validation import policy_document

@@ -24,9 +24,7 @@ from throttledjob.contracts.names import (
 from throttledjob.contracts.policy import parse_policy
 
 from . import child, cpu_limits, job_split, quota
-from .inject import add_runtime_library, inject_mode
-from .kueue import QUEUE_LABEL, carried_labels
-from .names import (
+from .api_names import (
     API_VERSION,
     DEFAULT_SIDECAR_UID,
     GUARD_CONTAINER,
@@ -36,7 +34,9 @@ from .names import (
     SHARED_VOLUME,
     SIDECAR_CONTAINER,
 )
-from .settings import OperatorSettings
+from .config import OperatorSettings
+from .inject import add_runtime_library, inject_mode
+from .kueue import QUEUE_LABEL, carried_labels
 
 SHARED_DIR = "/var/run/throttledjob"
 POLICY_DIR = "/etc/throttledjob"

@@ -21,9 +21,7 @@ from typing import Any
 
 from throttledjob.contracts.policy import CPU_QUANTITY_PATTERN, POLICY_FIELDS, PolicyField
 
-from .crd_status import status_schema
-from .crd_templates import job_template_schema, jobset_template_schema, rule
-from .names import (
+from .api_names import (
     CRD_FILE,
     CRD_NAME,
     DEFAULT_INJECT,
@@ -40,6 +38,8 @@ from .names import (
     SINGULAR,
     VERSION,
 )
+from .crd_status import status_schema
+from .crd_templates import job_template_schema, jobset_template_schema, rule
 from .spec_rules import SPEC_RULES, THROTTLE_RULES
 
 _GENERATED_HEADER = (

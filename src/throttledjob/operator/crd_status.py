@@ -8,8 +8,8 @@ from typing import Any
 
 from throttledjob.contracts.status import LEVERS, OBSERVED, Aggregate, ObservedField
 
+from .api_names import MAX_GPUS, MAX_RANKS, MAX_UUID_LENGTH, PHASES
 from .job_split import JOB_WIDE_FIGURES, RANK_FIGURES
-from .names import MAX_GPUS, MAX_RANKS, MAX_UUID_LENGTH, PHASES
 
 
 def condition_schema() -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .names import RESERVED_CONTAINERS
+from .api_names import RESERVED_CONTAINERS
 
 
 def rule(rule: str, message: str) -> dict[str, str]:

@@ -14,10 +14,7 @@ import kopf
 
 from . import child, events
 from .children import build_child, build_configmap, left_by_predecessor, owned_by
-from .kube import ApiError, Kube
-from .kueue import queued_by_kueue
-from .state import OperatorState
-from .status import (
+from .conditions import (
     Condition,
     Reason,
     at_generation,
@@ -28,6 +25,9 @@ from .status import (
     status_invalid,
     status_job_created,
 )
+from .kube import ApiError, Kube
+from .kueue import queued_by_kueue
+from .state import OperatorState
 from .validation import Refusal, SpecError, quota_warning, signals_uid_warning, validate
 
 # How often a ThrottledJob made anew looks again for its predecessor's Job to be gone.

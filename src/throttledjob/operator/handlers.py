@@ -18,13 +18,13 @@ from typing import Any
 import kopf
 
 from . import child, metrics
+from .api_names import GROUP, PLURAL, VERSION
 from .children import LABEL_NAME, owner_reference
+from .config import OperatorSettings
 from .kube import ApiError, Kube
 from .login import LoginError, connection_info
-from .names import GROUP, PLURAL, VERSION
 from .poller import POLL_THREADS, poll
 from .reconcile import child_pass, spec_pass
-from .settings import OperatorSettings
 from .sidecar_status import HttpStatusReader
 from .state import OperatorState
 

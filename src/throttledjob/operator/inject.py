@@ -9,8 +9,8 @@ from typing import Any
 
 from throttledjob.contracts.names import ENV_USER_PYTHONPATH
 
-from .names import DEFAULT_INJECT, DEFAULT_SIDECAR_UID, INJECT_CONTAINER, INJECT_VOLUME
-from .settings import OperatorSettings
+from .api_names import DEFAULT_INJECT, DEFAULT_SIDECAR_UID, INJECT_CONTAINER, INJECT_VOLUME
+from .config import OperatorSettings
 
 INJECT_DIR = "/opt/throttledjob/python"
 

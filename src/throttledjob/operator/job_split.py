@@ -30,8 +30,8 @@ from typing import Any
 from throttledjob.contracts.status import PACE_WINDOW_SECONDS
 
 from . import child, cpu_limits
+from .api_names import DEFAULT_SCOPE
 from .child import JOBSET_INDEX_LABEL
-from .names import DEFAULT_SCOPE
 
 # No pod's part goes under this (cores), nor under its CPU requests: a limit under a
 # request is refused, and a rank at a few millicores would only stall the others.

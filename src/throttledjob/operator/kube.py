@@ -22,9 +22,9 @@ import urllib3
 
 from throttledjob import __version__
 
+from .api_names import GROUP, PLURAL, VERSION
+from .conditions import as_stored
 from .kueue import WORKLOAD_VERSIONS, workload_query, workloads_path
-from .names import GROUP, PLURAL, VERSION
-from .status import as_stored
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"

@@ -19,9 +19,9 @@ from throttledjob.contracts.status import (
     finite_number,
 )
 
+from .api_names import MAX_GPUS, MAX_RANKS, MAX_UUID_LENGTH
+from .conditions import Condition, Reason, as_stored, set_condition
 from .job_split import Rank, job_wide, rank_status
-from .names import MAX_GPUS, MAX_RANKS, MAX_UUID_LENGTH
-from .status import Condition, Reason, as_stored, set_condition
 
 # A sidecar read whose figures are all within OBSERVED_TOLERANCE of the written ones is
 # not written unless those are this old: a measured figure moves a little every

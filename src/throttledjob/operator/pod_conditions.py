@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .status import Condition, Reason, condition, set_condition
+from .conditions import Condition, Reason, condition, set_condition
 
 # The kubelet's waiting reasons of a container that will not start on its own: the image
 # (pull refused, back-off, absent under pullPolicy Never, a bad name) or its config.

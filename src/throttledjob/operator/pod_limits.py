@@ -33,6 +33,7 @@ from typing import Any
 import kopf
 
 from . import child, cpu_limits, events, metrics
+from .conditions import Reason
 from .job_split import (
     Rank,
     applied_limit,
@@ -46,7 +47,6 @@ from .job_split import (
 )
 from .kube import ApiError, Kube
 from .kueue import queued_tj
-from .status import Reason
 
 # A lift of a pod's CPU limits smaller than this share of them is not applied; nor is a
 # change of the split among its containers.

@@ -19,10 +19,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 from . import metrics
+from .conditions import Phase
 from .pod_limits import TjKey
 from .reconcile import read_queue, read_sidecars, resync_from_job
 from .state import OperatorState
-from .status import Phase
 
 # Threads running ticks' passes. A pass holds one for at most the read deadline per pod,
 # so a slow sidecar takes one thread, not the tick.

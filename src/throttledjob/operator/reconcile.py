@@ -28,6 +28,7 @@ import kopf
 
 from . import child
 from .children import configmap_name
+from .conditions import now_iso
 from .create import ensure_children
 from .job_split import job_scoped
 from .kueue import queued_by_kueue, workload_path
@@ -43,7 +44,6 @@ from .observe import (
 from .observe import read_sidecars as read_reports
 from .pod_limits import shrunk_applied
 from .state import OperatorState
-from .status import now_iso
 from .validation import SpecError, validate
 from .writes import (
     FINISHED,

@@ -16,7 +16,7 @@ from typing import Any
 
 from throttledjob.contracts.policy import POLICY_FIELDS
 
-from .names import DEFAULT_INJECT, DEFAULT_SCOPE
+from .api_names import DEFAULT_INJECT, DEFAULT_SCOPE
 
 
 @dataclass(frozen=True)

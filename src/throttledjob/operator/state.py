@@ -8,9 +8,9 @@ import contextvars
 import threading
 from dataclasses import dataclass, field
 
+from .config import OperatorSettings
 from .kube import Kube
 from .pod_limits import PodLimits, TjKey
-from .settings import OperatorSettings
 from .sidecar_status import StatusReader
 
 

@@ -21,6 +21,15 @@ from throttledjob.contracts.names import (
 from throttledjob.contracts.policy import Choice, PolicyError, parse_cpu_quantity, parse_policy
 
 from . import child, cpu_limits, job_split, quota
+from .api_names import (
+    INJECT_VOLUME,
+    MAX_NAME_LENGTH,
+    MAX_RANKS,
+    NODE_AGENT_VOLUME,
+    POLICY_VOLUME,
+    RESERVED_CONTAINERS,
+    SHARED_VOLUME,
+)
 from .children import (
     DEFAULT_SIDECAR_UID,
     METRICS_PORT,
@@ -30,15 +39,6 @@ from .children import (
 )
 from .inject import INJECT_DIR
 from .kueue import label_clash
-from .names import (
-    INJECT_VOLUME,
-    MAX_NAME_LENGTH,
-    MAX_RANKS,
-    NODE_AGENT_VOLUME,
-    POLICY_VOLUME,
-    RESERVED_CONTAINERS,
-    SHARED_VOLUME,
-)
 from .spec_rules import broken_spec, broken_throttle
 
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")

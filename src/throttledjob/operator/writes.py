@@ -15,16 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import child
+from .api_names import INJECT_MODES
 from .children import TEMPLATE_HASH, build_configmap, template_hash
-from .job_split import Rank, job_scoped
-from .kueue import active_patch, queued_by_kueue
-from .names import INJECT_MODES
-from .observe import Seen
-from .observed import status_with_observed, status_with_split
-from .pod_conditions import status_with_resizes, status_with_stuck
-from .pod_limits import job_ranks
-from .quota import kernel_target
-from .status import (
+from .conditions import (
     GONE_REASONS,
     Condition,
     Phase,
@@ -36,6 +29,13 @@ from .status import (
     status_job_gone,
     status_with_admission,
 )
+from .job_split import Rank, job_scoped
+from .kueue import active_patch, queued_by_kueue
+from .observe import Seen
+from .observed import status_with_observed, status_with_split
+from .pod_conditions import status_with_resizes, status_with_stuck
+from .pod_limits import job_ranks
+from .quota import kernel_target
 from .validation import SpecError
 
 FINISHED = (Phase.SUCCEEDED, Phase.FAILED)
