@@ -312,8 +312,8 @@ def _inject_lib(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 def _gpu_agent(prog: str, args: argparse.Namespace, policy):
     """The GPU agent for --gpu-backend, or an exit code when the backend cannot open."""
     from throttledjob.gpu import GpuError
+    from throttledjob.logs import log_to_stderr
     from throttledjob.runtime.progress_files import visible_devices
-    from throttledjob.sidecar.exporter import log_to_stderr
     from throttledjob.sidecar.gpu_agent import open_gpu_agent, under_the_floor
 
     log_to_stderr()
@@ -360,8 +360,8 @@ def _node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     prog = "throttledjob node"
     try:
         from throttledjob.gpu import GpuError, open_backend
+        from throttledjob.logs import log_to_stderr
         from throttledjob.node.process import run_node
-        from throttledjob.sidecar.exporter import log_to_stderr
     except ImportError as e:
         return _missing_extra(prog, "node", e)
     log_to_stderr()

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from .backend import GpuBackend, GpuError, GpuReading
 
 T = TypeVar("T")
-log = logging.getLogger("throttledjob.sidecar")
+log = logging.getLogger("throttledjob.gpu")
 # Readers whose cursor into NVML's utilization samples is kept (the node agent's pods).
 MAX_READERS = 256
 

@@ -9,7 +9,6 @@ never by writing into its server or health.
 from __future__ import annotations
 
 import logging
-import sys
 
 from .agent import Agent
 from .record import CycleResult
@@ -82,14 +81,3 @@ class Exporter:
 
     def close(self) -> None:
         self.server.close()
-
-
-def log_to_stderr() -> None:
-    """One line per problem on stderr, as the pod's log and local mode both want."""
-    logger = logging.getLogger("throttledjob")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-

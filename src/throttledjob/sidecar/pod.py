@@ -18,12 +18,13 @@ import threading
 
 from throttledjob.contracts.policy import Policy
 
+from ..logs import log_to_stderr
 from .agent import Agent
 from .cpu.cgroups.container_quota import ContainerQuota
 from .cpu.cgroups.fs import cgroup_of, pod_cgroup
 from .cpu.enforcement import pod_enforcer, pod_plan
 from .cpu.processes import ProcessTree, resume
-from .exporter import Exporter, log_to_stderr
+from .exporter import Exporter
 from .gpu_agent import open_gpu_agent
 from .loop import run_loop
 from .policy_watch import PolicyWatcher
