@@ -51,8 +51,8 @@ POD = "spec.jobTemplate.spec.template.spec"
 # messages are ours, in operator/crd.py).
 BAD = [
     ("spec.throttle", _DELETE, "spec.throttle: Required value"),
-    ("spec.jobTemplate", _DELETE, "set exactly one of jobTemplate (a Job) and "
-                                  "jobSetTemplate (a JobSet)"),
+    ("spec.jobTemplate", _DELETE, "set exactly one of jobTemplate (a Job), "
+                                  "jobSetTemplate (a JobSet) and workloadRef"),
     ("spec.jobSetTemplate", {"spec": {"replicatedJobs": [{"name": "w", "template": {
         "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
             {"name": "w"}]}}}}}]}}, "set exactly one of jobTemplate"),

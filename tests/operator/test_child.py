@@ -57,8 +57,8 @@ def test_exactly_one_child_kind() -> None:
     neither = jobset_tj()
     del neither["spec"]["jobSetTemplate"]
     for tj in (both, neither):
-        with pytest.raises(SpecError, match=r"exactly one of jobTemplate \(a Job\) and "
-                                            r"jobSetTemplate \(a JobSet\)"):
+        with pytest.raises(SpecError, match=r"exactly one of jobTemplate \(a Job\), "
+                                            r"jobSetTemplate \(a JobSet\) and workloadRef"):
             validate(tj, jobsets=True)
 
 

@@ -17,11 +17,31 @@ from urllib.parse import quote
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 # The JobSet controller's label on the Jobs and pods it makes: its JobSet's uid.
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+# The Job controller's label on its pods: its Job's uid.
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 JOBSET_INDEX_LABEL = "jobset.sigs.k8s.io/job-global-index"
 JOBSET_REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 
 
+# Attach mode (spec.workloadRef, attach.py): the kind each workload's status is read
+# from: its own, or, for a Kubeflow TrainJob, the JobSet Trainer renders it into, of the
+# same name.
+STATUS_KINDS = {("batch", "Job"): "Job", ("jobset.x-k8s.io", "JobSet"): "JobSet",
+                ("trainer.kubeflow.org", "TrainJob"): "JobSet"}
+
+
+def status_kind(ref: Mapping[str, Any]) -> str | None:
+    """The kind (Job or JobSet) an attached ThrottledJob reads its status from, or None
+    where attach mode does not read this kind."""
+    api_version = str(ref.get("apiVersion", ""))
+    return STATUS_KINDS.get((api_version.rpartition("/")[0], str(ref.get("kind", ""))))
+
+
 def is_jobset(spec: Mapping[str, Any]) -> bool:
+    """Whether the child (made, or attached to) is read as a JobSet."""
+    ref = spec.get("workloadRef")
+    if ref is not None:
+        return status_kind(ref) == "JobSet"
     return "jobSetTemplate" in spec
 
 

@@ -41,6 +41,8 @@ class Condition(Choice):
     PODS_STARTED = "PodsStarted"  # False while a pod cannot start: its image (pod_conditions.py)
     SUSPENDED = "Suspended"
     ADMITTED = "Admitted"  # Kueue's admission, where Kueue queues the Job (kueue.py)
+    # Attach mode (attach.py): False while a pod of the workload runs without the throttle.
+    PODS_THROTTLED = "PodsThrottled"
 
 
 class Reason(Choice):
@@ -48,6 +50,10 @@ class Reason(Choice):
     reason is a validation.Refusal; a failed Job's is the Job controller's."""
 
     JOB_CREATED = "JobCreated"  # Ready; also the event
+    ATTACHED = "Attached"  # Ready, attach mode; also the event
+    WORKLOAD_NOT_FOUND = "WorkloadNotFound"  # Ready False: the workloadRef is not there yet
+    ALL_PODS_THROTTLED = "AllPodsThrottled"  # PodsThrottled True
+    PODS_NOT_THROTTLED = "PodsNotThrottled"  # PodsThrottled False; also the event
     SPEC_ACCEPTED = "SpecAccepted"  # Failed False: a refused spec was fixed
     JOB_COMPLETE = "JobComplete"
     JOB_FAILED = "JobFailed"  # a failed Job that gave no reason
@@ -162,19 +168,32 @@ def status_invalid(status: Mapping[str, Any], reason: str, message: str,
 
 
 def status_job_created(status: Mapping[str, Any], job: str, generation: int | None,
-                       now: str) -> dict[str, Any]:
+                       now: str, reason: str = Reason.JOB_CREATED,
+                       message: str | None = None) -> dict[str, Any]:
+    """Ready: the child made (or, attach mode, found: `reason` and `message` say so)."""
     out = at_generation(status, generation)
     out["jobName"] = job
     if out.get("phase") in (None, Phase.FAILED) and not condition(status, Condition.COMPLETE):
         out["phase"] = Phase.PENDING
-    conds = set_condition(out.get("conditions"), Condition.READY, True, Reason.JOB_CREATED,
-                          f"Job {job} created with the throttle sidecar", now, generation)
+    conds = set_condition(out.get("conditions"), Condition.READY, True, reason,
+                          message or f"Job {job} created with the throttle sidecar", now,
+                          generation)
     failed = condition(status, Condition.FAILED)
     if failed and failed.get("reason") in set(Refusal):
         # A spec error that has been fixed; the Job's own failures are kept.
         conds = set_condition(conds, Condition.FAILED, False, Reason.SPEC_ACCEPTED,
                               "the spec is valid", now, generation)
     out["conditions"] = conds
+    return out
+
+
+def status_waiting(status: Mapping[str, Any], reason: str, message: str,
+                   generation: int | None, now: str) -> dict[str, Any]:
+    """Pending, and Ready False with why (attach mode: the workload is not there yet)."""
+    out = dict(status)
+    out["phase"] = out.get("phase") or Phase.PENDING
+    out["conditions"] = set_condition(out.get("conditions"), Condition.READY, False, reason,
+                                      message, now, generation)
     return out
 
 

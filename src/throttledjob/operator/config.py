@@ -43,6 +43,15 @@ class OperatorSettings:
     # Prometheus doing both would scrape each twice and double every sum.
     scrape_annotations: bool = True
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
+    # Attach mode's admission webhook (admission.py): HTTPS on this port; 0: not served.
+    webhook_port: int = 0
+    # "namespace/name" of the Secret with its certificate (ca.crt, tls.crt, tls.key).
+    webhook_secret: str = ""
+    # Made and rotated by the operator, its CA written into this MutatingWebhookConfiguration
+    # (webhook_certs.py); empty: the Secret is someone else's (cert-manager) and only read.
+    webhook_config: str = ""
+    # The names the certificate is for: the webhook Service's DNS names (or an IP).
+    webhook_hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -68,6 +77,16 @@ class OperatorSettings:
                 values[attr] = env[var] == "true"
         if env.get("THROTTLEDJOB_HANDLER_THREADS"):
             values["handler_threads"] = int(env["THROTTLEDJOB_HANDLER_THREADS"])
+        if env.get("THROTTLEDJOB_WEBHOOK_PORT"):
+            values["webhook_port"] = int(env["THROTTLEDJOB_WEBHOOK_PORT"])
+        for attr, var in (("webhook_secret", "THROTTLEDJOB_WEBHOOK_SECRET"),
+                          ("webhook_config", "THROTTLEDJOB_WEBHOOK_CONFIG")):
+            if env.get(var):
+                values[attr] = env[var]
+        if env.get("THROTTLEDJOB_WEBHOOK_HOSTS"):
+            values["webhook_hosts"] = tuple(h.strip() for h in
+                                            env["THROTTLEDJOB_WEBHOOK_HOSTS"].split(",")
+                                            if h.strip())
         if env.get("THROTTLEDJOB_METRICS_PORT"):
             values["metrics_port"] = int(env["THROTTLEDJOB_METRICS_PORT"])
         return cls(**values)

@@ -38,8 +38,13 @@ from .api_names import (
     SINGULAR,
     VERSION,
 )
-from .crd_status import status_schema
-from .crd_templates import job_template_schema, jobset_template_schema, rule
+from .crd_status import printer_columns, status_schema
+from .crd_templates import (
+    job_template_schema,
+    jobset_template_schema,
+    rule,
+    workload_ref_schema,
+)
 from .spec_rules import SPEC_RULES, THROTTLE_RULES
 
 _GENERATED_HEADER = (
@@ -197,7 +202,8 @@ DESCRIPTIONS = {
     "": "A Job (or JobSet) run with its CPU and GPU peaks held to targets at the least "
         "slowdown: the operator creates the child, injects the throttle sidecar and "
         "reports what it did.",
-    "spec": "The child to run (jobTemplate or jobSetTemplate), its throttle and live "
+    "spec": "The child to run (jobTemplate or jobSetTemplate) or the workload to attach "
+            "to (workloadRef), its throttle and live "
             "parameters.",
     "spec.jobTemplate.spec": "The Job's spec (batch/v1 JobSpec), as the Job controller "
                              "reads it.",
@@ -282,6 +288,7 @@ def openapi_schema() -> dict[str, Any]:
                 "properties": {
                     "jobTemplate": job_template_schema(),
                     "jobSetTemplate": jobset_template_schema(),
+                    "workloadRef": workload_ref_schema(),
                     "throttle": throttle_schema(),
                     "parameters": parameters_schema(),
                     "suspend": {
@@ -295,36 +302,6 @@ def openapi_schema() -> dict[str, Any]:
             "status": status_schema(),
         },
     })
-
-
-def printer_columns() -> list[dict[str, Any]]:
-    """`kubectl get tj`: what was asked, what was seen, whether it held, what it cost;
-    the GPU and job-wide figures and what held the peak with `-o wide`."""
-    return [
-        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "CPU-Target", "type": "string", "jsonPath": ".spec.throttle.targets.cpu.peak",
-         "description": "the CPU peak target (scope Job: of the pods' sum)"},
-        {"name": "CPU-Peak", "type": "number", "jsonPath": ".status.observed.cpuPeakCores",
-         "description": "p99 CPU of the workload, cores"},
-        {"name": "Target-Met", "type": "string",
-         "jsonPath": '.status.conditions[?(@.type=="TargetMet")].status',
-         "description": "the TargetMet condition: True, False (its reason says why) or "
-                        "Unknown (not measured yet)"},
-        {"name": "Slowdown", "type": "number", "jsonPath": ".status.observed.slowdown",
-         "description": "the slowdown so far, as a factor (maxSlowdown is its budget)"},
-        {"name": "Throttle", "type": "number", "jsonPath": ".status.observed.throttleLevel",
-         "description": "0 = untouched, 1 = the most the slowdown budget allows"},
-        {"name": "GPU-Peak", "type": "number",
-         "jsonPath": ".status.observed.gpuPeakUtilizationPercent", "priority": 1,
-         "description": "p99 GPU utilization, percent (kubectl get -o wide)"},
-        {"name": "Job-CPU-Peak", "type": "number", "jsonPath": ".status.jobWide.cpuPeakCores",
-         "priority": 1, "description": "scope Job: the sum of the pods' p99 CPU, cores"},
-        {"name": "Levers", "type": "string", "jsonPath": ".status.observed.levers",
-         "priority": 1, "description": "what held the peak (kubectl get -o wide)"},
-        {"name": "Steps", "type": "integer", "jsonPath": ".status.observed.steps",
-         "priority": 1, "description": "units of work the workloads reported"},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
 
 
 def build_crd() -> dict[str, Any]:

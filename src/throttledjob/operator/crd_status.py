@@ -1,6 +1,6 @@
 """The schema of the ThrottledJob's `status`: phase and conditions, the job-wide split
-(scope Job), and `observed`, generated from contracts.status.OBSERVED (crd.py assembles
-the CRD)."""
+(scope Job), and `observed`, generated from contracts.status.OBSERVED; the printer
+columns that show it (crd.py assembles the CRD)."""
 
 from __future__ import annotations
 
@@ -96,3 +96,33 @@ def status_schema() -> dict[str, Any]:
             },
         },
     }
+
+
+def printer_columns() -> list[dict[str, Any]]:
+    """`kubectl get tj`: what was asked, what was seen, whether it held, what it cost;
+    the GPU and job-wide figures and what held the peak with `-o wide`."""
+    return [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "CPU-Target", "type": "string", "jsonPath": ".spec.throttle.targets.cpu.peak",
+         "description": "the CPU peak target (scope Job: of the pods' sum)"},
+        {"name": "CPU-Peak", "type": "number", "jsonPath": ".status.observed.cpuPeakCores",
+         "description": "p99 CPU of the workload, cores"},
+        {"name": "Target-Met", "type": "string",
+         "jsonPath": '.status.conditions[?(@.type=="TargetMet")].status',
+         "description": "the TargetMet condition: True, False (its reason says why) or "
+                        "Unknown (not measured yet)"},
+        {"name": "Slowdown", "type": "number", "jsonPath": ".status.observed.slowdown",
+         "description": "the slowdown so far, as a factor (maxSlowdown is its budget)"},
+        {"name": "Throttle", "type": "number", "jsonPath": ".status.observed.throttleLevel",
+         "description": "0 = untouched, 1 = the most the slowdown budget allows"},
+        {"name": "GPU-Peak", "type": "number",
+         "jsonPath": ".status.observed.gpuPeakUtilizationPercent", "priority": 1,
+         "description": "p99 GPU utilization, percent (kubectl get -o wide)"},
+        {"name": "Job-CPU-Peak", "type": "number", "jsonPath": ".status.jobWide.cpuPeakCores",
+         "priority": 1, "description": "scope Job: the sum of the pods' p99 CPU, cores"},
+        {"name": "Levers", "type": "string", "jsonPath": ".status.observed.levers",
+         "priority": 1, "description": "what held the peak (kubectl get -o wide)"},
+        {"name": "Steps", "type": "integer", "jsonPath": ".status.observed.steps",
+         "priority": 1, "description": "units of work the workloads reported"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]

@@ -114,3 +114,28 @@ def jobset_template_schema() -> dict[str, Any]:
             },
         },
     }
+
+
+def workload_ref_schema() -> dict[str, Any]:
+    """Attach mode (operator/attach.py): the workload whose pods are throttled as they are
+    made. In the ThrottledJob's own namespace: there is no namespace to name."""
+    return {
+        "type": "object",
+        "description": "Attach to a workload someone else made, in this namespace: its "
+                       "pods are throttled as they are created (the operator's admission "
+                       "webhook), the workload itself left as it is. Job, JobSet and "
+                       "Kubeflow TrainJob report their status here; any kind whose pods "
+                       "carry it in their owner chain is throttled.",
+        "required": ["apiVersion", "kind", "name"],
+        "x-kubernetes-validations": [rule("self == oldSelf", "workloadRef cannot be "
+                                          "changed: make a new ThrottledJob")],
+        "properties": {
+            "apiVersion": {"type": "string", "maxLength": 253,
+                           "description": "e.g. batch/v1, jobset.x-k8s.io/v1alpha2, "
+                                          "trainer.kubeflow.org/v1alpha1"},
+            "kind": {"type": "string", "maxLength": 63,
+                     "description": "e.g. Job, JobSet, TrainJob"},
+            "name": {"type": "string", "maxLength": 253,
+                     "description": "The workload's name, in this namespace."},
+        },
+    }

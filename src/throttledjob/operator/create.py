@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 import kopf
 
 from . import child, events
+from .attach import WORKLOAD_REF, attached
 from .children import build_child, build_configmap, left_by_predecessor, owned_by
 from .conditions import (
     Condition,
@@ -24,6 +25,7 @@ from .conditions import (
     status_held_back,
     status_invalid,
     status_job_created,
+    status_waiting,
 )
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
@@ -32,6 +34,8 @@ from .validation import Refusal, SpecError, quota_warning, signals_uid_warning, 
 
 # How often a ThrottledJob made anew looks again for its predecessor's Job to be gone.
 PREDECESSOR_RETRY_SECONDS = 2
+# How often an attached ThrottledJob looks again for a workload not yet made.
+WORKLOAD_RETRY_SECONDS = 5
 
 
 def _refuse(kube: Kube, body: kopf.Body, error: SpecError,
@@ -89,6 +93,9 @@ def ensure_children(body: kopf.Body, state: OperatorState, logger: logging.Logge
         _existing(kube, body, f"{cm_path}/{cm['metadata']['name']}", "ConfigMap",
                   Refusal.CONFIG_MAP_NAME_TAKEN, generation)
         kube.merge_patch(f"{cm_path}/{cm['metadata']['name']}", {"data": cm["data"]})
+    if attached(body.spec):
+        _attach(kube, body, generation)
+        return
     job = build_child(body, doc, state.settings)
     if body.spec.get("suspend") and queued_by_kueue(job):
         # Kueue admits a Job whose Workload is active at once; made suspended, the Job
@@ -126,6 +133,25 @@ def ensure_children(body: kopf.Body, state: OperatorState, logger: logging.Logge
                                 (Reason.SIGNALS_MAY_FAIL, signals_uid_warning(body, doc))):
             if warning:
                 kopf.warn(body, reason=reason, message=warning)
+
+
+def _attach(kube: Kube, body: kopf.Body, generation: int | None) -> None:
+    """Attach mode: the workload's Job or JobSet (a TrainJob's, of its name), looked for
+    until it is there; its pods are the webhook's to throttle (admission.py)."""
+    ns, name = body.meta.namespace or "", body.meta.name or ""
+    ref = body.spec[WORKLOAD_REF]
+    kind, target = f"{ref['kind']} {ref['name']}", ref["name"]
+    current = kube.get(child.path(ns, target, child.is_jobset(body.spec)))
+    now = now_iso()
+    if current is None:
+        message = f"waiting for {kind} (workloadRef) to be created"
+        kube.update_status(ns, name, lambda st, _: status_waiting(
+            st, Reason.WORKLOAD_NOT_FOUND, message, generation, now))
+        raise kopf.TemporaryError(message, delay=WORKLOAD_RETRY_SECONDS)
+    message = f"attached to {kind}: its pods are throttled as they are created"
+    kube.update_status(ns, name, lambda st, tj: status_from_job(status_job_created(
+        st, target, generation, now, Reason.ATTACHED, message), child.as_job(current), tj, now))
+    events.normal(body, reason=Reason.ATTACHED, message=f"Attached to {kind}")
 
 
 def _create(kube: Kube, body: kopf.Body, path: str, obj: dict[str, Any],

@@ -17,8 +17,9 @@ from typing import Any
 
 import kopf
 
-from . import child, metrics
+from . import admission, child, metrics
 from .api_names import GROUP, PLURAL, VERSION
+from .attach import attached
 from .children import LABEL_NAME, owner_reference
 from .config import OperatorSettings
 from .kube import ApiError, Kube
@@ -72,10 +73,28 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
         except OSError as e:
             raise kopf.PermanentError(f"cannot serve metrics on port {ours.metrics_port}: "
                                       f"{e.strerror or e}") from e
+    if ours.webhook_port:
+        _serve_webhook(memo.state, logger)
     threading.Thread(target=poll, args=(memo.state, logger), name="throttledjob-poller",
                      daemon=True).start()
     logger.info("sidecar image %s, status every %gs", ours.sidecar_image,
                 ours.status_interval_seconds)
+
+
+def _serve_webhook(state: OperatorState, logger: logging.Logger) -> None:
+    """Attach mode's webhook (admission.py). Where it cannot start, the operator runs on
+    without it: template mode needs none, and an attached ThrottledJob says which of its
+    pods started unthrottled (the configuration's failurePolicy is Ignore)."""
+    ours = state.settings
+    try:
+        webhook_kube = Kube(connection_info, 8, timeout_seconds=admission.API_TIMEOUT_SECONDS,
+                            attempts=1)
+        admission.serve(ours, state.kube, webhook_kube, state.stop)
+    except (ApiError, LoginError, OSError, ValueError) as e:
+        logger.error("the admission webhook is not served (port %d): %s; attached "
+                     "ThrottledJobs' new pods start unthrottled", ours.webhook_port, e)
+        return
+    logger.info("admission webhook on port %d", ours.webhook_port)
 
 
 @kopf.on.login()
@@ -158,8 +177,11 @@ def track(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
         state.seen.pop(key, None)
         state.limits.forget(key)
         state.jobsets.discard(key)
+        state.attached.discard(key)
     else:
         if child.is_jobset(body.get("spec") or {}):
             state.jobsets.add(key)
+        if attached(body.get("spec") or {}):
+            state.attached.add(key)
         st = body.get("status") or {}
         state.seen[key] = (st.get("phase"), st.get("jobName"))

@@ -34,6 +34,11 @@ PERIODIC_FAILURES = Counter(P + "periodic_failures", "Periodic reads that failed
 SKIPPED = Counter(P + "periodic_skipped", "Periodic reads not started because the same "
                   "ThrottledJob's previous one still ran (slow sidecars, a busy pool).",
                   registry=REGISTRY)
+ADMISSIONS = Counter(P + "admissions", "Pods the admission webhook answered, by result "
+                     "(injected; skipped: no attached ThrottledJob claims it; error: "
+                     "allowed unthrottled, failing open).", ["result"], registry=REGISTRY)
+for _result in ("injected", "skipped", "error"):
+    ADMISSIONS.labels(_result)
 for _result in ("success", "failure"):
     SIDECAR_READS.labels(_result)
 for _result in ("applied", "refused"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import child, metrics
+from .attach import throttled
 from .children import LABEL_NAME, configmap_name, job_owner_name, sidecar_endpoint
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
@@ -39,6 +40,8 @@ class Readings:
     reports: dict[str, dict[str, Any]]  # pod uid -> its sidecar's /status
     failures: list[str]  # the sidecars that did not answer, and why
     held: list[str] = field(default_factory=list)  # pod uids whose resize was refused
+    # Attach mode: the workload's running pods that have no throttle (None: not looked at)
+    unthrottled: list[str] | None = None
 
     @property
     def pending(self) -> list[str]:
@@ -101,7 +104,9 @@ def job_uid(state: OperatorState, namespace: str, name: str, job: str | None) ->
     uid = state.job_uids.get((namespace, name))
     if not uid and job:
         current = state.kube.get(child.path(namespace, job, state.is_jobset(namespace, name)))
-        if current and job_owner_name(current) == name:
+        # An attached workload (attach.py) is someone else's: its name is what was asked.
+        if current and (job_owner_name(current) == name
+                        or (namespace, name) in state.attached):
             uid = state.job_uids[(namespace, name)] = current["metadata"]["uid"]
     return uid
 
@@ -112,6 +117,17 @@ def job_pods(kube: Kube, namespace: str, name: str, uid: str) -> list[dict[str, 
     limits a live edit would resize."""
     return [p for p in kube.list_pods(namespace, f"{LABEL_NAME}={name}")
             if child.pod_belongs(p, uid)]
+
+
+def unthrottled_pods(kube: Kube, namespace: str, uid: str, jobset: bool) -> list[str]:
+    """Attach mode: the names of the attached child's pods, not finished, that were
+    admitted without the throttle (the webhook down, or the pod older than its
+    ThrottledJob)."""
+    label = child.JOBSET_UID_LABEL if jobset else child.JOB_UID_LABEL
+    return sorted(p["metadata"].get("name", "") for p in kube.list_pods(namespace,
+                                                                        f"{label}={uid}")
+                  if not throttled(p)
+                  and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
 
 
 def read_sidecars(state: OperatorState, namespace: str, name: str, child_uid: str,

@@ -19,6 +19,7 @@ between two writes is finished by the next.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -39,6 +40,7 @@ from .observe import (
     job_pods,
     job_uid,
     spec_seen,
+    unthrottled_pods,
     workload,
 )
 from .observe import read_sidecars as read_reports
@@ -121,6 +123,9 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         return
     readings = read_reports(state, namespace, name, uid,
                             job_pods(state.kube, namespace, name, uid))
+    if (namespace, name) in state.attached:
+        readings = dataclasses.replace(readings, unthrottled=unthrottled_pods(
+            state.kube, namespace, uid, state.is_jobset(namespace, name)))
     # Read after the sidecars (up to their deadline each): the status write starts from it.
     tj = state.kube.get(state.kube.tj_path(namespace, name))
     if tj is not None:

@@ -26,6 +26,8 @@ class OperatorState:
     job_uids: dict[TjKey, str] = field(default_factory=dict)
     # ThrottledJobs whose child is a JobSet, not a Job (child.py).
     jobsets: set[TjKey] = field(default_factory=set)
+    # ThrottledJobs in attach mode (attach.py): their child is not theirs to own.
+    attached: set[TjKey] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
     # The one writer of the pods' CPU limits (pod_limits.py), with what it was refused.
     limits: PodLimits = field(init=False)

@@ -30,6 +30,7 @@ from .api_names import (
     RESERVED_CONTAINERS,
     SHARED_VOLUME,
 )
+from .attach import WORKLOAD_REF, attached
 from .children import (
     DEFAULT_SIDECAR_UID,
     METRICS_PORT,
@@ -155,6 +156,8 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False,
     why = broken_spec(spec)
     if why:
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE, why)
+    if attached(spec):
+        return _attached_policy(spec, jobsets)
     if child.is_jobset(spec) and not jobsets:
         raise SpecError(Refusal.JOBSETS_OFF, "spec.jobSetTemplate needs the operator's "
                                              "JobSet support: the chart value "
@@ -177,6 +180,24 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False,
     for pod in pods:
         _check_reachable(spec, doc, pod.get("containers") or [])
     return doc
+
+
+def _attached_policy(spec: Mapping[str, Any], jobsets: bool) -> dict[str, Any]:
+    """Attach mode: the throttle alone; each pod is checked as the webhook admits it
+    (admission.review), against this same function with the pod as the template."""
+    ref = spec[WORKLOAD_REF]
+    if child.status_kind(ref) is None:
+        raise SpecError(Refusal.INVALID_JOB_TEMPLATE, f"workloadRef: attach mode reads the "
+                        f"status of a Job, a JobSet or a TrainJob (trainer.kubeflow.org), "
+                        f"not of {ref.get('apiVersion')} {ref.get('kind')}")
+    if child.is_jobset(spec) and not jobsets:
+        raise SpecError(Refusal.JOBSETS_OFF, f"workloadRef to a {ref.get('kind')} needs the "
+                                             "operator's JobSet support: the chart value "
+                                             "jobset.enabled=true (THROTTLEDJOB_JOBSETS)")
+    why = broken_throttle(spec.get("throttle") or {})
+    if why:
+        raise SpecError(Refusal.INVALID_POLICY, why)
+    return policy_document(spec)
 
 
 def _check_pod(pod: Mapping[str, Any], allow_host_access: bool) -> None:

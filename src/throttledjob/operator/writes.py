@@ -16,6 +16,7 @@ from typing import Any
 
 from . import child
 from .api_names import INJECT_MODES
+from .attach import attached
 from .children import TEMPLATE_HASH, build_configmap, template_hash
 from .conditions import (
     GONE_REASONS,
@@ -84,10 +85,17 @@ def decide(tj: Mapping[str, Any], policy: Policy, seen: Seen) -> Writes:
     if seen.readings is not None and job_scoped(spec):
         r = seen.readings
         out.split = job_ranks(spec, r.pods, r.reports, r.held)
+    if seen.readings is not None and seen.readings.unthrottled is not None:
+        out.said.append(throttled_said(seen.readings.unthrottled))
     if seen.for_spec:
         out.generation = (tj.get("metadata") or {}).get("generation")
     if current is None or status.get("phase") in FINISHED:
         return out  # the child's status says it all
+    if attached(spec):
+        # The workload is its maker's: its suspend and its Workload are theirs to set.
+        if seen.for_spec:
+            _decide_policy(tj, policy, seen, out)
+        return out
     suspend = bool(spec.get("suspend"))
     if seen.workload is not None and seen.workload.obj is not None:
         # Held to spec.suspend on every look: Kueue makes a Workload anew active.
@@ -104,6 +112,21 @@ def decide(tj: Mapping[str, Any], policy: Policy, seen: Seen) -> Writes:
                                 f"Job {current['metadata']['name']} "
                                 f"{'suspended' if suspend else 'resumed'} (spec.suspend)"))
     return out
+
+
+def throttled_said(unthrottled: list[str]) -> Said:
+    """PodsThrottled, attach mode: which of the workload's pods run without the throttle,
+    and what to do (a pod cannot gain a sidecar once made)."""
+    if not unthrottled:
+        return Said(Condition.PODS_THROTTLED, True, Reason.ALL_PODS_THROTTLED,
+                    "every running pod of the workload has the throttle")
+    shown = ", ".join(unthrottled[:5]) + (f" and {len(unthrottled) - 5} more"
+                                          if len(unthrottled) > 5 else "")
+    message = (f"{len(unthrottled)} pod(s) run without the throttle: {shown} (made before "
+               "the ThrottledJob, or while the admission webhook was not answering); a pod "
+               "cannot gain it once made: delete them to have them made anew throttled")
+    return Said(Condition.PODS_THROTTLED, False, Reason.PODS_NOT_THROTTLED, message,
+                warning=message)
 
 
 def cpu_target(spec: Mapping[str, Any], policy: Policy) -> float | None:

@@ -1,0 +1,188 @@
+"""Attach mode without a cluster: which ThrottledJob claims a new pod, the patch that
+makes it a throttled one (the template mode's builder on the pod itself), the webhook's
+answers (failing open), and its certificate. tests/cluster/test_attach_live.py runs the
+same on the real API server."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from testing.builders import SETTINGS, built, pod_of
+from testing.manifests import make_tj
+from throttledjob.operator import admission, webhook_certs
+from throttledjob.operator.attach import Owner, claimants
+from throttledjob.operator.validation import SpecError, validate
+
+JOB_REF = {"apiVersion": "batch/v1", "kind": "Job", "name": "user-job"}
+
+
+def attached_tj(name: str = "hold", ref: Mapping[str, Any] = JOB_REF,
+                created: str = "2026-12-07T10:00:00Z", **throttle: Any) -> dict[str, Any]:
+    tj = make_tj(name, throttle={"targets": {"cpu": {"peak": "1500m"}}, "maxSlowdown": 1.25,
+                                 "enforcement": "Quota", **throttle})
+    del tj["spec"]["jobTemplate"]
+    tj["spec"]["workloadRef"] = dict(ref)
+    tj["metadata"].update(creationTimestamp=created, uid=f"uid-{name}")
+    return tj
+
+
+def user_pod(owner: str = "user-job", **spec: Any) -> dict[str, Any]:
+    """A pod as the Job controller sends it to admission: the template plus its owner."""
+    pod = copy.deepcopy(make_tj("x", **spec)["spec"]["jobTemplate"]["spec"]["template"])
+    pod["metadata"] = {"generateName": f"{owner}-", "namespace": "ml", "labels": {"a": "b"},
+                       "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                            "name": owner, "uid": "j1", "controller": True}]}
+    return pod
+
+
+class FakeCluster:
+    """The API as the webhook reads it: owners by (kind, name), the namespace's
+    ThrottledJobs; `broken` makes every read fail."""
+
+    def __init__(self, tjs: list[dict[str, Any]], owners: dict[tuple[str, str], dict] | None = None,
+                 broken: bool = False) -> None:
+        self.tjs, self.owners, self.broken = tjs, owners or {}, broken
+
+    def owner(self, namespace: str, owner: Owner) -> Mapping[str, Any] | None:
+        if self.broken:
+            raise OSError("connection refused")
+        return self.owners.get((owner.kind, owner.name))
+
+    def attached(self, namespace: str) -> list[Mapping[str, Any]]:
+        return self.tjs
+
+
+def answer(pod: dict[str, Any], cluster: FakeCluster, operation: str = "CREATE") -> dict:
+    doc = {"request": {"uid": "r1", "operation": operation, "namespace": "ml", "object": pod}}
+    return admission.respond(doc, cluster, SETTINGS)["response"]
+
+
+def patched(pod: dict[str, Any], response: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON patch applied as the API server applies it: each op an "add" of one
+    field of metadata or spec (the only kind the webhook sends)."""
+    out = copy.deepcopy(pod)
+    for op in json.loads(base64.b64decode(response["patch"])):
+        _, part, key = op["path"].split("/")
+        assert op["op"] == "add" and part in ("metadata", "spec"), op
+        out[part][key.replace("~1", "/").replace("~0", "~")] = op["value"]
+    return out
+
+
+def test_the_patch_makes_the_pod_the_template_mode_would_make() -> None:
+    """One builder for both modes: the attached pod equals the pod of the Job the
+    template mode builds from the same pod spec and throttle, but for what is the
+    workload's (its own labels, its owner) and the service account token (theirs)."""
+    tj = attached_tj()
+    response = answer(user_pod(), FakeCluster([tj]))
+    assert response["allowed"] and response["patchType"] == "JSONPatch"
+    pod = patched(user_pod(), response)
+    template = make_tj("hold", throttle=tj["spec"]["throttle"])
+    job, _ = built(template)
+    expected = copy.deepcopy(pod_of(job))
+    expected.pop("automountServiceAccountToken")
+    assert pod["spec"] == expected
+    assert pod["metadata"]["labels"]["throttledjob.io/name"] == "hold"
+    assert pod["metadata"]["labels"]["a"] == "b"
+    # The kernel's quota holds the target: the workload's limit is the target.
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "1500m"
+
+
+def test_a_pod_through_a_chain_of_owners_is_claimed() -> None:
+    """A TrainJob's pod: Job -> JobSet -> TrainJob; the reference names the TrainJob in
+    another version of its group."""
+    ref = {"apiVersion": "trainer.kubeflow.org/v1beta1", "kind": "TrainJob", "name": "llm"}
+    owners = {("Job", "llm-node-0"): {"ownerReferences": [
+                  {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "llm",
+                   "controller": True}]},
+              ("JobSet", "llm"): {"ownerReferences": [
+                  {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                   "name": "llm", "controller": True}]}}
+    response = answer(user_pod("llm-node-0"), FakeCluster([attached_tj(ref=ref)], owners))
+    assert "patch" in response
+
+
+@pytest.mark.parametrize("pod,why", [
+    (user_pod("someone-elses"), "owned by another Job"),
+    ({**user_pod(), "metadata": {"namespace": "ml"}}, "no owner"),
+])
+def test_a_pod_no_throttledjob_names_is_left_alone(pod: dict, why: str) -> None:
+    response = answer(pod, FakeCluster([attached_tj()]))
+    assert response == {"uid": "r1", "allowed": True}, why
+
+
+def test_a_pod_throttled_already_is_left_alone() -> None:
+    """A template mode pod, or one admitted twice (a reinvocation): never a second sidecar."""
+    pod = patched(user_pod(), answer(user_pod(), FakeCluster([attached_tj()])))
+    assert answer(pod, FakeCluster([attached_tj()])) == {"uid": "r1", "allowed": True}
+
+
+def test_two_claims_the_oldest_wins() -> None:
+    older = attached_tj("older", created="2026-12-07T09:00:00Z")
+    newer = attached_tj("newer", created="2026-12-07T10:00:00Z")
+    owners = [Owner("batch/v1", "Job", "user-job")]
+    assert [t["metadata"]["name"] for t in claimants(owners, [newer, older])] == \
+        ["older", "newer"]
+    pod = patched(user_pod(), answer(user_pod(), FakeCluster([newer, older])))
+    assert pod["metadata"]["labels"]["throttledjob.io/name"] == "older"
+
+
+def test_it_fails_open_on_any_error() -> None:
+    """The API not answering: allowed, no patch, a warning that says why."""
+    response = answer(user_pod(), FakeCluster([attached_tj()], broken=True))
+    assert response["allowed"] and "patch" not in response
+    assert "connection refused" in response["warnings"][0]
+
+
+def test_a_pod_the_throttle_cannot_hold_starts_unthrottled_and_says_why() -> None:
+    """A pod that uses a name the sidecar needs: the template mode would refuse the
+    ThrottledJob; here the pod starts, unthrottled, and its maker is told."""
+    pod = user_pod()
+    pod["spec"]["volumes"] = [{"name": "throttledjob-shared", "emptyDir": {}}]
+    response = answer(pod, FakeCluster([attached_tj()]))
+    assert response["allowed"] and "patch" not in response
+    assert "cannot throttle it" in response["warnings"][0]
+
+
+def test_only_pod_creation_is_mutated() -> None:
+    assert "patch" not in answer(user_pod(), FakeCluster([attached_tj()]), "UPDATE")
+
+
+@pytest.mark.parametrize("spec,message", [
+    ({"workloadRef": JOB_REF, "jobTemplate": {}}, "exactly one of"),
+    ({"workloadRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d"}},
+     "Job, a JobSet or a TrainJob"),
+])
+def test_refused_references(spec: dict, message: str) -> None:
+    tj = attached_tj()
+    tj["spec"] = {**{k: v for k, v in tj["spec"].items() if k != "workloadRef"}, **spec}
+    with pytest.raises(SpecError, match=message):
+        validate(tj, jobsets=True)
+
+
+def test_scope_job_is_refused_in_attach_mode() -> None:
+    with pytest.raises(SpecError, match="scope must be Pod"):
+        validate(attached_tj(scope="Job"))
+
+
+def test_a_trainjob_needs_the_jobset_support() -> None:
+    ref = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "t"}
+    with pytest.raises(SpecError, match="JobSet support"):
+        validate(attached_tj(ref=ref), jobsets=False)
+    assert validate(attached_tj(ref=ref), jobsets=True)["targets"]
+
+
+def test_the_certificate_is_for_its_hosts_and_renewed_before_it_ends() -> None:
+    now = dt.datetime(2026, 12, 7, tzinfo=dt.timezone.utc)
+    pair = webhook_certs.make_pair(["svc.ns.svc", "127.0.0.1"], now)
+    assert not webhook_certs.due(pair.cert, ["svc.ns.svc", "127.0.0.1"], now)
+    assert webhook_certs.due(pair.cert, ["other.ns.svc"], now)
+    late = now + dt.timedelta(days=webhook_certs.VALID_DAYS - webhook_certs.RENEW_BEFORE_DAYS + 1)
+    assert webhook_certs.due(pair.cert, ["svc.ns.svc"], late)
+    assert webhook_certs.due(b"not a certificate", ["svc.ns.svc"], now)
