@@ -1,0 +1,152 @@
+"""Attach mode on a real API server: a ThrottledJob that names a Job someone else made
+throttles its pods as the API server creates them, through the operator's mutating
+admission webhook (a real MutatingWebhookConfiguration calling it, failurePolicy
+Ignore); the Job itself is left as its maker wrote it; with the webhook down a pod starts
+unthrottled and the ThrottledJob says which. The pods run on the KWOK node."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from testing.cluster_cli import (
+    OPERATOR_NAMESPACE,
+    TIMEOUT,
+    Kubectl,
+    tj_condition,
+    tj_events,
+    wait_json,
+)
+from testing.helpers import wait_for
+from testing.http import free_port
+from testing.manifests import tj_manifest
+from testing.operator_process import OperatorProcess
+from throttledjob.operator import api_names
+from throttledjob.operator.admission import PATH
+from throttledjob.operator.children import LABEL_NAME
+
+
+def webhook_configuration(name: str, namespace: str, port: int) -> dict[str, Any]:
+    """As the chart registers it, but served on loopback, and for one namespace."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration", "metadata": {"name": name},
+            "webhooks": [{
+                "name": "pods.throttledjob.io", "admissionReviewVersions": ["v1"],
+                "sideEffects": "None", "failurePolicy": "Ignore", "timeoutSeconds": 5,
+                "clientConfig": {"url": f"https://127.0.0.1:{port}{PATH}"},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                           "resources": ["pods"]}],
+                "namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": namespace}},
+                "objectSelector": {"matchExpressions": [
+                    {"key": LABEL_NAME, "operator": "DoesNotExist"}]}}]}
+
+
+def webhook_grants(user: str, config: str, secret: str) -> list[dict[str, Any]]:
+    """What the webhook needs beside the operator's own rules: its Secret, the caBundle
+    of its configuration (by name)."""
+    rbac = "rbac.authorization.k8s.io"
+    subject = [{"kind": "User", "name": user, "apiGroup": rbac}]
+    return [
+        {"apiVersion": f"{rbac}/v1", "kind": "Role",
+         "metadata": {"name": config, "namespace": OPERATOR_NAMESPACE},
+         "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+                   {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret],
+                    "verbs": ["get", "update"]}]},
+        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding",
+         "metadata": {"name": config, "namespace": OPERATOR_NAMESPACE},
+         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": config}, "subjects": subject},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": {"name": config},
+         "rules": [{"apiGroups": ["admissionregistration.k8s.io"],
+                    "resources": ["mutatingwebhookconfigurations"],
+                    "resourceNames": [config], "verbs": ["get", "update"]}]},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": config},
+         "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": config},
+         "subjects": subject},
+    ]
+
+
+def user_job(name: str, namespace: str) -> dict[str, Any]:
+    """A plain Job, as its maker writes it: no throttle, no label of ours."""
+    template = tj_manifest("x", namespace, run_for="120s")["spec"]["jobTemplate"]
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {**template["spec"], "parallelism": 1, "completions": 2}}
+
+
+def attached(name: str, namespace: str, job: str) -> dict[str, Any]:
+    tj = tj_manifest(name, namespace)
+    del tj["spec"]["jobTemplate"]
+    tj["spec"]["workloadRef"] = {"apiVersion": "batch/v1", "kind": "Job", "name": job}
+    tj["spec"]["throttle"]["enforcement"] = "Quota"
+    return tj
+
+
+def pods(kubectl: Kubectl, namespace: str) -> list[dict[str, Any]]:
+    return (kubectl.json("get", "pods", "-n", namespace) or {}).get("items") or []
+
+
+def sidecar(pod: dict[str, Any]) -> bool:
+    return any(c["name"] == api_names.SIDECAR_CONTAINER
+               for c in pod["spec"].get("initContainers") or [])
+
+
+def test_a_job_someone_else_made_is_throttled_by_admission(
+        kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
+    config, secret, port = f"tj-webhook-{namespace}", f"tj-webhook-{namespace}", free_port()
+    kubectl.apply(webhook_configuration(config, namespace, port),
+                  *webhook_grants(real_operator.user, config, secret))  # type: ignore[attr-defined]
+    real_operator.env.update({
+        "THROTTLEDJOB_WEBHOOK_PORT": str(port),
+        "THROTTLEDJOB_WEBHOOK_SECRET": f"{OPERATOR_NAMESPACE}/{secret}",
+        "THROTTLEDJOB_WEBHOOK_CONFIG": config, "THROTTLEDJOB_WEBHOOK_HOSTS": "127.0.0.1"})
+    try:
+        real_operator.start()
+        # The CA the operator made is in the configuration, and is the Secret's.
+        hook = wait_json(kubectl, lambda o: o["webhooks"][0]["clientConfig"].get("caBundle"),
+                         "mutatingwebhookconfiguration", config, what="the caBundle")
+        kept = kubectl.json("get", "secret", "-n", OPERATOR_NAMESPACE, secret)
+        assert base64.b64decode(hook["webhooks"][0]["clientConfig"]["caBundle"]) == \
+            base64.b64decode(kept["data"]["ca.crt"])
+
+        # A reference to a Job not made yet: Pending, and why.
+        kubectl.apply(attached("hold", namespace, "user-job"))
+        ready = wait_for(lambda: tj_condition(kubectl, namespace, "hold", "Ready"), TIMEOUT,
+                         what="Ready")
+        assert ready["status"] == "False" and ready["reason"] == "WorkloadNotFound"
+
+        # The Job made by someone else: its pod is throttled as it is created.
+        kubectl.apply(user_job("user-job", namespace))
+        (pod,) = wait_for(lambda: pods(kubectl, namespace), TIMEOUT, what="the Job's pod")
+        assert sidecar(pod) and pod["metadata"]["labels"][LABEL_NAME] == "hold"
+        workload = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+        assert workload["resources"]["limits"]["cpu"] == "1500m"  # the target, the kernel's
+        job = kubectl.json("get", "job", "-n", namespace, "user-job")
+        assert LABEL_NAME not in (job["metadata"].get("labels") or {})
+        assert not job["metadata"].get("ownerReferences")
+        status = wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Running",
+                           "tj", "-n", namespace, "hold", what="Running")["status"]
+        assert status["jobName"] == "user-job"
+        assert tj_condition(kubectl, namespace, "hold", "Ready")["reason"] == "Attached"
+        wait_for(lambda: tj_condition(kubectl, namespace, "hold", "PodsThrottled").get(
+            "status") == "True", TIMEOUT, what="PodsThrottled True")
+
+        # The webhook down: the next pod starts all the same, unthrottled (Ignore).
+        real_operator.stop()
+        kubectl("patch", "job", "-n", namespace, "user-job", "--type", "merge",
+                "-p", '{"spec": {"parallelism": 2}}')
+        both = wait_for(lambda: len(p := pods(kubectl, namespace)) == 2 and p, TIMEOUT,
+                        what="the second pod")
+        (bare,) = [p for p in both if not sidecar(p)]
+        real_operator.start()
+        said = wait_for(lambda: (c := tj_condition(kubectl, namespace, "hold", "PodsThrottled"))
+                        .get("status") == "False" and c, TIMEOUT, what="PodsThrottled False")
+        assert said["reason"] == "PodsNotThrottled"
+        assert bare["metadata"]["name"] in said["message"]
+        assert ("Warning", "PodsNotThrottled") in tj_events(kubectl, namespace, "hold")
+    finally:
+        real_operator.stop()
+        kubectl("delete", "--ignore-not-found", f"mutatingwebhookconfiguration/{config}",
+                f"clusterrole/{config}", f"clusterrolebinding/{config}")
+        kubectl("delete", "--ignore-not-found", "-n", OPERATOR_NAMESPACE, f"secret/{secret}",
+                f"role/{config}", f"rolebinding/{config}")
