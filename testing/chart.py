@@ -23,7 +23,8 @@ ALL_ON = {"monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "
                          "dashboard": {"enabled": True, "namespace": "grafana",
                                        "annotations": {"grafana_folder": "Batch"}}},
           "networkPolicy": {"enabled": True, "namespaces": ["ml"]},
-          "gpu": {"nodeAgent": {"enabled": True, "powerCap": True}}}
+          "gpu": {"nodeAgent": {"enabled": True, "powerCap": True}},
+          "attach": {"enabled": True}}
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

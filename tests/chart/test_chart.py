@@ -580,3 +580,44 @@ def test_network_policy_can_leave_other_ports_to_the_namespace(tmp_path) -> None
                                                                "prometheus",
                                                                "app": "prometheus"}}}
     assert k8s_errors(policy) == []
+
+
+def test_the_attach_webhook_fails_open_and_sees_only_new_unthrottled_pods(tmp_path) -> None:
+    """attach.enabled: the configuration calls the Service, which reaches the port the
+    operator serves on (its env, read as the operator reads it); failurePolicy Ignore;
+    never kube-system or the release's namespace, never a pod with the throttle; the
+    certificate's names are the Service's, and its CA goes into this configuration."""
+    objs = render({"attach": {"enabled": True, "namespaceSelector": {
+        "matchLabels": {"throttledjob.io/attach": "enabled"}}}}, tmp_path)
+    (mwc,) = by_kind(objs, "MutatingWebhookConfiguration")
+    (hook,) = mwc["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    (rule,) = hook["rules"]
+    assert rule["operations"] == ["CREATE"] and rule["resources"] == ["pods"]
+    assert hook["namespaceSelector"]["matchLabels"] == {"throttledjob.io/attach": "enabled"}
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+            "values": ["kube-system", NAMESPACE]} in hook["namespaceSelector"]["matchExpressions"]
+    assert hook["objectSelector"] == {"matchExpressions": [
+        {"key": children.LABEL_NAME, "operator": "DoesNotExist"}]}
+    (svc,) = [s for s in by_kind(objs, "Service")
+              if s["metadata"]["name"] == hook["clientConfig"]["service"]["name"]]
+    assert svc["spec"]["ports"][0]["port"] == hook["clientConfig"]["service"]["port"]
+    (deploy,) = by_kind(objs, "Deployment")
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    settings = OperatorSettings.from_env(env)
+    assert settings.webhook_port == ports[svc["spec"]["ports"][0]["targetPort"]]
+    assert f"{svc['metadata']['name']}.{NAMESPACE}.svc" in settings.webhook_hosts
+    assert settings.webhook_config == mwc["metadata"]["name"]
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+
+
+def test_the_attach_webhook_port_is_open_to_the_api_server_alone(tmp_path) -> None:
+    values = {**ALL_ON, "attach": {"enabled": True, "apiServerCIDRs": ["10.0.0.1/32"]}}
+    (policy,) = [p for p in by_kind(render(values, tmp_path), "NetworkPolicy")
+                 if p["metadata"]["name"].endswith("-operator")]
+    rule = next(r for r in policy["spec"]["ingress"] if r["ports"] == [{"protocol": "TCP",
+                                                                        "port": 9443}])
+    assert rule["from"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]

@@ -132,3 +132,38 @@ def test_jobset_adds_exactly_the_jobset_calls(tmp_path) -> None:
     (role,) = by_kind(operator_rbac(render({"jobset": {"enabled": True}}, tmp_path)),
                       "ClusterRole")
     assert rules_of(role) == {**NAMESPACED, **JOBSET, **CRDS}
+
+
+def test_attach_adds_its_secret_and_its_own_configuration_by_name(tmp_path) -> None:
+    """attach.enabled: the webhook's certificate in one Secret (created once, then read and
+    renewed by name) and its CA in the chart's own webhook configuration (by name); the
+    owner chain it reads is the Jobs' get it has. With cert-manager, the Secret read only."""
+    objs = operator_rbac(render({"attach": {"enabled": True}}, tmp_path))
+    (mwc,) = by_kind(render({"attach": {"enabled": True}}, tmp_path),
+                     "MutatingWebhookConfiguration")
+    roles = {o["metadata"]["name"]: o for o in by_kind(objs, "ClusterRole")}
+    (webhook,) = [r for name, r in roles.items() if name.endswith("-webhook")]
+    (operator,) = [r for name, r in roles.items() if not name.endswith("-webhook")]
+    assert rules_of(operator) == {**NAMESPACED, **CRDS}
+    assert webhook["rules"] == [{"apiGroups": ["admissionregistration.k8s.io"],
+                                 "resources": ["mutatingwebhookconfigurations"],
+                                 "resourceNames": [mwc["metadata"]["name"]],
+                                 "verbs": ["get", "update"]}]
+    (role,) = by_kind(objs, "Role")
+    (deploy,) = by_kind(objs, "Deployment")
+    env = {e["name"]: e.get("value") for e in
+           deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
+    secret = env["THROTTLEDJOB_WEBHOOK_SECRET"]
+    assert secret.startswith(f"{NAMESPACE}/") and role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret.split("/")[1]],
+         "verbs": ["get", "update"]}]
+    managed = operator_rbac(render({"attach": {"enabled": True,
+                                               "certManager": {"enabled": True}}},
+                                   tmp_path, "--api-versions", "cert-manager.io/v1/Certificate"))
+    assert not [r for r in by_kind(managed, "ClusterRole")
+                if r["metadata"]["name"].endswith("-webhook")]
+    (role,) = by_kind(managed, "Role")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
+                              "resourceNames": [secret.split("/")[1]], "verbs": ["get"]}]

@@ -162,3 +162,27 @@ missing nor the value that turns the object off. Args: (list $ "group/version/Ki
 {{- fail (printf "%s=true needs the kind %s, which this cluster does not serve: install %s first, or set %s=false" $value $kind (index . 3) $value) }}
 {{- end }}
 {{- end }}
+
+{{- /*
+Attach mode's webhook (webhook.yaml): its names, and the operator's settings for it.
+*/}}
+{{- define "throttledjob.webhookName" -}}
+{{ include "throttledjob.fullname" . }}-webhook
+{{- end }}
+{{- define "throttledjob.webhookSecret" -}}
+{{ include "throttledjob.fullname" . }}-webhook-tls
+{{- end }}
+{{- define "throttledjob.webhookEnv" -}}
+{{- $svc := include "throttledjob.webhookName" . }}
+- name: THROTTLEDJOB_WEBHOOK_PORT
+  value: {{ .Values.attach.port | quote }}
+- name: THROTTLEDJOB_WEBHOOK_SECRET
+  value: {{ printf "%s/%s" .Release.Namespace (include "throttledjob.webhookSecret" .) | quote }}
+- name: THROTTLEDJOB_WEBHOOK_HOSTS
+  value: {{ printf "%s.%s.svc,%s.%s.svc.cluster.local" $svc .Release.Namespace $svc .Release.Namespace | quote }}
+{{- if not .Values.attach.certManager.enabled }}
+# The operator makes the certificate and writes its CA into this configuration.
+- name: THROTTLEDJOB_WEBHOOK_CONFIG
+  value: {{ include "throttledjob.fullname" . | quote }}
+{{- end }}
+{{- end }}
