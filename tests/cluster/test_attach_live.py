@@ -2,17 +2,22 @@
 throttles its pods as the API server creates them, through the operator's mutating
 admission webhook (a real MutatingWebhookConfiguration calling it, failurePolicy
 Ignore); the Job itself is left as its maker wrote it; with the webhook down a pod starts
-unthrottled and the ThrottledJob says which. The pods run on the KWOK node."""
+unthrottled and the ThrottledJob says which. The operator runs with the chart's RBAC for
+attach mode, so the real authorizer judges each of its calls. The pods run on the KWOK
+node."""
 
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 from testing.cluster_cli import (
     OPERATOR_NAMESPACE,
     TIMEOUT,
     Kubectl,
+    helm_template,
+    operator_identity,
     tj_condition,
     tj_events,
     wait_json,
@@ -25,45 +30,29 @@ from throttledjob.operator import api_names
 from throttledjob.operator.admission import PATH
 from throttledjob.operator.children import LABEL_NAME
 
-
-def webhook_configuration(name: str, namespace: str, port: int) -> dict[str, Any]:
-    """As the chart registers it, but served on loopback, and for one namespace."""
-    return {"apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration", "metadata": {"name": name},
-            "webhooks": [{
-                "name": "pods.throttledjob.io", "admissionReviewVersions": ["v1"],
-                "sideEffects": "None", "failurePolicy": "Ignore", "timeoutSeconds": 5,
-                "clientConfig": {"url": f"https://127.0.0.1:{port}{PATH}"},
-                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                           "resources": ["pods"]}],
-                "namespaceSelector": {"matchLabels": {
-                    "kubernetes.io/metadata.name": namespace}},
-                "objectSelector": {"matchExpressions": [
-                    {"key": LABEL_NAME, "operator": "DoesNotExist"}]}}]}
+RELEASE = "tja"
 
 
-def webhook_grants(user: str, config: str, secret: str) -> list[dict[str, Any]]:
-    """What the webhook needs beside the operator's own rules: its Secret, the caBundle
-    of its configuration (by name)."""
-    rbac = "rbac.authorization.k8s.io"
-    subject = [{"kind": "User", "name": user, "apiGroup": rbac}]
-    return [
-        {"apiVersion": f"{rbac}/v1", "kind": "Role",
-         "metadata": {"name": config, "namespace": OPERATOR_NAMESPACE},
-         "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
-                   {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret],
-                    "verbs": ["get", "update"]}]},
-        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding",
-         "metadata": {"name": config, "namespace": OPERATOR_NAMESPACE},
-         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": config}, "subjects": subject},
-        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": {"name": config},
-         "rules": [{"apiGroups": ["admissionregistration.k8s.io"],
-                    "resources": ["mutatingwebhookconfigurations"],
-                    "resourceNames": [config], "verbs": ["get", "update"]}]},
-        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": config},
-         "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": config},
-         "subjects": subject},
-    ]
+def chart_webhook(cluster: Any, kubectl: Kubectl, namespace: str, port: int,
+                  tmp: Path) -> tuple[OperatorProcess, dict[str, Any], list[dict[str, Any]]]:
+    """The operator as the chart runs it with attach.enabled: its ServiceAccount and RBAC
+    (so the real authorizer judges every call it makes), its webhook settings and its
+    MutatingWebhookConfiguration, but served on loopback (the API server runs on this
+    machine) and for this test's namespace alone."""
+    values = {"attach": {"enabled": True}}
+    kubeconfig, _, rbac = operator_identity(cluster, kubectl, RELEASE, values, tmp)
+    objs = helm_template(RELEASE, values, tmp)
+    (mwc,) = [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"]
+    (deploy,) = [o for o in objs if o["kind"] == "Deployment"]
+    env = {e["name"]: e["value"] for e in deploy["spec"]["template"]["spec"]["containers"][0]
+           ["env"] if e["name"].startswith("THROTTLEDJOB_WEBHOOK_")}
+    (hook,) = mwc["webhooks"]
+    hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{PATH}"}
+    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    op = OperatorProcess(kubeconfig, tmp)
+    op.env.update({**env, "THROTTLEDJOB_WEBHOOK_PORT": str(port),
+                   "THROTTLEDJOB_WEBHOOK_HOSTS": "127.0.0.1"})
+    return op, mwc, [o for o in rbac if o["kind"] != "ServiceAccount"]
 
 
 def user_job(name: str, namespace: str) -> dict[str, Any]:
@@ -92,14 +81,13 @@ def sidecar(pod: dict[str, Any]) -> bool:
 
 
 def test_a_job_someone_else_made_is_throttled_by_admission(
-        kubectl: Kubectl, real_operator: OperatorProcess, namespace: str) -> None:
-    config, secret, port = f"tj-webhook-{namespace}", f"tj-webhook-{namespace}", free_port()
-    kubectl.apply(webhook_configuration(config, namespace, port),
-                  *webhook_grants(real_operator.user, config, secret))  # type: ignore[attr-defined]
-    real_operator.env.update({
-        "THROTTLEDJOB_WEBHOOK_PORT": str(port),
-        "THROTTLEDJOB_WEBHOOK_SECRET": f"{OPERATOR_NAMESPACE}/{secret}",
-        "THROTTLEDJOB_WEBHOOK_CONFIG": config, "THROTTLEDJOB_WEBHOOK_HOSTS": "127.0.0.1"})
+        cluster: Any, kubectl: Kubectl, crd_installed: None, namespace: str,
+        tmp_path: Path) -> None:
+    real_operator, mwc, rbac = chart_webhook(cluster, kubectl, namespace, free_port(),
+                                             tmp_path)
+    config = mwc["metadata"]["name"]
+    secret = real_operator.env["THROTTLEDJOB_WEBHOOK_SECRET"].split("/")[1]
+    kubectl.apply(mwc)
     try:
         real_operator.start()
         # The CA the operator made is in the configuration, and is the Secret's.
@@ -144,9 +132,14 @@ def test_a_job_someone_else_made_is_throttled_by_admission(
         assert said["reason"] == "PodsNotThrottled"
         assert bare["metadata"]["name"] in said["message"]
         assert ("Warning", "PodsNotThrottled") in tj_events(kubectl, namespace, "hold")
+    except BaseException:
+        print(f"--- operator log ---\n{real_operator.log_text()}")
+        raise
     finally:
         real_operator.stop()
-        kubectl("delete", "--ignore-not-found", f"mutatingwebhookconfiguration/{config}",
-                f"clusterrole/{config}", f"clusterrolebinding/{config}")
-        kubectl("delete", "--ignore-not-found", "-n", OPERATOR_NAMESPACE, f"secret/{secret}",
-                f"role/{config}", f"rolebinding/{config}")
+        kubectl("delete", "--ignore-not-found", f"mutatingwebhookconfiguration/{config}")
+        kubectl("delete", "--ignore-not-found", "-n", OPERATOR_NAMESPACE, f"secret/{secret}")
+        for obj in rbac:
+            ns = obj["metadata"].get("namespace")
+            kubectl("delete", "--ignore-not-found", *(["-n", ns] if ns else []),
+                    f"{obj['kind'].lower()}/{obj['metadata']['name']}")
