@@ -33,9 +33,21 @@ def attached_tj(name: str = "hold", ref: Mapping[str, Any] = JOB_REF,
     return tj
 
 
+def api_defaults(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """What the API server does to a pod before any webhook: a request where only a
+    limit is given is the limit."""
+    for c in pod_spec["containers"]:
+        res = c.get("resources") or {}
+        for name, value in (res.get("limits") or {}).items():
+            res.setdefault("requests", {}).setdefault(name, value)
+    return pod_spec
+
+
 def user_pod(owner: str = "user-job", **spec: Any) -> dict[str, Any]:
-    """A pod as the Job controller sends it to admission: the template plus its owner."""
+    """A pod as the Job controller sends it to admission: the template plus its owner,
+    defaulted by the API server."""
     pod = copy.deepcopy(make_tj("x", **spec)["spec"]["jobTemplate"]["spec"]["template"])
+    api_defaults(pod["spec"])
     pod["metadata"] = {"generateName": f"{owner}-", "namespace": "ml", "labels": {"a": "b"},
                        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
                                             "name": owner, "uid": "j1", "controller": True}]}
@@ -85,13 +97,34 @@ def test_the_patch_makes_the_pod_the_template_mode_would_make() -> None:
     pod = patched(user_pod(), response)
     template = make_tj("hold", throttle=tj["spec"]["throttle"])
     job, _ = built(template)
-    expected = copy.deepcopy(pod_of(job))
+    expected = api_defaults(copy.deepcopy(pod_of(job)))
     expected.pop("automountServiceAccountToken")
     assert pod["spec"] == expected
     assert pod["metadata"]["labels"]["throttledjob.io/name"] == "hold"
     assert pod["metadata"]["labels"]["a"] == "b"
-    # The kernel's quota holds the target: the workload's limit is the target.
+    # The kernel's quota holds the target: the workload's limit is the target, and the
+    # request the API server defaulted from the old limit follows it.
     assert pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "1500m"
+    assert pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1500m"
+
+
+def test_a_request_the_user_set_stays_and_one_over_the_target_is_not_throttled() -> None:
+    """A request the user wrote (not the limit's default) is theirs: under the target it
+    stays; over it the limits cannot be set (a limit may not be under its request), and
+    the pods' policy says the kernel holds the target: the pod starts unthrottled, and
+    its maker is told why."""
+    tj = attached_tj()
+    pod = user_pod()
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500m"
+    out = patched(pod, answer(pod, FakeCluster([tj])))["spec"]["containers"][0]
+    assert out["resources"]["limits"]["cpu"] == "1500m"
+    assert out["resources"]["requests"]["cpu"] == "500m"
+    pod = user_pod()
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1800m"},
+                                                 "limits": {"cpu": "2"}}
+    response = answer(pod, FakeCluster([tj]))
+    assert response["allowed"] and "patch" not in response
+    assert "requests 1.8 CPU" in response["warnings"][0]
 
 
 def test_a_pod_through_a_chain_of_owners_is_claimed() -> None:

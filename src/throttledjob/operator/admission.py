@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import metrics, webhook_certs
+from . import metrics, quota, webhook_certs
 from .api_names import GROUP, PLURAL, VERSION
 from .attach import (
     MAX_OWNER_DEPTH,
@@ -88,6 +88,12 @@ def review(request: Mapping[str, Any], cluster: Cluster,
     except SpecError as e:
         return [], (f"throttledjob: pod not throttled: ThrottledJob "
                     f"{body['metadata']['name']} cannot throttle it: {e}")
+    # The pods' policy (their ConfigMap) says the kernel holds the target: a pod whose
+    # limits cannot be set would be held by nothing.
+    why = quota.why_not(body["spec"], doc)
+    if why:
+        return [], (f"throttledjob: pod not throttled: ThrottledJob "
+                    f"{body['metadata']['name']}'s enforcement Quota cannot hold it: {why}")
     return pod_patch(pod, body, doc, settings), None
 
 

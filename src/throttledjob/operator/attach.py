@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import cpu_limits
 from .children import LABEL_NAME, inject_pod
 from .config import OperatorSettings
 
@@ -69,12 +70,32 @@ def claimants(owners: list[Owner], tjs: list[Mapping[str, Any]]) -> list[Mapping
                                          tj["metadata"].get("name") or ""))
 
 
+def defaulted_requests(pod_spec: Mapping[str, Any]) -> set[str]:
+    """The containers whose CPU request equals their CPU limit: what the API server makes
+    of a template that gives a limit alone (it defaults the request to the limit before
+    any webhook sees the pod). Such a request follows the limit the throttle sets, as it
+    would have from the template mode's Job; a request the user set under the limit
+    stays."""
+    def cpu(c: Mapping[str, Any], kind: str) -> Any:
+        return ((c.get("resources") or {}).get(kind) or {}).get("cpu")
+
+    return {c.get("name", "") for c in pod_spec.get("containers") or []
+            if cpu(c, "limits") is not None
+            and cpu_limits.cores(cpu(c, "requests")) == cpu_limits.cores(cpu(c, "limits"))}
+
+
 def as_template_spec(tj_spec: Mapping[str, Any], pod_spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The ThrottledJob's spec as if its template were this pod's: every decision the
-    template mode makes from its template (the kernel's quota against the requests, the
-    workload's UID) is then made from the pod itself."""
+    """The ThrottledJob's spec as if its template were this pod's (its defaulted CPU
+    requests left out, as a template has them): every decision the template mode makes
+    from its template (the kernel's quota against the requests, the workload's UID) is
+    then made from the pod itself."""
     spec = {k: v for k, v in tj_spec.items() if k != WORKLOAD_REF}
-    spec["jobTemplate"] = {"spec": {"template": {"spec": copy.deepcopy(dict(pod_spec))}}}
+    template = copy.deepcopy(dict(pod_spec))
+    defaulted = defaulted_requests(pod_spec)
+    for c in template.get("containers") or []:
+        if c.get("name") in defaulted:
+            c["resources"]["requests"].pop("cpu")
+    spec["jobTemplate"] = {"spec": {"template": {"spec": template}}}
     return spec
 
 
@@ -99,6 +120,10 @@ def pod_patch(pod: Mapping[str, Any], body: Mapping[str, Any], policy_doc: Mappi
     made = {"metadata": copy.deepcopy(dict(pod.get("metadata") or {})),
             "spec": copy.deepcopy(dict(pod["spec"]))}
     inject_pod(made, body, policy_doc, settings)
+    defaulted = defaulted_requests(pod["spec"])
+    for c in made["spec"]["containers"]:
+        if c.get("name") in defaulted:
+            c["resources"]["requests"]["cpu"] = c["resources"]["limits"]["cpu"]
     if "automountServiceAccountToken" not in pod["spec"]:
         made["spec"].pop("automountServiceAccountToken", None)
     ops = []

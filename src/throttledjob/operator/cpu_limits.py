@@ -31,11 +31,15 @@ def quota_target(policy_doc: Mapping[str, Any]) -> float | None:
 
 
 def _cpu(container: Mapping[str, Any], kind: str) -> float | None:
-    value = ((container.get("resources") or {}).get(kind) or {}).get("cpu")
+    return cores(((container.get("resources") or {}).get(kind) or {}).get("cpu"))
+
+
+def cores(value: Any) -> float | None:
+    """A CPU quantity in cores; None where absent or not one."""
     if value is None:
         return None
     try:
-        return parse_cpu_quantity(value, kind)
+        return parse_cpu_quantity(value, "cpu")
     except PolicyError:
         return None
 
