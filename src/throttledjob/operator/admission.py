@@ -32,10 +32,10 @@ from .attach import (
     as_template,
     claimants,
     controller_of,
-    group,
     pod_patch,
     throttled,
 )
+from .child import group
 from .config import OperatorSettings
 from .kube import ApiError, Kube
 from .validation import SpecError, validate

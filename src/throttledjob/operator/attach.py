@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import cpu_limits
+from .child import group
 from .children import LABEL_NAME, inject_pod
 from .config import OperatorSettings
 
@@ -29,11 +30,6 @@ class Owner:
     api_version: str
     kind: str
     name: str
-
-
-def group(api_version: str) -> str:
-    """The API group of `apiVersion` ("" for the core group's "v1")."""
-    return api_version.rpartition("/")[0]
 
 
 def workload_ref(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -30,11 +30,15 @@ STATUS_KINDS = {("batch", "Job"): "Job", ("jobset.x-k8s.io", "JobSet"): "JobSet"
                 ("trainer.kubeflow.org", "TrainJob"): "JobSet"}
 
 
+def group(api_version: str) -> str:
+    """The API group of `apiVersion` ("" for the core group's "v1")."""
+    return api_version.rpartition("/")[0]
+
+
 def status_kind(ref: Mapping[str, Any]) -> str | None:
     """The kind (Job or JobSet) an attached ThrottledJob reads its status from, or None
     where attach mode does not read this kind."""
-    api_version = str(ref.get("apiVersion", ""))
-    return STATUS_KINDS.get((api_version.rpartition("/")[0], str(ref.get("kind", ""))))
+    return STATUS_KINDS.get((group(str(ref.get("apiVersion", ""))), str(ref.get("kind", ""))))
 
 
 def is_jobset(spec: Mapping[str, Any]) -> bool:
