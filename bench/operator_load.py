@@ -437,7 +437,7 @@ def main() -> None:
     own = None
     if not shared.running():
         k8s.build()
-        own = k8s.Cluster(Path(tempfile.mkdtemp(prefix="throttledjob-cluster-"))).up()
+        own = k8s.Cluster(Path(tempfile.mkdtemp(prefix=k8s.TEMP_PREFIX))).up()
     try:
         figures = run(own or shared, args.n, args.rate, args.steady_seconds,
                       args.status_interval)

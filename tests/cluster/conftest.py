@@ -54,7 +54,7 @@ def cluster() -> Iterator[Any]:
     require_tool("go")
     require_tool("openssl")
     k8s.build()
-    own = k8s.Cluster(Path(tempfile.mkdtemp(prefix="throttledjob-cluster-")))
+    own = k8s.Cluster(Path(tempfile.mkdtemp(prefix=k8s.TEMP_PREFIX)))
     try:
         own.up()
         yield own

@@ -191,6 +191,7 @@ class Cluster:
         return once pods can be scheduled and completed."""
         if self.running():
             return self
+        reap_abandoned(self.dir.parent)
         self.down()
         for name in ("etcd", "certs", "logs"):
             (self.dir / name).mkdir(parents=True, exist_ok=True)
@@ -454,6 +455,25 @@ def _remove_cgroup(path: str) -> None:
         for sub, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
             with contextlib.suppress(OSError):
                 os.rmdir(sub)
+
+
+TEMP_PREFIX = "throttledjob-cluster-"
+
+
+def reap_abandoned(parent: Path) -> list[Path]:
+    """Tear down the clusters a killed run left in `parent` (TEMP_PREFIX directories whose
+    recorded processes are all gone): a real node's address on lo, bridge, mounts and
+    cgroups outlive a SIGKILLed test session, and the next run's node could not start
+    beside them (a CI run after a killed one failed 33 tests that way). A cluster with
+    any process alive, or none recorded yet (one being started), is left alone."""
+    reaped = []
+    for d in sorted(parent.glob(f"{TEMP_PREFIX}*")):
+        with contextlib.suppress(OSError, ValueError):
+            pids = json.loads((d / "state.json").read_text()).get("pids") or {}
+            if pids and not any(_alive(pid) for pid in pids.values()):
+                Cluster(d).down()
+                reaped.append(d)
+    return reaped
 
 
 def _alive(pid: int) -> bool:
