@@ -194,6 +194,36 @@ def test_a_jobsets_author_needs_the_right_to_create_jobsets_and_no_host_access(
     eventually_refused(kubectl, hosty, "are refused in a ThrottledJob")
 
 
+def attached_to(name: str, namespace: str, ref: dict[str, Any]) -> dict[str, Any]:
+    tj = tj_manifest(name, namespace)
+    del tj["spec"]["jobTemplate"]
+    tj["spec"]["workloadRef"] = ref
+    return tj
+
+
+def test_only_a_workloads_author_may_attach_a_throttle_to_it_in_its_own_namespace(
+        cluster: Any, kubectl: Kubectl, admission: None, namespace: str,
+        tmp_path: Path) -> None:
+    """The threat model of attach mode: a ThrottledJob's workloadRef changes the pods of
+    a workload someone made, so its author must be allowed to update that workload
+    themselves (reading it is not enough; creating Jobs is not needed), and it must be
+    in the ThrottledJob's own namespace, even for an admin."""
+    tj_rule = {"apiGroups": ["throttledjob.io"], "resources": ["throttledjobs"],
+               "verbs": ["create", "get"]}
+    ref = {"apiVersion": "batch/v1", "kind": "Job", "name": "theirs"}
+    reader = user(cluster, kubectl, namespace, tmp_path, rules=[tj_rule, {
+        "apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "create"]}])
+    eventually_refused(reader, attached_to("deputy", namespace, ref),
+                       f"may not update Job theirs in namespace {namespace}")
+    author = user(cluster, kubectl, namespace, tmp_path, rules=[tj_rule, {
+        "apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["update"],
+        "resourceNames": ["theirs"]}])
+    eventually_created(author, attached_to("authors", namespace, ref))
+    eventually_refused(kubectl, attached_to("elsewhere", namespace,
+                                            {**ref, "namespace": "default"}),
+                       f"only to a workload in its own namespace ({namespace}), not default")
+
+
 def test_the_operators_own_writes_are_not_judged_by_its_rights(
         cluster: Any, kubectl: Kubectl, crd_installed: None, namespace: str,
         tmp_path: Path) -> None:

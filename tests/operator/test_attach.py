@@ -191,12 +191,19 @@ def test_only_pod_creation_is_mutated() -> None:
     ({"workloadRef": JOB_REF, "jobTemplate": {}}, "exactly one of"),
     ({"workloadRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d"}},
      "Job, a JobSet or a TrainJob"),
+    ({"workloadRef": {**JOB_REF, "namespace": "theirs"}}, "only to a workload in its own"),
 ])
 def test_refused_references(spec: dict, message: str) -> None:
     tj = attached_tj()
     tj["spec"] = {**{k: v for k, v in tj["spec"].items() if k != "workloadRef"}, **spec}
     with pytest.raises(SpecError, match=message):
         validate(tj, jobsets=True)
+
+
+def test_its_own_namespace_may_be_named() -> None:
+    tj = attached_tj()
+    tj["spec"]["workloadRef"]["namespace"] = tj["metadata"]["namespace"]
+    assert validate(tj)["targets"]
 
 
 def test_scope_job_is_refused_in_attach_mode() -> None:

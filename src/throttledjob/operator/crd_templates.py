@@ -118,7 +118,8 @@ def jobset_template_schema() -> dict[str, Any]:
 
 def workload_ref_schema() -> dict[str, Any]:
     """Attach mode (operator/attach.py): the workload whose pods are throttled as they are
-    made. In the ThrottledJob's own namespace: there is no namespace to name."""
+    made. In the ThrottledJob's own namespace (a namespace named is refused unless it is
+    that one: validation.py, and the chart's admission policy)."""
     return {
         "type": "object",
         "description": "Attach to a workload someone else made, in this namespace: its "
@@ -137,5 +138,10 @@ def workload_ref_schema() -> dict[str, Any]:
                      "description": "e.g. Job, JobSet, TrainJob"},
             "name": {"type": "string", "maxLength": 253,
                      "description": "The workload's name, in this namespace."},
+            # Declared so that naming another namespace is refused, not pruned away
+            # (which would attach to a workload of the same name here).
+            "namespace": {"type": "string", "maxLength": 63,
+                          "description": "Optional: this ThrottledJob's own namespace; "
+                                         "any other is refused."},
         },
     }

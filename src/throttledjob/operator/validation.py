@@ -157,7 +157,7 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False,
     if why:
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE, why)
     if attached(spec):
-        return _attached_policy(spec, jobsets)
+        return _attached_policy(spec, body.get("metadata", {}).get("namespace"), jobsets)
     if child.is_jobset(spec) and not jobsets:
         raise SpecError(Refusal.JOBSETS_OFF, "spec.jobSetTemplate needs the operator's "
                                              "JobSet support: the chart value "
@@ -182,10 +182,15 @@ def validate(body: Mapping[str, Any], allow_host_access: bool = False,
     return doc
 
 
-def _attached_policy(spec: Mapping[str, Any], jobsets: bool) -> dict[str, Any]:
+def _attached_policy(spec: Mapping[str, Any], namespace: str | None,
+                     jobsets: bool) -> dict[str, Any]:
     """Attach mode: the throttle alone; each pod is checked as the webhook admits it
     (admission.review), against this same function with the pod as the template."""
     ref = spec[WORKLOAD_REF]
+    if ref.get("namespace") not in (None, namespace):
+        raise SpecError(Refusal.INVALID_JOB_TEMPLATE, f"workloadRef: a ThrottledJob attaches "
+                        f"only to a workload in its own namespace ({namespace}), not "
+                        f"{ref['namespace']}")
     if child.status_kind(ref) is None:
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE, f"workloadRef: attach mode reads the "
                         f"status of a Job, a JobSet or a TrainJob (trainer.kubeflow.org), "
