@@ -161,10 +161,7 @@ class WebhookServer:
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.reload()
-        handler = _handler(cluster, settings)
-        self.httpd = ThreadingHTTPServer(("", port), handler)
-        self.httpd.daemon_threads = True
-        self.httpd.socket = self.context.wrap_socket(self.httpd.socket, server_side=True)
+        self.httpd = _TLSServer(("", port), _handler(cluster, settings), self.context)
         self.port = self.httpd.server_address[1]
 
     def reload(self) -> None:
@@ -181,8 +178,43 @@ class WebhookServer:
         self.httpd.server_close()
 
 
+# How long one connection may take over its TLS handshake, and over each read and write
+# after it: longer than the API server waits for an answer (the chart's timeoutSeconds).
+CONNECTION_TIMEOUT_SECONDS = 15.0
+
+
+class _TLSServer(ThreadingHTTPServer):
+    """A thread per connection, which makes the TLS handshake itself: made in the accept
+    loop (a listening socket wrapped whole), one client that connects and says nothing
+    held every pod's admission until the API server gave up on it, and each such pod
+    started unthrottled."""
+
+    daemon_threads = True
+    # The API server opens connections in bursts (a Job of many pods).
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 context: ssl.SSLContext) -> None:
+        self.context = context
+        super().__init__(address, handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(CONNECTION_TIMEOUT_SECONDS)
+        try:
+            tls = self.context.wrap_socket(request, server_side=True)
+        except OSError as e:  # ssl.SSLError too: a handshake failed or timed out
+            log.debug("TLS handshake with %s failed: %s", client_address, e)
+            return
+        try:
+            self.RequestHandlerClass(tls, client_address, self)
+        finally:
+            self.shutdown_request(tls)
+
+
 def _handler(cluster: Cluster, settings: OperatorSettings) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = CONNECTION_TIMEOUT_SECONDS
+
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             if self.path.split("?")[0] != PATH or not 0 < length <= MAX_BODY:
