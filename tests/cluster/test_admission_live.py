@@ -219,6 +219,11 @@ def test_only_a_workloads_author_may_attach_a_throttle_to_it_in_its_own_namespac
         "apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["update"],
         "resourceNames": ["theirs"]}])
     eventually_created(author, attached_to("authors", namespace, ref))
+    # By label: the workloads' makers opt in with the label; creating it needs no more.
+    labeled = attached_to("standing", namespace, ref)
+    del labeled["spec"]["workloadRef"]
+    labeled["spec"]["labeledWorkloads"] = {}
+    eventually_created(author, labeled)
     eventually_refused(kubectl, attached_to("elsewhere", namespace,
                                             {**ref, "namespace": "default"}),
                        f"only to a workload in its own namespace ({namespace}), not default")

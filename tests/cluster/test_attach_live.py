@@ -1,5 +1,6 @@
 """Attach mode on a real API server: a ThrottledJob that names a Job someone else made
-throttles its pods as the API server creates them, through the operator's mutating
+(or whose name a CronJob's Jobs carry in their throttle label) throttles its pods as the
+API server creates them, through the operator's mutating
 admission webhook (a real MutatingWebhookConfiguration calling it, failurePolicy
 Ignore); the Job itself is left as its maker wrote it; with the webhook down a pod starts
 unthrottled and the ThrottledJob says which. The operator runs with the chart's RBAC for
@@ -28,6 +29,7 @@ from testing.manifests import tj_manifest
 from testing.operator_process import OperatorProcess
 from throttledjob.operator import api_names
 from throttledjob.operator.admission import PATH
+from throttledjob.operator.attach import THROTTLE_LABEL
 from throttledjob.operator.children import LABEL_NAME
 
 RELEASE = "tja"
@@ -71,8 +73,28 @@ def attached(name: str, namespace: str, job: str) -> dict[str, Any]:
     return tj
 
 
-def pods(kubectl: Kubectl, namespace: str) -> list[dict[str, Any]]:
-    return (kubectl.json("get", "pods", "-n", namespace) or {}).get("items") or []
+def user_cronjob(name: str, namespace: str, throttle: str) -> dict[str, Any]:
+    """A CronJob whose Jobs join the ThrottledJob `throttle` by one label on its
+    jobTemplate (suspended: the test makes its Jobs itself, as `kubectl create job
+    --from` does)."""
+    job = user_job(name, namespace)
+    return {"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"schedule": "0 0 1 1 *", "suspend": True, "jobTemplate": {
+                "metadata": {"labels": {THROTTLE_LABEL: throttle}},
+                "spec": {**job["spec"], "completions": 1}}}}
+
+
+def by_label(name: str, namespace: str) -> dict[str, Any]:
+    tj = attached(name, namespace, "")
+    del tj["spec"]["workloadRef"]
+    tj["spec"]["labeledWorkloads"] = {}
+    return tj
+
+
+def pods(kubectl: Kubectl, namespace: str, job: str = "user-job") -> list[dict[str, Any]]:
+    return (kubectl.json("get", "pods", "-n", namespace, "-l",
+                         f"batch.kubernetes.io/job-name={job}") or {}).get("items") or []
 
 
 def sidecar(pod: dict[str, Any]) -> bool:
@@ -119,19 +141,37 @@ def test_a_job_someone_else_made_is_throttled_by_admission(
         wait_for(lambda: tj_condition(kubectl, namespace, "hold", "PodsThrottled").get(
             "status") == "True", TIMEOUT, what="PodsThrottled True")
 
-        # The webhook down: the next pod starts all the same, unthrottled (Ignore).
+        # By label: a CronJob's Jobs join a standing ThrottledJob by one label on the
+        # CronJob's jobTemplate.
+        kubectl.apply(by_label("etl", namespace), user_cronjob("nightly", namespace, "etl"))
+        wait_json(kubectl, lambda o: (o.get("status") or {}).get("phase") == "Running",
+                  "tj", "-n", namespace, "etl", what="the labeled one Running")
+        kubectl("create", "job", "-n", namespace, "--from=cronjob/nightly", "nightly-1")
+        (labeled,) = wait_for(lambda: pods(kubectl, namespace, "nightly-1"), TIMEOUT,
+                              what="the CronJob's pod")
+        assert sidecar(labeled) and labeled["metadata"]["labels"][LABEL_NAME] == "etl"
+        assert tj_condition(kubectl, namespace, "etl", "Ready")["reason"] == "Attached"
+
+        # The webhook down: the next pods start all the same, unthrottled (Ignore).
         real_operator.stop()
         kubectl("patch", "job", "-n", namespace, "user-job", "--type", "merge",
                 "-p", '{"spec": {"parallelism": 2}}')
+        kubectl("create", "job", "-n", namespace, "--from=cronjob/nightly", "nightly-2")
         both = wait_for(lambda: len(p := pods(kubectl, namespace)) == 2 and p, TIMEOUT,
                         what="the second pod")
         (bare,) = [p for p in both if not sidecar(p)]
+        (bare_labeled,) = wait_for(lambda: pods(kubectl, namespace, "nightly-2"), TIMEOUT,
+                                   what="the CronJob's second pod")
+        assert not sidecar(bare_labeled)
         real_operator.start()
-        said = wait_for(lambda: (c := tj_condition(kubectl, namespace, "hold", "PodsThrottled"))
-                        .get("status") == "False" and c, TIMEOUT, what="PodsThrottled False")
-        assert said["reason"] == "PodsNotThrottled"
-        assert bare["metadata"]["name"] in said["message"]
-        assert ("Warning", "PodsNotThrottled") in tj_events(kubectl, namespace, "hold")
+        for tj, pod in (("hold", bare), ("etl", bare_labeled)):
+            said = wait_for(lambda tj=tj: (c := tj_condition(kubectl, namespace, tj,
+                                                             "PodsThrottled"))
+                            .get("status") == "False" and c, TIMEOUT,
+                            what=f"{tj}: PodsThrottled False")
+            assert said["reason"] == "PodsNotThrottled"
+            assert pod["metadata"]["name"] in said["message"], said
+            assert ("Warning", "PodsNotThrottled") in tj_events(kubectl, namespace, tj)
     except BaseException:
         print(f"--- operator log ---\n{real_operator.log_text()}")
         raise

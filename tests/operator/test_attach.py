@@ -17,7 +17,7 @@ import pytest
 from testing.builders import SETTINGS, built, pod_of
 from testing.manifests import make_tj
 from throttledjob.operator import admission, webhook_certs
-from throttledjob.operator.attach import Owner, claimants
+from throttledjob.operator.attach import THROTTLE_LABEL, Owner, claimants
 from throttledjob.operator.validation import SpecError, validate
 
 JOB_REF = {"apiVersion": "batch/v1", "kind": "Job", "name": "user-job"}
@@ -160,10 +160,38 @@ def test_two_claims_the_oldest_wins() -> None:
     older = attached_tj("older", created="2026-12-07T09:00:00Z")
     newer = attached_tj("newer", created="2026-12-07T10:00:00Z")
     owners = [Owner("batch/v1", "Job", "user-job")]
-    assert [t["metadata"]["name"] for t in claimants(owners, [newer, older])] == \
+    assert [t["metadata"]["name"] for t in claimants(owners, None, [newer, older])] == \
         ["older", "newer"]
     pod = patched(user_pod(), answer(user_pod(), FakeCluster([newer, older])))
     assert pod["metadata"]["labels"]["throttledjob.io/name"] == "older"
+
+
+def labeled_tj(name: str = "etl", created: str = "2026-12-07T10:00:00Z") -> dict[str, Any]:
+    tj = attached_tj(name, created=created)
+    del tj["spec"]["workloadRef"]
+    tj["spec"]["labeledWorkloads"] = {}
+    return tj
+
+
+def test_a_pod_whose_job_carries_the_label_is_claimed_by_that_throttledjob_alone() -> None:
+    """A CronJob's Job: the label is on the Job (the jobTemplate's), not on its pods."""
+    jobs = {("Job", "nightly-29"): {"labels": {THROTTLE_LABEL: "etl"}, "ownerReferences": [
+        {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "controller": True}]}}
+    tjs = [labeled_tj("other", created="2026-12-07T09:00:00Z"), labeled_tj("etl")]
+    pod = patched(user_pod("nightly-29"), answer(user_pod("nightly-29"),
+                                                 FakeCluster(tjs, jobs)))
+    assert pod["metadata"]["labels"]["throttledjob.io/name"] == "etl"
+    # Labeled on the pod itself: the same.
+    own = user_pod("unlabeled-job")
+    own["metadata"]["labels"][THROTTLE_LABEL] = "etl"
+    assert "patch" in answer(own, FakeCluster(tjs))
+    # No label, or one naming no ThrottledJob of the namespace: left alone.
+    assert "patch" not in answer(user_pod("nightly-29"), FakeCluster(tjs))
+    jobs[("Job", "nightly-29")]["labels"][THROTTLE_LABEL] = "nobody"
+    assert "patch" not in answer(user_pod("nightly-29"), FakeCluster(tjs, jobs))
+    # A workloadRef ThrottledJob of another name is not claimed by a label naming it.
+    jobs[("Job", "nightly-29")]["labels"][THROTTLE_LABEL] = "hold"
+    assert "patch" not in answer(user_pod("nightly-29"), FakeCluster([attached_tj()], jobs))
 
 
 def test_it_fails_open_on_any_error() -> None:
@@ -209,6 +237,11 @@ def test_its_own_namespace_may_be_named() -> None:
 def test_scope_job_is_refused_in_attach_mode() -> None:
     with pytest.raises(SpecError, match="scope must be Pod"):
         validate(attached_tj(scope="Job"))
+    by_label = labeled_tj()
+    by_label["spec"]["throttle"]["scope"] = "Job"
+    with pytest.raises(SpecError, match="scope must be Pod"):
+        validate(by_label)
+    assert validate(labeled_tj())["targets"]
 
 
 def test_a_trainjob_needs_the_jobset_support() -> None:

@@ -58,7 +58,7 @@ def test_exactly_one_child_kind() -> None:
     del neither["spec"]["jobSetTemplate"]
     for tj in (both, neither):
         with pytest.raises(SpecError, match=r"exactly one of jobTemplate \(a Job\), "
-                                            r"jobSetTemplate \(a JobSet\) and workloadRef"):
+                                            r"jobSetTemplate \(a JobSet\), workloadRef"):
             validate(tj, jobsets=True)
 
 

@@ -33,6 +33,7 @@ from .attach import (
     claimants,
     controller_of,
     pod_patch,
+    throttle_label,
     throttled,
 )
 from .child import group
@@ -53,13 +54,16 @@ class Cluster(Protocol):
         """The owner object's metadata, or None where it is not there (or not readable)."""
 
     def attached(self, namespace: str) -> list[Mapping[str, Any]]:
-        """The namespace's ThrottledJobs (those with a workloadRef are the ones read)."""
+        """The namespace's ThrottledJobs (the attached ones are the ones read)."""
 
 
-def owners(cluster: Cluster, namespace: str, pod_meta: Mapping[str, Any]) -> list[Owner]:
-    """The pod's chain of controllers, up to MAX_OWNER_DEPTH: its Job, the Job's JobSet,
-    the JobSet's TrainJob. An owner that cannot be read ends the chain."""
+def owners(cluster: Cluster, namespace: str,
+           pod_meta: Mapping[str, Any]) -> tuple[list[Owner], str | None]:
+    """The pod's chain of controllers, up to MAX_OWNER_DEPTH (its Job, the Job's JobSet,
+    the JobSet's TrainJob; an owner that cannot be read ends the chain), and the first
+    throttle label on the pod or on one of them (labeledWorkloads)."""
     chain: list[Owner] = []
+    named = throttle_label(pod_meta)
     meta: Mapping[str, Any] | None = pod_meta
     while meta is not None and len(chain) < MAX_OWNER_DEPTH:
         owner = controller_of(meta)
@@ -67,7 +71,8 @@ def owners(cluster: Cluster, namespace: str, pod_meta: Mapping[str, Any]) -> lis
             break
         chain.append(owner)
         meta = cluster.owner(namespace, owner)
-    return chain
+        named = named or throttle_label(meta)
+    return chain, named
 
 
 def review(request: Mapping[str, Any], cluster: Cluster,
@@ -78,8 +83,8 @@ def review(request: Mapping[str, Any], cluster: Cluster,
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
     if request.get("operation") != "CREATE" or throttled(pod):
         return [], None
-    chain = owners(cluster, namespace, pod.get("metadata") or {})
-    found = claimants(chain, cluster.attached(namespace)) if chain else []
+    chain, named = owners(cluster, namespace, pod.get("metadata") or {})
+    found = claimants(chain, named, cluster.attached(namespace)) if chain or named else []
     if not found:
         return [], None
     body = as_template(found[0], pod)

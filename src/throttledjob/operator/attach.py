@@ -1,6 +1,8 @@
 """Attach mode: a ThrottledJob whose `spec.workloadRef` names a workload someone else
-made (a Job, a JobSet, a Kubeflow TrainJob), whose pods it throttles as they are
-created, by admission (admission.py). Which ThrottledJob a new pod is for, and the patch
+made (a Job, a JobSet, a Kubeflow TrainJob), or whose `spec.labeledWorkloads` takes every
+workload labeled `throttledjob.io/throttle: <its name>` (a CronJob's Jobs, the way Kueue's
+queue label works), whose pods it throttles as they are created, by admission
+(admission.py). Which ThrottledJob a new pod is for, and the patch
 that makes it a throttled one: the template mode's own builder (children.inject_pod),
 run on the pod itself. Pure functions.
 """
@@ -18,6 +20,10 @@ from .children import LABEL_NAME, inject_pod
 from .config import OperatorSettings
 
 WORKLOAD_REF = "workloadRef"
+LABELED = "labeledWorkloads"
+# On the user's own object (a Job, a CronJob's jobTemplate, a JobSet, a TrainJob, a pod):
+# the name of the ThrottledJob, in its namespace, that throttles its pods.
+THROTTLE_LABEL = "throttledjob.io/throttle"
 # How far up a pod's chain of controllers the webhook looks: pod -> Job -> JobSet ->
 # TrainJob is three.
 MAX_OWNER_DEPTH = 4
@@ -36,8 +42,12 @@ def workload_ref(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return spec.get(WORKLOAD_REF)
 
 
+def labeled(spec: Mapping[str, Any]) -> bool:
+    return LABELED in spec
+
+
 def attached(spec: Mapping[str, Any]) -> bool:
-    return WORKLOAD_REF in spec
+    return WORKLOAD_REF in spec or LABELED in spec
 
 
 def refers_to(ref: Mapping[str, Any], owner: Owner) -> bool:
@@ -56,14 +66,25 @@ def controller_of(meta: Mapping[str, Any]) -> Owner | None:
     return None
 
 
-def claimants(owners: list[Owner], tjs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The attached ThrottledJobs (of the pod's namespace) whose workloadRef names one of
-    the pod's owners, the oldest first: the oldest claim wins, the others say so."""
-    found = [tj for tj in tjs
-             if (ref := workload_ref(tj.get("spec") or {})) is not None
-             and any(refers_to(ref, o) for o in owners)]
-    return sorted(found, key=lambda tj: (tj["metadata"].get("creationTimestamp") or "",
-                                         tj["metadata"].get("name") or ""))
+def claimants(owners: list[Owner], named: str | None,
+              tjs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The attached ThrottledJobs (of the pod's namespace) that claim the pod: a
+    workloadRef naming one of its owners, or labeledWorkloads where the pod or an owner
+    is labeled with the ThrottledJob's name (`named`). The oldest first: the oldest claim
+    wins, the others say so."""
+    def claims(tj: Mapping[str, Any]) -> bool:
+        spec = tj.get("spec") or {}
+        if labeled(spec):
+            return named is not None and tj["metadata"].get("name") == named
+        ref = workload_ref(spec)
+        return ref is not None and any(refers_to(ref, o) for o in owners)
+
+    return sorted(filter(claims, tjs), key=lambda tj: (
+        tj["metadata"].get("creationTimestamp") or "", tj["metadata"].get("name") or ""))
+
+
+def throttle_label(meta: Mapping[str, Any] | None) -> str | None:
+    return ((meta or {}).get("labels") or {}).get(THROTTLE_LABEL)
 
 
 def defaulted_requests(pod_spec: Mapping[str, Any]) -> set[str]:
@@ -85,7 +106,7 @@ def as_template_spec(tj_spec: Mapping[str, Any], pod_spec: Mapping[str, Any]) ->
     requests left out, as a template has them): every decision the template mode makes
     from its template (the kernel's quota against the requests, the workload's UID) is
     then made from the pod itself."""
-    spec = {k: v for k, v in tj_spec.items() if k != WORKLOAD_REF}
+    spec = {k: v for k, v in tj_spec.items() if k not in (WORKLOAD_REF, LABELED)}
     template = copy.deepcopy(dict(pod_spec))
     defaulted = defaulted_requests(pod_spec)
     for c in template.get("containers") or []:

@@ -187,6 +187,17 @@ def status_job_created(status: Mapping[str, Any], job: str, generation: int | No
     return out
 
 
+def status_attached_by_label(status: Mapping[str, Any], message: str, generation: int | None,
+                             now: str) -> dict[str, Any]:
+    """Running and Ready (attach mode by label): a standing throttle, with no one workload
+    whose phase it follows."""
+    out = at_generation(status, generation)
+    out["phase"] = Phase.RUNNING
+    out["conditions"] = set_condition(out.get("conditions"), Condition.READY, True,
+                                      Reason.ATTACHED, message, now, generation)
+    return out
+
+
 def status_waiting(status: Mapping[str, Any], reason: str, message: str,
                    generation: int | None, now: str) -> dict[str, Any]:
     """Pending, and Ready False with why (attach mode: the workload is not there yet)."""

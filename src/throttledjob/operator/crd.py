@@ -42,6 +42,7 @@ from .crd_status import printer_columns, status_schema
 from .crd_templates import (
     job_template_schema,
     jobset_template_schema,
+    labeled_workloads_schema,
     rule,
     workload_ref_schema,
 )
@@ -202,9 +203,8 @@ DESCRIPTIONS = {
     "": "A Job (or JobSet) run with its CPU and GPU peaks held to targets at the least "
         "slowdown: the operator creates the child, injects the throttle sidecar and "
         "reports what it did.",
-    "spec": "The child to run (jobTemplate or jobSetTemplate) or the workload to attach "
-            "to (workloadRef), its throttle and live "
-            "parameters.",
+    "spec": "The child to run (jobTemplate or jobSetTemplate) or the workloads to attach "
+            "to (workloadRef, labeledWorkloads), its throttle and live parameters.",
     "spec.jobTemplate.spec": "The Job's spec (batch/v1 JobSpec), as the Job controller "
                              "reads it.",
     "spec.jobTemplate.spec.template": "The pod template (v1 PodTemplateSpec).",
@@ -289,6 +289,7 @@ def openapi_schema() -> dict[str, Any]:
                     "jobTemplate": job_template_schema(),
                     "jobSetTemplate": jobset_template_schema(),
                     "workloadRef": workload_ref_schema(),
+                    "labeledWorkloads": labeled_workloads_schema(),
                     "throttle": throttle_schema(),
                     "parameters": parameters_schema(),
                     "suspend": {

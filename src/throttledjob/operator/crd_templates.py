@@ -145,3 +145,18 @@ def workload_ref_schema() -> dict[str, Any]:
                                          "any other is refused."},
         },
     }
+
+
+def labeled_workloads_schema() -> dict[str, Any]:
+    """Attach mode by label (operator/attach.py): every workload of the namespace that
+    carries the ThrottledJob's name in its throttle label, the way Kueue's queue label
+    works. Empty: the label itself says which."""
+    return {
+        "type": "object",
+        "description": "Attach to every workload in this namespace labeled "
+                       "throttledjob.io/throttle: <this ThrottledJob's name> (a Job, a "
+                       "CronJob's jobTemplate, a JobSet, a TrainJob, a pod): their pods "
+                       "are throttled as they are created. Write it as {}.",
+        "x-kubernetes-validations": [rule("self == oldSelf", "labeledWorkloads cannot be "
+                                          "changed: make a new ThrottledJob")],
+    }

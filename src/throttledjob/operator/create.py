@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 import kopf
 
 from . import child, events
-from .attach import WORKLOAD_REF, attached
+from .attach import THROTTLE_LABEL, WORKLOAD_REF, attached, labeled
 from .children import build_child, build_configmap, left_by_predecessor, owned_by
 from .conditions import (
     Condition,
@@ -21,6 +21,7 @@ from .conditions import (
     at_generation,
     now_iso,
     set_condition,
+    status_attached_by_label,
     status_from_job,
     status_held_back,
     status_invalid,
@@ -137,8 +138,17 @@ def ensure_children(body: kopf.Body, state: OperatorState, logger: logging.Logge
 
 def _attach(kube: Kube, body: kopf.Body, generation: int | None) -> None:
     """Attach mode: the workload's Job or JobSet (a TrainJob's, of its name), looked for
-    until it is there; its pods are the webhook's to throttle (admission.py)."""
+    until it is there; by label, none to look for. Their pods are the webhook's to
+    throttle (admission.py)."""
     ns, name = body.meta.namespace or "", body.meta.name or ""
+    if labeled(body.spec):
+        message = (f"throttles the pods of the workloads labeled {THROTTLE_LABEL}={name} "
+                   "as they are created")
+        kube.update_status(ns, name, lambda st, _: status_attached_by_label(
+            st, message, generation, now_iso()))
+        events.normal(body, reason=Reason.ATTACHED, message=f"Attached to the workloads "
+                                                              f"labeled {THROTTLE_LABEL}={name}")
+        return
     ref = body.spec[WORKLOAD_REF]
     kind, target = f"{ref['kind']} {ref['name']}", ref["name"]
     current = kube.get(child.path(ns, target, child.is_jobset(body.spec)))

@@ -19,7 +19,7 @@ import kopf
 
 from . import admission, child, metrics
 from .api_names import GROUP, PLURAL, VERSION
-from .attach import attached
+from .attach import attached, labeled
 from .children import LABEL_NAME, owner_reference
 from .config import OperatorSettings
 from .kube import ApiError, Kube
@@ -178,10 +178,13 @@ def track(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
         state.limits.forget(key)
         state.jobsets.discard(key)
         state.attached.discard(key)
+        state.labeled.discard(key)
     else:
         if child.is_jobset(body.get("spec") or {}):
             state.jobsets.add(key)
         if attached(body.get("spec") or {}):
             state.attached.add(key)
+        if labeled(body.get("spec") or {}):
+            state.labeled.add(key)
         st = body.get("status") or {}
         state.seen[key] = (st.get("phase"), st.get("jobName"))

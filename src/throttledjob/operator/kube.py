@@ -196,8 +196,11 @@ class Kube:
                             content_type=STRATEGIC_PATCH)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        doc = self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods",
-                           query={"labelSelector": selector})
+        return self.list(f"/api/v1/namespaces/{quote(namespace)}/pods", selector)
+
+    def list(self, path: str, selector: str) -> list[dict[str, Any]]:
+        """The items of a collection that match a label selector."""
+        doc = self.request("GET", path, query={"labelSelector": selector})
         return list(doc.get("items") or [])
 
     def workload_of(self, namespace: str, job_uid: str) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import child, metrics
-from .attach import throttled
+from .attach import THROTTLE_LABEL, throttled
 from .children import LABEL_NAME, configmap_name, job_owner_name, sidecar_endpoint
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
@@ -99,6 +99,13 @@ def spec_seen(kube: Kube, namespace: str, name: str, job: str, jobset: bool,
                 workload=workload(kube, namespace, current))
 
 
+def policy_seen(kube: Kube, namespace: str, name: str) -> Seen:
+    """What a pass for the spec of a ThrottledJob attached by label compares it with: its
+    ConfigMap alone."""
+    config_map = kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{configmap_name(name)}")
+    return Seen(for_spec=True, config_map=Found(config_map))
+
+
 def job_uid(state: OperatorState, namespace: str, name: str, job: str | None) -> str | None:
     """The uid of the ThrottledJob's own child, as its watch showed it or read now."""
     uid = state.job_uids.get((namespace, name))
@@ -124,10 +131,33 @@ def unthrottled_pods(kube: Kube, namespace: str, uid: str, jobset: bool) -> list
     admitted without the throttle (the webhook down, or the pod older than its
     ThrottledJob)."""
     label = child.JOBSET_UID_LABEL if jobset else child.JOB_UID_LABEL
-    return sorted(p["metadata"].get("name", "") for p in kube.list_pods(namespace,
-                                                                        f"{label}={uid}")
-                  if not throttled(p)
-                  and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+    return _unthrottled(kube.list_pods(namespace, f"{label}={uid}"))
+
+
+def labeled_pods(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
+    """Attach mode by label: the pods the webhook throttled for the ThrottledJob `name`.
+    Any workload of the namespace joins it by its label (its maker's consent), so every
+    pod with our label is one of its pods."""
+    return kube.list_pods(namespace, f"{LABEL_NAME}={name}")
+
+
+def unthrottled_labeled(kube: Kube, namespace: str, name: str) -> list[str]:
+    """Attach mode by label: the names of the pods, not finished, that were admitted
+    without the throttle: those labeled with its name themselves, and those of the Jobs
+    so labeled (a CronJob's, whose label is on the Job, not its pods)."""
+    selector = f"{THROTTLE_LABEL}={name}"
+    pods = kube.list_pods(namespace, selector)
+    uids = [j["metadata"]["uid"] for j in kube.list(child.collection_path(namespace, False),
+                                                    selector)]
+    if uids:
+        pods += kube.list_pods(namespace, f"{child.JOB_UID_LABEL} in ({','.join(uids)})")
+    return _unthrottled(pods)
+
+
+def _unthrottled(pods: list[dict[str, Any]]) -> list[str]:
+    return sorted({p["metadata"].get("name", "") for p in pods
+                   if not throttled(p)
+                   and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")})
 
 
 def read_sidecars(state: OperatorState, namespace: str, name: str, child_uid: str,

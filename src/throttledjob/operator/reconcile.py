@@ -28,6 +28,7 @@ from typing import Any
 import kopf
 
 from . import child
+from .attach import labeled
 from .children import configmap_name
 from .conditions import now_iso
 from .create import ensure_children
@@ -39,7 +40,10 @@ from .observe import (
     get_child,
     job_pods,
     job_uid,
+    labeled_pods,
+    policy_seen,
     spec_seen,
+    unthrottled_labeled,
     unthrottled_pods,
     workload,
 )
@@ -66,10 +70,14 @@ SHRINK_CHECK_SECONDS = 0.25
 def spec_pass(body: kopf.Body, state: OperatorState, logger: logging.Logger) -> None:
     """The spec, created, resumed or edited."""
     made = (body.status or {}).get("jobName")
+    ns, name = body.meta.namespace or "", body.meta.name or ""
+    if labeled(body.spec) and (body.status or {}).get("phase"):
+        # Attached by label, once: no child to compare, the ConfigMap alone.
+        _pass(state, body, policy_seen(state.kube, ns, name), read=None)
+        return
     if not made:
         ensure_children(body, state, logger)
         return
-    ns, name = body.meta.namespace or "", body.meta.name or ""
     # The body as the watch showed it: its status may lag our own writes, so the status
     # write reads it anew.
     finished = (body.status or {}).get("phase") in FINISHED
@@ -118,12 +126,21 @@ def read_queue(state: OperatorState, namespace: str, name: str, job: str | None)
 def read_sidecars(state: OperatorState, namespace: str, name: str,
                   job: str | None = None) -> None:
     """What each running pod's sidecar says: the observed peaks, the split, the limits."""
+    key = (namespace, name)
+    if key in state.labeled:
+        readings = dataclasses.replace(
+            read_reports(state, namespace, name, "", labeled_pods(state.kube, namespace, name)),
+            unthrottled=unthrottled_labeled(state.kube, namespace, name))
+        tj = state.kube.get(state.kube.tj_path(namespace, name))
+        if tj is not None:
+            _pass(state, tj, Seen(readings=readings), read=tj)
+        return
     uid = job_uid(state, namespace, name, job)
     if not uid:
         return
     readings = read_reports(state, namespace, name, uid,
                             job_pods(state.kube, namespace, name, uid))
-    if (namespace, name) in state.attached:
+    if key in state.attached:
         readings = dataclasses.replace(readings, unthrottled=unthrottled_pods(
             state.kube, namespace, uid, state.is_jobset(namespace, name)))
     # Read after the sidecars (up to their deadline each): the status write starts from it.
@@ -216,8 +233,11 @@ def resize_to_new_target(state: OperatorState, tj: Mapping[str, Any],
         read_sidecars(state, ns, name, (tj.get("status") or {}).get("jobName"))
         return
     uid = state.job_uids.get((ns, name))
-    state.limits.reconcile(tj, job_pods(state.kube, ns, name, uid) if uid else [], None,
-                           target)
+    if (ns, name) in state.labeled:
+        pods = labeled_pods(state.kube, ns, name)
+    else:
+        pods = job_pods(state.kube, ns, name, uid) if uid else []
+    state.limits.reconcile(tj, pods, None, target)
 
 
 def grow_into_shrinks(state: OperatorState, tj: Mapping[str, Any], uid: str,

@@ -43,15 +43,17 @@ def _targets(throttle: Mapping[str, Any]) -> Mapping[str, Any]:
 # Over `spec`.
 SPEC_RULES = (
     SpecRule("(has(self.jobTemplate) ? 1 : 0) + (has(self.jobSetTemplate) ? 1 : 0) + "
-             "(has(self.workloadRef) ? 1 : 0) == 1",
-             "set exactly one of jobTemplate (a Job), jobSetTemplate (a JobSet) and "
-             "workloadRef (a workload made by someone else)",
+             "(has(self.workloadRef) ? 1 : 0) + (has(self.labeledWorkloads) ? 1 : 0) == 1",
+             "set exactly one of jobTemplate (a Job), jobSetTemplate (a JobSet), "
+             "workloadRef (a workload made by someone else) and labeledWorkloads (the "
+             "workloads labeled throttledjob.io/throttle with this name)",
              lambda spec: sum(k in spec for k in ("jobTemplate", "jobSetTemplate",
-                                                  "workloadRef")) == 1),
-    SpecRule("!has(self.workloadRef) || !has(self.throttle.scope) || "
-             "self.throttle.scope == 'Pod'",
-             "workloadRef holds each pod's own target: scope must be Pod",
-             lambda spec: "workloadRef" not in spec
+                                                  "workloadRef", "labeledWorkloads")) == 1),
+    SpecRule("!(has(self.workloadRef) || has(self.labeledWorkloads)) || "
+             "!has(self.throttle.scope) || self.throttle.scope == 'Pod'",
+             "attach mode (workloadRef, labeledWorkloads) holds each pod's own target: "
+             "scope must be Pod",
+             lambda spec: not ("workloadRef" in spec or "labeledWorkloads" in spec)
              or (spec.get("throttle") or {}).get("scope", DEFAULT_SCOPE) == "Pod"),
 )
 

@@ -28,6 +28,8 @@ class OperatorState:
     jobsets: set[TjKey] = field(default_factory=set)
     # ThrottledJobs in attach mode (attach.py): their child is not theirs to own.
     attached: set[TjKey] = field(default_factory=set)
+    # Of those, the ones attached by label: no one workload, its pods by our label alone.
+    labeled: set[TjKey] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
     # The one writer of the pods' CPU limits (pod_limits.py), with what it was refused.
     limits: PodLimits = field(init=False)

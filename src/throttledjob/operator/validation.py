@@ -186,7 +186,17 @@ def _attached_policy(spec: Mapping[str, Any], namespace: str | None,
                      jobsets: bool) -> dict[str, Any]:
     """Attach mode: the throttle alone; each pod is checked as the webhook admits it
     (admission.review), against this same function with the pod as the template."""
-    ref = spec[WORKLOAD_REF]
+    ref = spec.get(WORKLOAD_REF)
+    if ref is not None:  # else labeledWorkloads: each pod's own workload, of any kind
+        _check_reference(ref, namespace, child.is_jobset(spec) and not jobsets)
+    why = broken_throttle(spec.get("throttle") or {})
+    if why:
+        raise SpecError(Refusal.INVALID_POLICY, why)
+    return policy_document(spec)
+
+
+def _check_reference(ref: Mapping[str, Any], namespace: str | None,
+                     jobsets_off: bool) -> None:
     if ref.get("namespace") not in (None, namespace):
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE, f"workloadRef: a ThrottledJob attaches "
                         f"only to a workload in its own namespace ({namespace}), not "
@@ -195,14 +205,10 @@ def _attached_policy(spec: Mapping[str, Any], namespace: str | None,
         raise SpecError(Refusal.INVALID_JOB_TEMPLATE, f"workloadRef: attach mode reads the "
                         f"status of a Job, a JobSet or a TrainJob (trainer.kubeflow.org), "
                         f"not of {ref.get('apiVersion')} {ref.get('kind')}")
-    if child.is_jobset(spec) and not jobsets:
+    if jobsets_off:
         raise SpecError(Refusal.JOBSETS_OFF, f"workloadRef to a {ref.get('kind')} needs the "
                                              "operator's JobSet support: the chart value "
                                              "jobset.enabled=true (THROTTLEDJOB_JOBSETS)")
-    why = broken_throttle(spec.get("throttle") or {})
-    if why:
-        raise SpecError(Refusal.INVALID_POLICY, why)
-    return policy_document(spec)
 
 
 def _check_pod(pod: Mapping[str, Any], allow_host_access: bool) -> None:

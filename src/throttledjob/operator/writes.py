@@ -16,7 +16,7 @@ from typing import Any
 
 from . import child
 from .api_names import INJECT_MODES
-from .attach import attached
+from .attach import attached, labeled
 from .children import TEMPLATE_HASH, build_configmap, template_hash
 from .conditions import (
     GONE_REASONS,
@@ -89,6 +89,10 @@ def decide(tj: Mapping[str, Any], policy: Policy, seen: Seen) -> Writes:
         out.said.append(throttled_said(seen.readings.unthrottled))
     if seen.for_spec:
         out.generation = (tj.get("metadata") or {}).get("generation")
+    if labeled(spec):  # no one workload: the policy alone
+        if seen.for_spec:
+            _decide_policy(tj, policy, seen, out)
+        return out
     if current is None or status.get("phase") in FINISHED:
         return out  # the child's status says it all
     if attached(spec):
