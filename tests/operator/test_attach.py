@@ -55,7 +55,7 @@ def user_pod(owner: str = "user-job", **spec: Any) -> dict[str, Any]:
 
 
 class FakeCluster:
-    """The API as the webhook reads it: owners by (kind, name), the namespace's
+    """The API as the webhook reads it: owner objects by (kind, name), the namespace's
     ThrottledJobs; `broken` makes every read fail."""
 
     def __init__(self, tjs: list[dict[str, Any]], owners: dict[tuple[str, str], dict] | None = None,
@@ -131,12 +131,12 @@ def test_a_pod_through_a_chain_of_owners_is_claimed() -> None:
     """A TrainJob's pod: Job -> JobSet -> TrainJob; the reference names the TrainJob in
     another version of its group."""
     ref = {"apiVersion": "trainer.kubeflow.org/v1beta1", "kind": "TrainJob", "name": "llm"}
-    owners = {("Job", "llm-node-0"): {"ownerReferences": [
+    owners = {("Job", "llm-node-0"): {"metadata": {"ownerReferences": [
                   {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "llm",
-                   "controller": True}]},
-              ("JobSet", "llm"): {"ownerReferences": [
+                   "controller": True}]}},
+              ("JobSet", "llm"): {"metadata": {"ownerReferences": [
                   {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-                   "name": "llm", "controller": True}]}}
+                   "name": "llm", "controller": True}]}}}
     response = answer(user_pod("llm-node-0"), FakeCluster([attached_tj(ref=ref)], owners))
     assert "patch" in response
 
@@ -175,8 +175,10 @@ def labeled_tj(name: str = "etl", created: str = "2026-12-07T10:00:00Z") -> dict
 
 def test_a_pod_whose_job_carries_the_label_is_claimed_by_that_throttledjob_alone() -> None:
     """A CronJob's Job: the label is on the Job (the jobTemplate's), not on its pods."""
-    jobs = {("Job", "nightly-29"): {"labels": {THROTTLE_LABEL: "etl"}, "ownerReferences": [
-        {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "controller": True}]}}
+    jobs = {("Job", "nightly-29"): {"metadata": {
+        "labels": {THROTTLE_LABEL: "etl"}, "ownerReferences": [
+            {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly",
+             "controller": True}]}}}
     tjs = [labeled_tj("other", created="2026-12-07T09:00:00Z"), labeled_tj("etl")]
     pod = patched(user_pod("nightly-29"), answer(user_pod("nightly-29"),
                                                  FakeCluster(tjs, jobs)))
@@ -187,10 +189,10 @@ def test_a_pod_whose_job_carries_the_label_is_claimed_by_that_throttledjob_alone
     assert "patch" in answer(own, FakeCluster(tjs))
     # No label, or one naming no ThrottledJob of the namespace: left alone.
     assert "patch" not in answer(user_pod("nightly-29"), FakeCluster(tjs))
-    jobs[("Job", "nightly-29")]["labels"][THROTTLE_LABEL] = "nobody"
+    jobs[("Job", "nightly-29")]["metadata"]["labels"][THROTTLE_LABEL] = "nobody"
     assert "patch" not in answer(user_pod("nightly-29"), FakeCluster(tjs, jobs))
     # A workloadRef ThrottledJob of another name is not claimed by a label naming it.
-    jobs[("Job", "nightly-29")]["labels"][THROTTLE_LABEL] = "hold"
+    jobs[("Job", "nightly-29")]["metadata"]["labels"][THROTTLE_LABEL] = "hold"
     assert "patch" not in answer(user_pod("nightly-29"), FakeCluster([attached_tj()], jobs))
 
 
@@ -234,14 +236,47 @@ def test_its_own_namespace_may_be_named() -> None:
     assert validate(tj)["targets"]
 
 
-def test_scope_job_is_refused_in_attach_mode() -> None:
-    with pytest.raises(SpecError, match="scope must be Pod"):
-        validate(attached_tj(scope="Job"))
+def test_scope_job_is_refused_by_label_alone() -> None:
+    """A label gathers pods of any number of workloads: no one job to split among."""
     by_label = labeled_tj()
     by_label["spec"]["throttle"]["scope"] = "Job"
     with pytest.raises(SpecError, match="scope must be Pod"):
         validate(by_label)
     assert validate(labeled_tj())["targets"]
+    assert validate(attached_tj(scope="Job"))["targets"]
+
+
+def cpu_limit(pod: dict[str, Any]) -> str:
+    return next(c for c in pod["spec"]["containers"]
+                if c["name"] == "trainer")["resources"]["limits"]["cpu"]
+
+
+def test_scope_job_starts_each_pod_at_its_share_of_the_workloads_ranks() -> None:
+    """The job-wide target over the pods the workload runs at once, read from it: a
+    Job's parallelism; a TrainJob's JobSet (of its name), every replicatedJob's pods."""
+    job = {"kind": "Job", "metadata": {"name": "user-job"}, "spec": {"parallelism": 3}}
+    response = answer(user_pod(), FakeCluster([attached_tj(scope="Job")],
+                                              {("Job", "user-job"): job}))
+    assert cpu_limit(patched(user_pod(), response)) == "500m"  # 1500m over 3
+
+    ref = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "llm"}
+    owners = {("Job", "llm-node-0"): {"kind": "Job", "metadata": {"ownerReferences": [
+                  {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "llm",
+                   "controller": True}]}, "spec": {"parallelism": 1}},
+              ("JobSet", "llm"): {"kind": "JobSet", "metadata": {"name": "llm", "ownerReferences": [
+                  {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                   "name": "llm", "controller": True}]}, "spec": {
+                  "replicatedJobs": [{"name": "node", "replicas": 1,
+                                      "template": {"spec": {"parallelism": 2}}},
+                                     {"name": "launcher", "replicas": 1,
+                                      "template": {"spec": {}}}]}}}
+    pod = user_pod("llm-node-0")
+    tj = attached_tj(ref=ref, scope="Job")
+    response = answer(pod, FakeCluster([tj], owners))
+    assert cpu_limit(patched(pod, response)) == "500m"  # 1500m over 2 + 1
+    # The workload not readable: the whole target, until the split's first read.
+    response = answer(user_pod(), FakeCluster([attached_tj(scope="Job")]))
+    assert cpu_limit(patched(user_pod(), response)) == "1500m"
 
 
 def test_a_trainjob_needs_the_jobset_support() -> None:

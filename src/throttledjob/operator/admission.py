@@ -28,6 +28,7 @@ from . import metrics, quota, webhook_certs
 from .api_names import GROUP, PLURAL, VERSION
 from .attach import (
     MAX_OWNER_DEPTH,
+    Chain,
     Owner,
     as_template,
     claimants,
@@ -51,28 +52,30 @@ class Cluster(Protocol):
     """What the webhook reads of the API."""
 
     def owner(self, namespace: str, owner: Owner) -> Mapping[str, Any] | None:
-        """The owner object's metadata, or None where it is not there (or not readable)."""
+        """The owner object, or None where it is not there (or not readable)."""
 
     def attached(self, namespace: str) -> list[Mapping[str, Any]]:
         """The namespace's ThrottledJobs (the attached ones are the ones read)."""
 
 
-def owners(cluster: Cluster, namespace: str,
-           pod_meta: Mapping[str, Any]) -> tuple[list[Owner], str | None]:
+def owners(cluster: Cluster, namespace: str, pod_meta: Mapping[str, Any]) -> Chain:
     """The pod's chain of controllers, up to MAX_OWNER_DEPTH (its Job, the Job's JobSet,
-    the JobSet's TrainJob; an owner that cannot be read ends the chain), and the first
-    throttle label on the pod or on one of them (labeledWorkloads)."""
-    chain: list[Owner] = []
-    named = throttle_label(pod_meta)
+    the JobSet's TrainJob; an owner that cannot be read ends the chain), the objects read
+    on the way, and the first throttle label on the pod or on one of them."""
+    chain = Chain([], [], throttle_label(pod_meta))
     meta: Mapping[str, Any] | None = pod_meta
-    while meta is not None and len(chain) < MAX_OWNER_DEPTH:
+    while meta is not None and len(chain.owners) < MAX_OWNER_DEPTH:
         owner = controller_of(meta)
         if owner is None:
             break
-        chain.append(owner)
-        meta = cluster.owner(namespace, owner)
-        named = named or throttle_label(meta)
-    return chain, named
+        chain.owners.append(owner)
+        obj = cluster.owner(namespace, owner)
+        if obj is None:
+            break
+        chain.objects.append(obj)
+        meta = obj.get("metadata") or {}
+        chain.named = chain.named or throttle_label(meta)
+    return chain
 
 
 def review(request: Mapping[str, Any], cluster: Cluster,
@@ -83,11 +86,12 @@ def review(request: Mapping[str, Any], cluster: Cluster,
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
     if request.get("operation") != "CREATE" or throttled(pod):
         return [], None
-    chain, named = owners(cluster, namespace, pod.get("metadata") or {})
-    found = claimants(chain, named, cluster.attached(namespace)) if chain or named else []
+    chain = owners(cluster, namespace, pod.get("metadata") or {})
+    found = claimants(chain.owners, chain.named, cluster.attached(namespace)) \
+        if chain.owners or chain.named else []
     if not found:
         return [], None
-    body = as_template(found[0], pod)
+    body = as_template(found[0], pod, chain.ranks(found[0]))
     try:
         doc = validate(body, settings.allow_host_access, settings.jobsets)
     except SpecError as e:
@@ -144,12 +148,11 @@ class KubeCluster:
         plural = PLURALS.get(owner.kind, owner.kind.lower() + "s")
         base = f"/apis/{owner.api_version}" if group(owner.api_version) else "/api/v1"
         try:
-            found = self.kube.get(f"{base}/namespaces/{namespace}/{plural}/{owner.name}")
+            return self.kube.get(f"{base}/namespaces/{namespace}/{plural}/{owner.name}")
         except ApiError as e:
             if e.status != 403:
                 raise
             return None
-        return (found or {}).get("metadata") if found else None
 
     def attached(self, namespace: str) -> list[Mapping[str, Any]]:
         doc = self.kube.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/"

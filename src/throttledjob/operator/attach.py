@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import cpu_limits
+from . import child, cpu_limits
 from .child import group
 from .children import LABEL_NAME, inject_pod
 from .config import OperatorSettings
@@ -36,6 +36,29 @@ class Owner:
     api_version: str
     kind: str
     name: str
+
+
+@dataclass
+class Chain:
+    """A new pod's chain of controllers as the webhook read it."""
+
+    owners: list[Owner]
+    objects: list[Mapping[str, Any]]  # the owners read, in the same order
+    named: str | None  # the first throttle label on the pod or an owner
+
+    def ranks(self, tj: Mapping[str, Any]) -> int:
+        """How many pods of the workload `tj` names run at once, which scope Job splits
+        its target among: its Job's parallelism, or its JobSet's pods (a TrainJob's
+        JobSet has its name); 1 where that object was not read (the split then moves
+        the pods to their shares at its first read)."""
+        ref = workload_ref(tj.get("spec") or {})
+        kind = child.status_kind(ref) if ref else None
+        for obj in self.objects:
+            if kind and obj.get("kind") == kind and \
+                    (obj.get("metadata") or {}).get("name") == ref["name"]:
+                key = "jobSetTemplate" if kind == "JobSet" else "jobTemplate"
+                return child.pods_at_once({key: {"spec": obj.get("spec") or {}}})
+        return 1
 
 
 def workload_ref(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -101,18 +124,19 @@ def defaulted_requests(pod_spec: Mapping[str, Any]) -> set[str]:
             and cpu_limits.cores(cpu(c, "requests")) == cpu_limits.cores(cpu(c, "limits"))}
 
 
-def as_template_spec(tj_spec: Mapping[str, Any], pod_spec: Mapping[str, Any]) -> dict[str, Any]:
+def as_template_spec(tj_spec: Mapping[str, Any], pod_spec: Mapping[str, Any],
+                     ranks: int = 1) -> dict[str, Any]:
     """The ThrottledJob's spec as if its template were this pod's (its defaulted CPU
-    requests left out, as a template has them): every decision the template mode makes
-    from its template (the kernel's quota against the requests, the workload's UID) is
-    then made from the pod itself."""
+    requests left out, as a template has them), run `ranks` at once: every decision the
+    template mode makes from its template (the kernel's quota against the requests, the
+    workload's UID, scope Job's even share) is then made from the pod itself."""
     spec = {k: v for k, v in tj_spec.items() if k not in (WORKLOAD_REF, LABELED)}
     template = copy.deepcopy(dict(pod_spec))
     defaulted = defaulted_requests(pod_spec)
     for c in template.get("containers") or []:
         if c.get("name") in defaulted:
             c["resources"]["requests"].pop("cpu")
-    spec["jobTemplate"] = {"spec": {"template": {"spec": template}}}
+    spec["jobTemplate"] = {"spec": {"parallelism": ranks, "template": {"spec": template}}}
     return spec
 
 
@@ -121,10 +145,12 @@ def throttled(pod: Mapping[str, Any]) -> bool:
     return LABEL_NAME in ((pod.get("metadata") or {}).get("labels") or {})
 
 
-def as_template(tj: Mapping[str, Any], pod: Mapping[str, Any]) -> dict[str, Any]:
+def as_template(tj: Mapping[str, Any], pod: Mapping[str, Any],
+                ranks: int = 1) -> dict[str, Any]:
     """The ThrottledJob as the template mode's builders and checks read it, its template
     the pod's (as_template_spec)."""
-    return {"metadata": tj["metadata"], "spec": as_template_spec(tj["spec"], pod["spec"])}
+    return {"metadata": tj["metadata"],
+            "spec": as_template_spec(tj["spec"], pod["spec"], ranks)}
 
 
 def pod_patch(pod: Mapping[str, Any], body: Mapping[str, Any], policy_doc: Mapping[str, Any],

@@ -123,9 +123,13 @@ def pods_at_once(spec: Mapping[str, Any]) -> int:
 def pod_containers(spec: Mapping[str, Any], pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The workload containers of the template `pod` was made from: a JobSet's pod by
     its replicatedJob (the JobSet controller's label), where the templates differ (a
-    launcher and its workers); else every template's (containers)."""
+    launcher and its workers); else every template's (containers). In attach mode,
+    with no template, the pod's own."""
     group = ((pod.get("metadata") or {}).get("labels") or {}).get(JOBSET_REPLICATED_JOB_LABEL)
-    for name, _, pod_spec in pod_groups(spec):
+    groups = pod_groups(spec)
+    if not any(pod_spec for _, _, pod_spec in groups):  # attach mode: no template
+        return list((pod.get("spec") or {}).get("containers") or [])
+    for name, _, pod_spec in groups:
         if name is not None and name == group:
             return list(pod_spec.get("containers") or [])
     return containers(spec)

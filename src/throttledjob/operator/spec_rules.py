@@ -49,11 +49,10 @@ SPEC_RULES = (
              "workloads labeled throttledjob.io/throttle with this name)",
              lambda spec: sum(k in spec for k in ("jobTemplate", "jobSetTemplate",
                                                   "workloadRef", "labeledWorkloads")) == 1),
-    SpecRule("!(has(self.workloadRef) || has(self.labeledWorkloads)) || "
+    SpecRule("!has(self.labeledWorkloads) || "
              "!has(self.throttle.scope) || self.throttle.scope == 'Pod'",
-             "attach mode (workloadRef, labeledWorkloads) holds each pod's own target: "
-             "scope must be Pod",
-             lambda spec: not ("workloadRef" in spec or "labeledWorkloads" in spec)
+             "labeledWorkloads has no one job to split a target among: scope must be Pod",
+             lambda spec: "labeledWorkloads" not in spec
              or (spec.get("throttle") or {}).get("scope", DEFAULT_SCOPE) == "Pod"),
 )
 
