@@ -614,6 +614,15 @@ def test_the_attach_webhook_fails_open_and_sees_only_new_unthrottled_pods(tmp_pa
     assert svc["spec"]["selector"].items() <= pod_labels.items()
 
 
+def test_the_attach_webhook_sees_only_the_watched_namespaces(tmp_path) -> None:
+    """With watchNamespaces the operator may read ThrottledJobs there alone: a pod of any
+    other namespace is not sent to the webhook at all."""
+    objs = render({"attach": {"enabled": True}, "watchNamespaces": ["ml", "etl"]}, tmp_path)
+    (mwc,) = by_kind(objs, "MutatingWebhookConfiguration")
+    assert mwc["webhooks"][0]["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ml", "etl"]}]}
+
+
 def test_the_attach_webhook_port_is_open_to_the_api_server_alone(tmp_path) -> None:
     values = {**ALL_ON, "attach": {"enabled": True, "apiServerCIDRs": ["10.0.0.1/32"]}}
     (policy,) = [p for p in by_kind(render(values, tmp_path), "NetworkPolicy")
