@@ -75,7 +75,7 @@ WITH_GO = PATH="$(GO_BIN):$$PATH"
 # started on this machine; admin kubeconfig in .cluster/kubeconfig. The suite reuses it.
 K8S := $(PYTHON) -m tools.k8s.cluster
 # Optional batch components beside it, built from their Go modules on first use
-# (tools/k8s/batch.py): `make cluster WITH=kueue,jobset`; fake GPUs on the real node
+# (tools/k8s/batch.py): `make cluster WITH=kueue,jobset,trainer`; fake GPUs on the real node
 # from a device plugin (tools/k8s/fake_gpus.py): `WITH=fake-gpus`.
 comma := ,
 WITH ?=

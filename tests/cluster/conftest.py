@@ -45,6 +45,18 @@ def jobset_controller(cluster: Any) -> Iterator[None]:
         batch.stop(cluster, started)
 
 
+@pytest.fixture(scope="module")
+def trainer_controller(cluster: Any) -> Iterator[None]:
+    """Kubeflow Trainer and the JobSet it renders TrainJobs into (tools/k8s/batch.py),
+    for one module."""
+    batch.build([batch.TRAINER])
+    started = batch.start(cluster, [batch.TRAINER])
+    try:
+        yield
+    finally:
+        batch.stop(cluster, started)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Any]:
     shared = k8s.Cluster(ROOT / ".cluster")
@@ -119,9 +131,11 @@ def operator(cluster: Any, kubectl: Kubectl, real_node: Any,
         # The docs' values for this cluster, and one namespace to watch.
         ours = tmp_path_factory.mktemp("e2e") / "values.yaml"
         # JobSet's calls too: tests/cluster/test_distributed_live.py runs a JobSet.
+        # Attach mode's webhook too: the TrainJob's test there.
         ours.write_text(json.dumps({"watchNamespaces": [watched],  # JSON is YAML
                                     "operator": {"statusIntervalSeconds": 2},
-                                    "jobset": {"enabled": True}}))
+                                    "jobset": {"enabled": True},
+                                    "attach": {"enabled": True}}))
         helm(cluster, "install", release, str(CHART), "-n", system,
              "-f", str(ONE_MACHINE_VALUES), "-f", str(ours), "--wait", "--timeout", "180s")
         yield watched
@@ -140,8 +154,8 @@ def batch_components(cluster: Any) -> Iterator[Any]:
     started are used and left running. Yields the cluster."""
     require_tool("go")
     require_tool("openssl")
-    batch.build(batch.COMPONENTS)
-    started = batch.start(cluster, batch.COMPONENTS)
+    batch.build([batch.JOBSET, batch.KUEUE])
+    started = batch.start(cluster, [batch.JOBSET, batch.KUEUE])
     try:
         yield cluster
     finally:

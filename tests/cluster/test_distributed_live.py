@@ -186,14 +186,17 @@ JOBSET_INDEX = "jobset.sigs.k8s.io/job-global-index"
 
 
 def run_ddp(kubectl: Kubectl, real_node: Any, namespace: str, job: str,
-            objects: list[dict[str, Any]], jobset: bool = False) -> DdpRun:
+            objects: list[dict[str, Any]], jobset: bool = False,
+            rank_label: str | None = None, container: str = "work") -> DdpRun:
     """Apply `objects` (a headless Service and the Indexed Job `job`, a ThrottledJob
     whose Job the operator names `job`, or one whose child is the JobSet `job`), sample
     each rank's workload container every second until the child has finished, and read
-    what each rank printed. It must complete, every rank having run every step."""
-    name_label, rank_label = (JOBSET_NAME, JOBSET_INDEX) if jobset else (JOB_NAME, JOB_INDEX)
+    what each rank printed. It must complete, every rank having run every step. A
+    JobSet's ranks are its Jobs' (JOBSET_INDEX), or `rank_label`'s."""
+    name_label = JOBSET_NAME if jobset else JOB_NAME
+    rank_label = rank_label or (JOBSET_INDEX if jobset else JOB_INDEX)
     samplers = [CgroupSampler(real_node, kubectl, namespace,
-                              f"{name_label}={job},{rank_label}={rank}", "work")
+                              f"{name_label}={job},{rank_label}={rank}", container)
                 for rank in range(RANKS)]
     kubectl.apply(*objects)
     split = SplitWatch(kubectl, namespace, job) if any(
@@ -211,7 +214,7 @@ def run_ddp(kubectl: Kubectl, real_node: Any, namespace: str, job: str,
             split.stop()
     pods = kubectl.json("get", "pods", "-n", namespace, "-l", f"{name_label}={job}")["items"]
     logs = {int(p["metadata"]["labels"][rank_label]):
-            kubectl("logs", "-n", namespace, p["metadata"]["name"], "-c", "work",
+            kubectl("logs", "-n", namespace, p["metadata"]["name"], "-c", container,
                     check=False).stdout for p in pods}
     ended = {c["type"] for c in done["status"]["conditions"] if c["status"] == "True"}
     assert ended & {"Complete", "Completed"} and "Failed" not in ended, (done["status"], logs)
@@ -380,6 +383,74 @@ def test_a_jobset_under_a_job_wide_target_splits_it_between_its_jobs(
     assert run.p99() <= SUMMED_BOUND, run.describe()
     assert len(ranks) == RANKS and all(r["pod"].startswith(f"{name}-worker-") for r in ranks)
     assert run.held_ratio() > 1.5, run.held
+    wait_json(kubectl, lambda t: (t.get("status") or {}).get("phase") == "Succeeded", "tj",
+              "-n", namespace, name, what="the ThrottledJob Succeeded")
+
+
+TRAINER_API = "trainer.kubeflow.org/v1alpha1"
+
+
+def trainjob_and_runtime(name: str, namespace: str) -> list[dict[str, Any]]:
+    """The same two ranks as a Kubeflow TrainJob, as its user submits one: a
+    TrainingRuntime of the platform's (one replicatedJob `node`, plain ML policy) and the
+    TrainJob naming it with two nodes. Trainer renders it into a JobSet of its name whose
+    `node` Job runs the two pods, indexed; rank 0 is `<name>-node-0-0.<name>`."""
+    spec = ddp_job_spec(name, name, {"requests": REQUESTS})
+    pod = spec["template"]["spec"]
+    del pod["subdomain"]
+    (work,) = pod["containers"]
+    work["name"] = "node"  # the trainer container Trainer looks for
+    work["env"] = [e for e in work["env"] if e["name"] != "MASTER_ADDR"] + [
+        {"name": "MASTER_ADDR", "value": f"{name}-node-0-0.{name}"}]
+    job = {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+           "spec": {"completionMode": "Indexed", "backoffLimit": 0,
+                    "template": spec["template"]}}
+    runtime = {"apiVersion": TRAINER_API, "kind": "TrainingRuntime",
+               "metadata": {"name": f"{name}-runtime", "namespace": namespace},
+               "spec": {"mlPolicy": {"numNodes": 1}, "template": {"spec": {
+                   "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+                   "replicatedJobs": [{"name": "node", "template": job}]}}}}
+    trainjob = {"apiVersion": TRAINER_API, "kind": "TrainJob",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org",
+                                        "kind": "TrainingRuntime", "name": f"{name}-runtime"},
+                         "trainer": {"numNodes": RANKS}}}
+    return [runtime, trainjob]
+
+
+def attached_job_wide(name: str, namespace: str) -> dict[str, Any]:
+    """A ThrottledJob that names the TrainJob `name` and holds it to the job-wide target."""
+    return {"apiVersion": api_names.API_VERSION, "kind": api_names.KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"workloadRef": {"apiVersion": TRAINER_API, "kind": "TrainJob",
+                                     "name": name},
+                     "throttle": {"scope": "Job",
+                                  "targets": {"cpu": {"peak": f"{JOB_CORES:g}"}}}}}
+
+
+def test_a_trainjob_attached_by_reference_is_held_to_its_job_wide_target(
+        trainer_controller: None, operator: str, real_node: Any, kubectl: Kubectl,
+        torch_image: str) -> None:
+    """The workload users already run: a TrainJob, not changed by a single field, its
+    pods throttled by the chart's admission webhook (attach.enabled, called by the API
+    server through its Service) as Trainer's JobSet makes them: each starts at the even
+    share of the job's core, the split moves them by cost, the kernel's accounting holds
+    the two within the same bound, and the ThrottledJob ends with its workload."""
+    namespace, name = operator, "ddp-trainjob"
+    run = run_ddp(kubectl, real_node, namespace, name,
+                  [attached_job_wide(name, namespace), *trainjob_and_runtime(name, namespace)],
+                  jobset=True, rank_label=JOB_INDEX, container="node")
+    ranks = run.status.get("ranks") or []
+    print(f"DDP TrainJob, attached, job-wide {JOB_CORES:g} core: {run.describe()}; "
+          f"status.ranks {ranks}")
+    assert run.p99() <= SUMMED_BOUND, run.describe()
+    assert [s.quota_cores for s in run.samplers] != [None] * RANKS, run.describe()
+    assert len(ranks) == RANKS and all(r["pod"].startswith(f"{name}-node-") for r in ranks)
+    assert run.held_ratio() > 1.5, run.held
+    trainjob = kubectl.json("get", "trainjob", "-n", namespace, name)
+    assert not trainjob["metadata"].get("ownerReferences")
+    assert not any(k.startswith("throttledjob.io/")
+                   for k in trainjob["metadata"].get("labels") or {})
     wait_json(kubectl, lambda t: (t.get("status") or {}).get("phase") == "Succeeded", "tj",
               "-n", namespace, name, what="the ThrottledJob Succeeded")
 

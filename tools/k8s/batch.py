@@ -1,15 +1,15 @@
-"""Optional batch components beside the test cluster: Kueue and JobSet.
+"""Optional batch components beside the test cluster: Kueue, JobSet and Kubeflow Trainer.
 
 Each is the project's own manager built from its Go module (tools/k8s/build.sh
 --with-kueue/--with-jobset, cached in ~/.cache/throttledjob/batch), run as a host
 process of the cluster (`Cluster.start_process`: `down` stops it) with the admin
-kubeconfig, its CRDs taken from the module's config/components/crd/bases, and its
-webhooks served on loopback with a certificate of a CA made here: the module's
-config/components/webhook/manifests.yaml, its service references turned into
-`https://127.0.0.1:<port><path>` with that CA as caBundle.
+kubeconfig, its CRDs taken from the module (CRDS), and its webhooks served on loopback
+with a certificate of a CA made here: the module's webhook manifests (WEBHOOKS), their
+service references turned into `https://127.0.0.1:<port><path>` with that CA as
+caBundle.
 
-    python -m tools.k8s.cluster up --with-kueue --with-jobset
-    python -m tools.k8s.cluster build --with-kueue --with-jobset
+    python -m tools.k8s.cluster up --with-kueue --with-jobset --with-trainer
+    python -m tools.k8s.cluster build --with-kueue --with-jobset --with-trainer
 
 Kueue manages batch/v1 Jobs (and JobSets when JobSet is on) that carry the label
 kueue.x-k8s.io/queue-name, never one without it; no leader election, no internal
@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import re
 import subprocess
 import time
@@ -38,10 +39,19 @@ if TYPE_CHECKING:
     from tools.k8s.cluster import Cluster
 
 HERE = Path(__file__).resolve().parent
-KUEUE, JOBSET = "kueue", "jobset"
-COMPONENTS = (JOBSET, KUEUE)  # the order they start in: Kueue looks for JobSet's CRD
-MODULES = {KUEUE: "sigs.k8s.io/kueue", JOBSET: "sigs.k8s.io/jobset"}
-VERSION_KEYS = {KUEUE: "KUEUE_VERSION", JOBSET: "JOBSET_VERSION"}
+KUEUE, JOBSET, TRAINER = "kueue", "jobset", "trainer"
+# The order they start in: Kueue looks for JobSet's CRD; Trainer renders TrainJobs into
+# JobSets.
+COMPONENTS = (JOBSET, KUEUE, TRAINER)
+MODULES = {KUEUE: "sigs.k8s.io/kueue", JOBSET: "sigs.k8s.io/jobset",
+           TRAINER: "github.com/kubeflow/trainer/v2"}
+VERSION_KEYS = {KUEUE: "KUEUE_VERSION", JOBSET: "JOBSET_VERSION", TRAINER: "TRAINER_VERSION"}
+# Where each module keeps its CRDs and its webhooks' manifests.
+CRDS = {KUEUE: "config/components/crd/bases", JOBSET: "config/components/crd/bases",
+        TRAINER: "manifests/base/crds"}
+WEBHOOKS = {KUEUE: "config/components/webhook/manifests.yaml",
+            JOBSET: "config/components/webhook/manifests.yaml",
+            TRAINER: "manifests/base/webhook/manifests.yaml"}
 KUEUE_NAMESPACE = "kueue-system"
 # Kueue reads its metrics server's certificate from this fixed path when it does not
 # manage certificates itself (cmd/kueue/main.go); nothing else there is used.
@@ -68,7 +78,11 @@ def binary(name: str) -> Path:
 
 
 def ordered(names: Iterable[str]) -> list[str]:
+    """`names` in the order they start, with what they need (Trainer's TrainJobs run as
+    JobSets)."""
     wanted = set(names)
+    if TRAINER in wanted:
+        wanted.add(JOBSET)
     unknown = wanted - set(COMPONENTS)
     if unknown:
         raise ValueError(f"unknown batch components: {sorted(unknown)}")
@@ -165,9 +179,11 @@ def _start_one(cluster: Cluster, name: str, timeout: float) -> None:
     source = module_dir(name)
     certs = _certs(cluster.dir / "batch-certs")
     ports = {k: free_port() for k in ("webhook", "health", "metrics")}
-    bases = source / "config" / "components" / "crd" / "bases"
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(bases))
-    crds = [c["metadata"]["name"] for c in _objects(kubectl, bases)]
+    # The CRDs' files alone (Trainer's directory also holds its kustomization).
+    bases = [str(p) for p in sorted((source / CRDS[name]).glob("*.yaml"))
+             if p.name != "kustomization.yaml"]
+    kubectl("apply", "--server-side", "--force-conflicts", *[f"-f={b}" for b in bases])
+    crds = [c["metadata"]["name"] for b in bases for c in _objects(kubectl, Path(b))]
     kubectl("wait", "--for=condition=Established", "--timeout=60s",
             *[f"crd/{c}" for c in crds])
     config = cluster.dir / f"{name}-config.yaml"
@@ -180,11 +196,13 @@ def _start_one(cluster: Cluster, name: str, timeout: float) -> None:
         config.write_text(json.dumps(_kueue_config(ports, certs, frameworks), indent=1))
         args = ["--config", str(config), "--feature-gates", "VisibilityOnDemand=false"]
     else:
-        config.write_text(json.dumps(_jobset_config(ports, certs), indent=1))
+        maker = _jobset_config if name == JOBSET else _trainer_config
+        config.write_text(json.dumps(maker(ports, certs), indent=1))
         args = ["--config", str(config)]
     started = time.monotonic()
     cluster.start_process(name, [*args, "--kubeconfig", str(cluster.kubeconfig)],
-                          str(program))
+                          str(program), env=_trainer_env(cluster, certs)
+                          if name == TRAINER else None)
     cluster.update_state(batch={**cluster.state.get("batch", {}),
                                 name: {"ports": ports, "frameworks": frameworks
                                        if name == KUEUE else []}})
@@ -205,7 +223,7 @@ def _start_one(cluster: Cluster, name: str, timeout: float) -> None:
                 "conversionReviewVersions": ["v1"],
                 "clientConfig": {"url": f"{url}/convert",
                                  "caBundle": _b64(ca)}}}}}))
-    probe = _kueue_probe if name == KUEUE else _jobset_probe
+    probe = {KUEUE: _kueue_probe, JOBSET: _jobset_probe, TRAINER: _trainer_probe}[name]
     cluster.wait(lambda: probe(kubectl), timeout, f"the API server calling {name}'s webhooks")
     batch[name]["start_seconds"] = round(time.monotonic() - started, 1)
     cluster.update_state(batch=batch)
@@ -236,6 +254,31 @@ def _jobset_config(ports: dict[str, int], certs: Path) -> dict[str, Any]:
     }
 
 
+def _trainer_config(ports: dict[str, int], certs: Path) -> dict[str, Any]:
+    """Trainer reads its webhook's certificate from controller-runtime's default place
+    (_trainer_env), not from its configuration."""
+    return {
+        "apiVersion": "config.trainer.kubeflow.org/v1alpha1", "kind": "Configuration",
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['health']}",
+                   "readinessEndpointName": "readyz", "livenessEndpointName": "healthz"},
+        "metrics": {"bindAddress": f"127.0.0.1:{ports['metrics']}", "secureServing": False},
+        "webhook": {"port": ports["webhook"], "host": "127.0.0.1"},
+        "leaderElection": {"leaderElect": False},
+        "certManagement": {"enable": False},
+    }
+
+
+def _trainer_env(cluster: Cluster, certs: Path) -> dict[str, str]:
+    """The environment of Trainer's manager: controller-runtime looks for the webhook's
+    certificate in $TMPDIR/k8s-webhook-server/serving-certs, one of this cluster's."""
+    tmp = cluster.dir / "trainer-tmp"
+    serving = tmp / "k8s-webhook-server" / "serving-certs"
+    serving.mkdir(parents=True, exist_ok=True)
+    for f in ("tls.crt", "tls.key"):
+        (serving / f).write_bytes((certs / f).read_bytes())
+    return {**os.environ, "TMPDIR": str(tmp)}
+
+
 def _webhook_configurations(kubectl: Any, source: Path, name: str, url: str, ca: bytes,
                             frameworks: list[str]) -> list[dict[str, Any]]:
     """The module's webhook manifests, pointed at `url`, reduced to what the manager
@@ -248,8 +291,7 @@ def _webhook_configurations(kubectl: Any, source: Path, name: str, url: str, ca:
     if "jobset.x-k8s.io/jobset" in frameworks:
         groups.add("jobset.x-k8s.io")
     out = []
-    manifests = source / "config" / "components" / "webhook" / "manifests.yaml"
-    for obj in _objects(kubectl, manifests):
+    for obj in _objects(kubectl, source / WEBHOOKS[name]):
         kind = "mutating" if obj["kind"].startswith("Mutating") else "validating"
         hooks = []
         for hook in obj["webhooks"]:
@@ -299,6 +341,17 @@ def _jobset_probe(kubectl: Any) -> bool:
     if out.returncode != 0:
         return False
     return (json.loads(out.stdout)["spec"].get("network") or {}).get("enableDNSHostnames") is True
+
+
+def _trainer_probe(kubectl: Any) -> bool:
+    """Trainer's TrainJob validator refuses a TrainJob whose runtime is not there (a dry
+    run: nothing stays)."""
+    trainjob = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                "metadata": {"generateName": "trainer-probe-", "namespace": "default"},
+                "spec": {"runtimeRef": {"name": "throttledjob-probe-absent"}}}
+    out = kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                  stdin=json.dumps(trainjob), check=False)
+    return "validator.trainjob.trainer.kubeflow.org" in out.stderr
 
 
 # --- helpers ---------------------------------------------------------------------------------

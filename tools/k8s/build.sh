@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Builds the pinned Kubernetes control plane, kubectl, the kubelet (the real node,
 # tools/k8s/node.py), etcd, KWOK, CoreDNS (the cluster's DNS, tools/k8s/dns.py),
-# Prometheus (with Kubernetes discovery) and, when asked, JobSet and Kueue from Go
-# modules (the module proxy is the only source reachable here) into a cache outside the
-# repo. Idempotent: a second run with the binaries present returns at once.
+# Prometheus (with Kubernetes discovery) and, when asked, JobSet, Kueue and Kubeflow
+# Trainer from Go modules (the module proxy is the only source reachable here) into a
+# cache outside the repo. Idempotent: a second run with the binaries present returns at once.
 #
 #   tools/k8s/build.sh              build what is missing, print the bin directory
 #   tools/k8s/build.sh --regenerate rewrite tools/k8s/binaries/go.mod and go.sum
-#   tools/k8s/build.sh --with-kueue --with-jobset
+#   tools/k8s/build.sh --with-kueue --with-jobset --with-trainer
 #                                   also the optional batch managers (tools/k8s/batch.py),
 #                                   into $cache/batch/<name>-<version>
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/versions.env"
+. "$here/versions-batch.env"
 
 cache="${THROTTLEDJOB_CACHE:-$HOME/.cache/throttledjob}"
 bin="$cache/k8s/$K8S_VERSION/bin"
@@ -99,19 +100,26 @@ graph() {
     rmdir "$tmp"
 }
 
-# Kueue: `go install pkg@version` builds it from its own module (no replace directives),
-# into a private GOBIN, then moved into place.
-kueue() {
-    local dest="$batch/kueue-$KUEUE_VERSION" tmp
-    wanted kueue && [[ ! -x "$dest" ]] || return 0
-    echo "building kueue $KUEUE_VERSION" >&2
+# Kueue and Kubeflow Trainer: `go install pkg@version` builds each from its own module (no
+# replace directives), into a private GOBIN, then moved into place.
+own_module() {
+    local name="$1" version="$2" pkg="$3" ldflags="$4" dest tmp
+    dest="$batch/$name-$version"
+    wanted "$name" && [[ ! -x "$dest" ]] || return 0
+    echo "building $name $version" >&2
     mkdir -p "$batch"
-    tmp="$(mktemp -d "$cache/.build-kueue.XXXXXX")"
-    GOBIN="$tmp" go install \
-        -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
-        "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
-    mv "$tmp/kueue" "$dest"
+    tmp="$(mktemp -d "$cache/.build-$name.XXXXXX")"
+    GOBIN="$tmp" go install -ldflags "-s -w $ldflags" "$pkg@$version"
+    mv "$tmp/$(basename "$pkg")" "$dest"
     rmdir "$tmp"
+}
+kueue() {
+    own_module kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue \
+        "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
+}
+trainer() {
+    own_module trainer "$TRAINER_VERSION" \
+        github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager ""
 }
 
 if [[ "${1:-}" == "--regenerate" ]]; then regenerate; exit 0; fi
@@ -120,6 +128,7 @@ for arg in "$@"; do
     case "$arg" in
         --with-kueue) batch_components+=(kueue) ;;
         --with-jobset) batch_components+=(jobset) ;;
+        --with-trainer) batch_components+=(trainer) ;;
         *) echo "build.sh: unknown argument $arg" >&2; exit 2 ;;
     esac
 done
@@ -133,10 +142,10 @@ if [[ "$(cat "$bin/.pins" 2>/dev/null)" != "$pins" ]]; then
     rm -f "$bin"/* "$batch/jobset-$JOBSET_VERSION"
     echo "$pins" > "$bin/.pins"
 fi
-# Two streams, sharing Go's build and module caches (both safe to share): Kueue's module
-# fills what the graph's links and downloads leave idle.
+# Two streams, sharing Go's build and module caches (both safe to share): the modules of
+# their own fill what the graph's links and downloads leave idle.
 ( graph ) & graph_pid=$!
-( kueue ) & kueue_pid=$!
+( kueue && trainer ) & kueue_pid=$!
 failed=0
 wait "$graph_pid" || failed=1
 wait "$kueue_pid" || failed=1

@@ -248,7 +248,10 @@ class Cluster:
             "--kubelet-client-key", str(certs / "kubelet-client.key"),
             "--kubelet-certificate-authority", str(certs / "ca.crt"),
             # A node's name resolves nowhere here: call the kubelet at its InternalIP.
-            "--kubelet-preferred-address-types", "InternalIP", "--v", "1"])
+            "--kubelet-preferred-address-types", "InternalIP",
+            # A webhook behind a Service (the chart's attach webhook) is called at its
+            # endpoint's pod IP, which this machine reaches; no ClusterIP is routed here.
+            "--enable-aggregator-routing=true", "--v", "1"])
         self._wait(lambda: (self.dir / "certs" / "apiserver.crt").exists() and self.running(),
                    timeout, "kube-apiserver /readyz")
         admin = self.kubeconfig_for(token, self.kubeconfig, ADMIN)

@@ -16,12 +16,14 @@ def cache_dir() -> Path:
 
 
 def versions() -> dict[str, str]:
-    """The pinned versions of everything the cluster builds (tools/k8s/versions.env)."""
+    """The pinned versions of everything the cluster builds (tools/k8s/versions.env, and
+    versions-batch.env for the batch components built from modules of their own)."""
     out = {}
-    for line in (Path(__file__).resolve().parent / "versions.env").read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            key, value = line.split("=", 1)
-            out[key.strip()] = value.strip()
+    for name in ("versions.env", "versions-batch.env"):
+        for line in (Path(__file__).resolve().parent / name).read_text().splitlines():
+            if "=" in line and not line.lstrip().startswith("#"):
+                key, value = line.split("=", 1)
+                out[key.strip()] = value.strip()
     return out
 
 
