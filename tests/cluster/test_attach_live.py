@@ -1,11 +1,10 @@
 """Attach mode on a real API server: a ThrottledJob that names a Job someone else made
 (or whose name a CronJob's Jobs carry in their throttle label) throttles its pods as the
-API server creates them, through the operator's mutating
-admission webhook (a real MutatingWebhookConfiguration calling it, failurePolicy
-Ignore); the Job itself is left as its maker wrote it; with the webhook down a pod starts
-unthrottled and the ThrottledJob says which. The operator runs with the chart's RBAC for
-attach mode, so the real authorizer judges each of its calls. The pods run on the KWOK
-node."""
+API server creates them, through the operator's mutating admission webhook (a real
+MutatingWebhookConfiguration calling it, failurePolicy Ignore); the Job itself is left as
+its maker wrote it; with the webhook down a pod starts unthrottled and the ThrottledJob
+says which. The operator runs with the chart's RBAC for attach mode, so the real
+authorizer judges each of its calls. The pods run on the KWOK node."""
 
 from __future__ import annotations
 
@@ -13,48 +12,22 @@ import base64
 from pathlib import Path
 from typing import Any
 
+from testing.attach import attach_operator
 from testing.cluster_cli import (
     OPERATOR_NAMESPACE,
     TIMEOUT,
     Kubectl,
-    helm_template,
-    operator_identity,
     tj_condition,
     tj_events,
     wait_json,
 )
 from testing.helpers import wait_for
-from testing.http import free_port
 from testing.manifests import tj_manifest
-from testing.operator_process import OperatorProcess
 from throttledjob.operator import api_names
-from throttledjob.operator.admission import PATH
 from throttledjob.operator.attach import THROTTLE_LABEL
 from throttledjob.operator.children import LABEL_NAME
 
 RELEASE = "tja"
-
-
-def chart_webhook(cluster: Any, kubectl: Kubectl, namespace: str, port: int,
-                  tmp: Path) -> tuple[OperatorProcess, dict[str, Any], list[dict[str, Any]]]:
-    """The operator as the chart runs it with attach.enabled: its ServiceAccount and RBAC
-    (so the real authorizer judges every call it makes), its webhook settings and its
-    MutatingWebhookConfiguration, but served on loopback (the API server runs on this
-    machine) and for this test's namespace alone."""
-    values = {"attach": {"enabled": True}}
-    kubeconfig, _, rbac = operator_identity(cluster, kubectl, RELEASE, values, tmp)
-    objs = helm_template(RELEASE, values, tmp)
-    (mwc,) = [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"]
-    (deploy,) = [o for o in objs if o["kind"] == "Deployment"]
-    env = {e["name"]: e["value"] for e in deploy["spec"]["template"]["spec"]["containers"][0]
-           ["env"] if e["name"].startswith("THROTTLEDJOB_WEBHOOK_")}
-    (hook,) = mwc["webhooks"]
-    hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{PATH}"}
-    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    op = OperatorProcess(kubeconfig, tmp)
-    op.env.update({**env, "THROTTLEDJOB_WEBHOOK_PORT": str(port),
-                   "THROTTLEDJOB_WEBHOOK_HOSTS": "127.0.0.1"})
-    return op, mwc, [o for o in rbac if o["kind"] != "ServiceAccount"]
 
 
 def user_job(name: str, namespace: str) -> dict[str, Any]:
@@ -105,12 +78,9 @@ def sidecar(pod: dict[str, Any]) -> bool:
 def test_a_job_someone_else_made_is_throttled_by_admission(
         cluster: Any, kubectl: Kubectl, crd_installed: None, namespace: str,
         tmp_path: Path) -> None:
-    real_operator, mwc, rbac = chart_webhook(cluster, kubectl, namespace, free_port(),
-                                             tmp_path)
-    config = mwc["metadata"]["name"]
-    secret = real_operator.env["THROTTLEDJOB_WEBHOOK_SECRET"].split("/")[1]
-    kubectl.apply(mwc)
-    try:
+    with attach_operator(cluster, kubectl, namespace, tmp_path, RELEASE) as real_operator:
+        config = real_operator.env["THROTTLEDJOB_WEBHOOK_CONFIG"]
+        secret = real_operator.env["THROTTLEDJOB_WEBHOOK_SECRET"].split("/")[1]
         real_operator.start()
         # The CA the operator made is in the configuration, and is the Secret's.
         hook = wait_json(kubectl, lambda o: o["webhooks"][0]["clientConfig"].get("caBundle"),
@@ -172,14 +142,3 @@ def test_a_job_someone_else_made_is_throttled_by_admission(
             assert said["reason"] == "PodsNotThrottled"
             assert pod["metadata"]["name"] in said["message"], said
             assert ("Warning", "PodsNotThrottled") in tj_events(kubectl, namespace, tj)
-    except BaseException:
-        print(f"--- operator log ---\n{real_operator.log_text()}")
-        raise
-    finally:
-        real_operator.stop()
-        kubectl("delete", "--ignore-not-found", f"mutatingwebhookconfiguration/{config}")
-        kubectl("delete", "--ignore-not-found", "-n", OPERATOR_NAMESPACE, f"secret/{secret}")
-        for obj in rbac:
-            ns = obj["metadata"].get("namespace")
-            kubectl("delete", "--ignore-not-found", *(["-n", ns] if ns else []),
-                    f"{obj['kind'].lower()}/{obj['metadata']['name']}")

@@ -12,10 +12,14 @@ from typing import Any
 
 import pytest
 
+from testing.attach import attach_operator
 from testing.cluster_cli import Kubectl, operator_identity, wait_json
 from testing.helpers import wait_for
 from testing.manifests import tj_manifest
 from testing.operator_process import OperatorProcess
+from throttledjob.operator import api_names
+from throttledjob.operator.attach import THROTTLE_LABEL
+from throttledjob.operator.children import LABEL_NAME
 from tools.k8s.batch import JOBSET_NAME_LABEL, QUEUE_LABEL
 from tools.k8s.cluster import ON_KWOK  # KWOK's node: pods go Running, then Succeeded
 
@@ -309,3 +313,38 @@ def test_an_indexed_throttledjob_is_admitted_whole_or_not_at_all(
              "both ranks' pods")
     wait_for(lambda: phase(kubectl, namespace, "ranks") == "Succeeded", TIMEOUT, 0.2,
              "the ranks Succeeded")
+
+
+def test_a_queued_job_joined_by_label_is_throttled_as_kueue_lets_its_pod_start(
+        batch_components: Any, kubectl: Kubectl, crd_installed: None, namespace: str,
+        local_queue: str, tmp_path: Path) -> None:
+    """Attach mode under Kueue: a Job that carries Kueue's queue label and ours (as a
+    CronJob's jobTemplate would give it) waits suspended in the queue as any other;
+    once admitted, its pod is throttled by the webhook as the Job controller makes it,
+    and the Job and its Workload stay Kueue's and their maker's."""
+    with attach_operator(batch_components, kubectl, namespace, tmp_path, "kqa",
+                         {"kueue": {"enabled": True}}) as op:
+        op.env["THROTTLEDJOB_STATUS_INTERVAL"] = "1"
+        op.start()
+        tj = tj_manifest("etl", namespace, throttle={
+            "targets": {"cpu": {"peak": "300m"}}, "enforcement": "Quota"})
+        del tj["spec"]["jobTemplate"]
+        tj["spec"]["labeledWorkloads"] = {}
+        kubectl.apply(tj)
+        wait_for(lambda: phase(kubectl, namespace, "etl") == "Running", TIMEOUT, 0.2,
+                 "the labeled ThrottledJob Running")
+        job = queued_job("nightly-1", namespace, local_queue, cpu="200m", run_for="1h")
+        job["metadata"]["labels"][THROTTLE_LABEL] = "etl"
+        kubectl.apply(job)
+        wait_admitted(kubectl, namespace, "nightly-1")
+        (pod,) = pods_of(kubectl, namespace, "job-name=nightly-1")
+        assert pod["metadata"]["labels"][LABEL_NAME] == "etl"
+        assert api_names.SIDECAR_CONTAINER in [c["name"] for c in pod["spec"]["initContainers"]]
+        (main,) = pod["spec"]["containers"]
+        assert main["resources"]["limits"]["cpu"] == "300m"  # the target, the kernel's
+        assert main["resources"]["requests"]["cpu"] == "200m"  # its maker's, as admitted
+        wait_for(lambda: condition(tj_of(kubectl, namespace, "etl"), "PodsThrottled")
+                 .get("status") == "True", TIMEOUT, 0.2, "PodsThrottled True")
+        made = kubectl.json("get", "job", "-n", namespace, "nightly-1")
+        assert made["metadata"]["labels"] == job["metadata"]["labels"]
+        assert workload_of(kubectl, namespace, "nightly-1")["spec"].get("active", True)
