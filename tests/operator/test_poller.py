@@ -78,10 +78,12 @@ class SlowLoris:
 
 
 class MemoryKube:
-    """The three calls the poller makes, on ThrottledJobs and pods held in dicts."""
+    """The three calls the poller makes, on ThrottledJobs, other objects (by path) and
+    pods held in dicts."""
 
     def __init__(self) -> None:
         self.tjs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.objects: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, list[dict[str, Any]]] = {}
         self.lock = threading.Lock()
 
@@ -90,6 +92,7 @@ class MemoryKube:
     def get(self, path: str) -> dict[str, Any] | None:
         with self.lock:
             found = [tj for (ns, name), tj in self.tjs.items() if path == Kube.tj_path(ns, name)]
+            found += [o for p, o in self.objects.items() if p == path]
             return copy.deepcopy(found[0]) if found else None
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -340,6 +343,30 @@ def test_a_child_is_found_at_the_kind_it_was_made_whatever_the_spec_says_now() -
     job = child.path("ml", "train", False)
     assert get_child(Api("jobs"), "ml", "train", jobset=True) == {"path": job}
     assert get_child(Api(None, jobsets_forbidden=True), "ml", "train", jobset=False) is None
+
+
+def test_an_attached_workloads_end_shows_at_the_next_read_not_the_resync(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workload someone else made carries no label of ours, so no watch of ours sees it
+    end: the sidecars' tick reads it too, and the ThrottledJob ends with it."""
+    from throttledjob.operator import child
+
+    monkeypatch.setattr(kopf, "event", lambda *a, **k: None)
+    kube = MemoryKube()
+    job = {"kind": "Job", "metadata": {"name": "user-job", "uid": "uid-job"},
+           "status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}}
+    kube.objects[child.path("ml", "user-job", False)] = job
+    kube.tjs[("ml", "hold")] = {
+        "metadata": {"name": "hold", "namespace": "ml", "uid": "uid-tj", "generation": 1},
+        "spec": {"workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": "user-job"},
+                 "throttle": {"targets": {"cpu": {"peak": "1"}}}},
+        "status": {"phase": "Running", "jobName": "user-job"}}
+    state = OperatorState(OperatorSettings(resync_seconds=3600), kube,  # type: ignore[arg-type]
+                          HttpStatusReader(DEADLINE))
+    state.attached.add(("ml", "hold"))
+    state.job_uids[("ml", "hold")] = "uid-job"
+    read_sidecars(state, "ml", "hold", "user-job")
+    assert kube.tjs[("ml", "hold")]["status"]["phase"] == "Succeeded"
 
 
 def test_the_operator_serves_what_it_read_and_failed_as_prometheus_metrics(

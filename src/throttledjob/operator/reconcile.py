@@ -140,13 +140,19 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         return
     readings = read_reports(state, namespace, name, uid,
                             job_pods(state.kube, namespace, name, uid))
-    if key in state.attached:
-        readings = dataclasses.replace(readings, unthrottled=unthrottled_pods(
-            state.kube, namespace, uid, state.is_jobset(namespace, name)))
+    seen = Seen(readings=readings)
+    if key in state.attached and job:
+        jobset = state.is_jobset(namespace, name)
+        # Someone else's workload: no watch of ours sees it change (the operator's watch
+        # takes children with its label), so each read looks at it; else its end showed
+        # only at the next resync.
+        seen = Seen(readings=dataclasses.replace(readings, unthrottled=unthrottled_pods(
+                        state.kube, namespace, uid, jobset)),
+                    child=Found(get_child(state.kube, namespace, job, jobset), job))
     # Read after the sidecars (up to their deadline each): the status write starts from it.
     tj = state.kube.get(state.kube.tj_path(namespace, name))
     if tj is not None:
-        _pass(state, tj, Seen(readings=readings), read=tj)
+        _pass(state, tj, seen, read=tj)
 
 
 def policy_of(tj: Mapping[str, Any], state: OperatorState) -> Policy:
