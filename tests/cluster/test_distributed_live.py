@@ -16,6 +16,10 @@ sets the pace and rank 0 waits (asleep, not spinning) for it.
 - Two independent pods of unequal length under a job-wide target: the short one's share
   goes to the long one when it ends.
 
+- The workloads users already run, attached (attach mode, the chart's webhook): the same
+  two ranks as a Kubeflow TrainJob under a job-wide target; a CronJob's Job joined by
+  label and a JobSet named by reference, each held to its own target.
+
 Judged by the kernel's own accounting: each pod's workload container sampled every
 second from the node (cpuacct), the two added up second by second.
 """
@@ -40,6 +44,8 @@ from testing.node_samples import CgroupSampler, on_real_node, summed
 from testing.paths import ROOT
 from throttledjob.contracts.policy import parse_cpu_quantity
 from throttledjob.operator import api_names
+from throttledjob.operator.attach import THROTTLE_LABEL
+from throttledjob.operator.children import LABEL_NAME
 from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
 from tools.k8s import images
@@ -453,6 +459,76 @@ def test_a_trainjob_attached_by_reference_is_held_to_its_job_wide_target(
                    for k in trainjob["metadata"].get("labels") or {})
     wait_json(kubectl, lambda t: (t.get("status") or {}).get("phase") == "Succeeded", "tj",
               "-n", namespace, name, what="the ThrottledJob Succeeded")
+
+
+ATTACHED_CORES = 0.5
+# Two Pythons of about 3 s of one core each: held to half a core, about 12 s.
+BURNER = ["sh", "-c", "python -c 'for _ in range(100_000_000): pass' & a=$!; "
+                      "python -c 'for _ in range(100_000_000): pass' & b=$!; "
+                      "wait $a && wait $b"]
+
+
+def burner_pod() -> dict[str, Any]:
+    return on_real_node({"containers": [{
+        "name": "work", "image": images.PRODUCT_IMAGE, "imagePullPolicy": "Never",
+        "command": BURNER, "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+        "securityContext": CONTAINER_SECURITY}]})
+
+
+def test_a_cronjobs_job_by_label_and_a_jobset_by_reference_hold_their_targets(
+        trainer_controller: None, operator: str, real_node: Any, kubectl: Kubectl) -> None:
+    """The other workloads users already run, side by side on the real node: a CronJob
+    whose Jobs join a standing ThrottledJob by one label on its jobTemplate (a Job made
+    from it, as `kubectl create job --from` does), and a JobSet a ThrottledJob names.
+    Each pod asks for two cores and is held to half of one by the kernel's quota the
+    webhook set, within the product's bound; the user's objects are left as written."""
+    namespace = operator
+    # Hard: a 4x slowdown passes any budget, which would lift the limit.
+    throttle = {"targets": {"cpu": {"peak": f"{ATTACHED_CORES:g}"}, "hold": "Hard"},
+                "enforcement": "Quota"}
+    tj = {"apiVersion": api_names.API_VERSION, "kind": api_names.KIND}
+    labeled = {**tj, "metadata": {"name": "nightly", "namespace": namespace},
+               "spec": {"labeledWorkloads": {}, "throttle": throttle}}
+    by_ref = {**tj, "metadata": {"name": "burn-set", "namespace": namespace},
+              "spec": {"workloadRef": {"apiVersion": "jobset.x-k8s.io/v1alpha2",
+                                       "kind": "JobSet", "name": "burn-set"},
+                       "throttle": throttle}}
+    job = {"spec": {"backoffLimit": 0, "template": {"spec": burner_pod()}}}
+    cronjob = {"apiVersion": "batch/v1", "kind": "CronJob",
+               "metadata": {"name": "nightly", "namespace": namespace},
+               "spec": {"schedule": "0 0 1 1 *", "suspend": True, "jobTemplate": {
+                   "metadata": {"labels": {THROTTLE_LABEL: "nightly"}}, **job}}}
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+              "metadata": {"name": "burn-set", "namespace": namespace},
+              "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": job}]}}
+    kubectl.apply(labeled, by_ref)
+    wait_json(kubectl, lambda t: (t.get("status") or {}).get("phase") == "Running", "tj",
+              "-n", namespace, "nightly", what="the standing ThrottledJob Running")
+    samplers = [CgroupSampler(real_node, kubectl, namespace, selector, "work") for selector
+                in (f"{JOB_NAME}=nightly-1", f"{JOBSET_NAME}=burn-set")]
+    try:
+        kubectl.apply(cronjob, jobset)
+        kubectl("create", "job", "-n", namespace, "--from=cronjob/nightly", "nightly-1")
+        for kind, name in (("job", "nightly-1"), ("jobset", "burn-set")):
+            wait_json(kubectl, lambda j: any(
+                c["type"] in ("Complete", "Completed") and c["status"] == "True"
+                for c in (j.get("status") or {}).get("conditions") or []),
+                kind, "-n", namespace, name, what=f"{name} to complete", timeout=RUN_TIMEOUT)
+    finally:
+        for sampler in samplers:
+            sampler.stop()
+    for sampler in samplers:
+        described = f"{sampler.selector}: p99 {sampler.p99():.3f} of {sampler.cores}"
+        print(described)
+        assert sampler.quota_cores == ATTACHED_CORES, described
+        assert len(sampler.cores) >= 4 and max(sampler.cores) > 0.4, described
+        assert sampler.p99() <= cpu_peak_bound(ATTACHED_CORES), described
+    made = kubectl.json("get", "cronjob", "-n", namespace, "nightly")
+    assert made["spec"]["jobTemplate"]["metadata"]["labels"] == {THROTTLE_LABEL: "nightly"}
+    assert not (kubectl.json("get", "jobset", "-n", namespace, "burn-set")["metadata"]
+                .get("labels") or {}).get(LABEL_NAME)
+    wait_json(kubectl, lambda t: (t.get("status") or {}).get("phase") == "Succeeded", "tj",
+              "-n", namespace, "burn-set", what="the JobSet's ThrottledJob Succeeded")
 
 
 def applied_limits(kubectl: Kubectl, namespace: str, selector: str) -> dict[int, float]:
