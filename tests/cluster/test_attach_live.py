@@ -35,7 +35,9 @@ def user_job(name: str, namespace: str) -> dict[str, Any]:
     template = tj_manifest("x", namespace, run_for="120s")["spec"]["jobTemplate"]
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {**template["spec"], "parallelism": 1, "completions": 2}}
+            # Room for a pod deleted to be made anew.
+            "spec": {**template["spec"], "parallelism": 1, "completions": 2,
+                     "backoffLimit": 2}}
 
 
 def attached(name: str, namespace: str, job: str) -> dict[str, Any]:
@@ -98,6 +100,7 @@ def test_a_job_someone_else_made_is_throttled_by_admission(
         # The Job made by someone else: its pod is throttled as it is created.
         kubectl.apply(user_job("user-job", namespace))
         (pod,) = wait_for(lambda: pods(kubectl, namespace), TIMEOUT, what="the Job's pod")
+        pod_names = [pod["metadata"]["name"]]
         assert sidecar(pod) and pod["metadata"]["labels"][LABEL_NAME] == "hold"
         workload = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
         assert workload["resources"]["limits"]["cpu"] == "1500m"  # the target, the kernel's
@@ -142,3 +145,14 @@ def test_a_job_someone_else_made_is_throttled_by_admission(
             assert said["reason"] == "PodsNotThrottled"
             assert pod["metadata"]["name"] in said["message"], said
             assert ("Warning", "PodsNotThrottled") in tj_events(kubectl, namespace, tj)
+
+        # What the condition says to do: the pod deleted, the Job makes it anew, and the
+        # restarted webhook throttles it, once; then every pod has the throttle.
+        kubectl("delete", "pod", "-n", namespace, bare["metadata"]["name"], "--wait=false")
+        new = wait_for(lambda: [p for p in pods(kubectl, namespace) if p["metadata"]["name"]
+                                not in (bare["metadata"]["name"], *pod_names)], TIMEOUT,
+                       what="the pod made anew")
+        assert [c["name"] for c in new[0]["spec"]["initContainers"]].count(
+            api_names.SIDECAR_CONTAINER) == 1
+        wait_for(lambda: tj_condition(kubectl, namespace, "hold", "PodsThrottled").get(
+            "status") == "True", TIMEOUT, what="PodsThrottled True again")
