@@ -1,14 +1,16 @@
-"""bench/operator_load.py at a tiny size on the session's cluster (a second cluster beside
-it would break a 2-core machine): it must measure every figure and print its table. The
-figures are never judged here (docs/operator.md has the real run)."""
+"""bench/operator_load.py and bench/attach_overhead.py at a tiny size on the session's
+cluster (a second cluster beside it would break a 2-core machine): each must measure
+every figure and print its table. The figures are never judged here
+(docs/dev/benchmarks.md has the real runs)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import operator_load
+from bench import attach_overhead, operator_load
 from testing.benchmarks import table_rows
 
 pytestmark = pytest.mark.bench
@@ -22,3 +24,14 @@ def test_operator_load(cluster: Any) -> None:
     rows = table_rows(operator_load.table(figures), "| figure | value |")
     assert [row[0] for row in rows] == list(figures)
     assert figures["throttledjobs"] == 3
+
+
+def test_attach_overhead(cluster: Any, tmp_path: Path) -> None:
+    """bench/attach_overhead.py at a tiny size: both sides measured, every pod of the
+    webhook's side throttled and none of the baseline's (a bench comparing a webhook that
+    did nothing would measure nothing)."""
+    figures = attach_overhead.run(cluster, pods=3, pairs=1, tmp=tmp_path)
+    rows = table_rows(attach_overhead.table(figures), "| figure | value |")
+    assert [row[0] for row in rows] == list(figures)
+    assert figures["webhook_pods_throttled"] == 3 and figures["baseline_pods_throttled"] == 0
+    assert figures["ratio_all_seconds"] is not None

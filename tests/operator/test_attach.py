@@ -61,10 +61,12 @@ class FakeCluster:
     def __init__(self, tjs: list[dict[str, Any]], owners: dict[tuple[str, str], dict] | None = None,
                  broken: bool = False) -> None:
         self.tjs, self.owners, self.broken = tjs, owners or {}, broken
+        self.reads = 0  # owners read
 
     def owner(self, namespace: str, owner: Owner) -> Mapping[str, Any] | None:
         if self.broken:
             raise OSError("connection refused")
+        self.reads += 1
         return self.owners.get((owner.kind, owner.name))
 
     def attached(self, namespace: str) -> list[Mapping[str, Any]]:
@@ -148,6 +150,17 @@ def test_a_pod_through_a_chain_of_owners_is_claimed() -> None:
 def test_a_pod_no_throttledjob_names_is_left_alone(pod: dict, why: str) -> None:
     response = answer(pod, FakeCluster([attached_tj()]))
     assert response == {"uid": "r1", "allowed": True}, why
+
+
+def test_where_no_throttledjob_is_attached_no_owner_is_read() -> None:
+    """Most pods the webhook sees are in namespaces with no attached ThrottledJob: one
+    read (the list) each, not one per owner."""
+    template_mode = make_tj("plain")
+    cluster = FakeCluster([template_mode], {("Job", "user-job"): {"metadata": {}}})
+    assert answer(user_pod(), cluster) == {"uid": "r1", "allowed": True}
+    assert cluster.reads == 0
+    cluster.tjs.append(attached_tj())
+    assert "patch" in answer(user_pod(), cluster) and cluster.reads == 1
 
 
 def test_a_pod_throttled_already_is_left_alone() -> None:

@@ -31,6 +31,7 @@ from .attach import (
     Chain,
     Owner,
     as_template,
+    attached,
     claimants,
     controller_of,
     pod_patch,
@@ -86,9 +87,13 @@ def review(request: Mapping[str, Any], cluster: Cluster,
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
     if request.get("operation") != "CREATE" or throttled(pod):
         return [], None
+    # The namespace's attached ThrottledJobs first: where there are none (most pods the
+    # webhook sees) the pod's owners are not read at all.
+    tjs = [tj for tj in cluster.attached(namespace) if attached(tj.get("spec") or {})]
+    if not tjs:
+        return [], None
     chain = owners(cluster, namespace, pod.get("metadata") or {})
-    found = claimants(chain.owners, chain.named, cluster.attached(namespace)) \
-        if chain.owners or chain.named else []
+    found = claimants(chain.owners, chain.named, tjs)
     if not found:
         return [], None
     body = as_template(found[0], pod, chain.ranks(found[0]))
@@ -222,6 +227,9 @@ class _TLSServer(ThreadingHTTPServer):
 def _handler(cluster: Cluster, settings: OperatorSettings) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = CONNECTION_TIMEOUT_SECONDS
+        # Keep-alive: the API server sends a burst's admissions over a few connections,
+        # not a TLS handshake each.
+        protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
