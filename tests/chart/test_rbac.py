@@ -137,14 +137,16 @@ def test_jobset_adds_exactly_the_jobset_calls(tmp_path) -> None:
 def test_attach_adds_its_secret_and_its_own_configuration_by_name(tmp_path) -> None:
     """attach.enabled: the webhook's certificate in one Secret (created once, then read and
     renewed by name) and its CA in the chart's own webhook configuration (by name); the
-    owner chain it reads is the Jobs' get it has. With cert-manager, the Secret read only."""
+    owner chain it reads is the Jobs' get it has, and a TrainJob's. With cert-manager, the
+    Secret read only."""
     objs = operator_rbac(render({"attach": {"enabled": True}}, tmp_path))
     (mwc,) = by_kind(render({"attach": {"enabled": True}}, tmp_path),
                      "MutatingWebhookConfiguration")
     roles = {o["metadata"]["name"]: o for o in by_kind(objs, "ClusterRole")}
     (webhook,) = [r for name, r in roles.items() if name.endswith("-webhook")]
     (operator,) = [r for name, r in roles.items() if not name.endswith("-webhook")]
-    assert rules_of(operator) == {**NAMESPACED, **CRDS}
+    assert rules_of(operator) == {**NAMESPACED, **CRDS,
+                                  ("trainer.kubeflow.org", "trainjobs"): {"get"}}
     assert webhook["rules"] == [{"apiGroups": ["admissionregistration.k8s.io"],
                                  "resources": ["mutatingwebhookconfigurations"],
                                  "resourceNames": [mwc["metadata"]["name"]],

@@ -148,6 +148,13 @@ posts Events; operator/kube.py gets, creates and patches the rest.
   resources: [jobsets]
   verbs: [get, list, watch, create, patch]
 {{- end }}
+{{- if .Values.attach.enabled }}
+# The webhook reads a new pod's chain of owners for their throttle label: a TrainJob's
+# (the Jobs' and JobSets' reads are above).
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainjobs]
+  verbs: [get]
+{{- end }}
 {{- end -}}
 
 {{- /*
