@@ -52,7 +52,7 @@ POD = "spec.jobTemplate.spec.template.spec"
 BAD = [
     ("spec.throttle", _DELETE, "spec.throttle: Required value"),
     ("spec.jobTemplate", _DELETE, "set exactly one of jobTemplate (a Job), "
-                                  "jobSetTemplate (a JobSet) and workloadRef"),
+                                  "jobSetTemplate (a JobSet), workloadRef"),
     ("spec.jobSetTemplate", {"spec": {"replicatedJobs": [{"name": "w", "template": {
         "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
             {"name": "w"}]}}}}}]}}, "set exactly one of jobTemplate"),
