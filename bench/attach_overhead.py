@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import markdown
+from bench.harness import a_cluster, markdown
 from bench.operator_load import Watch, percentile, rounded
 from testing.attach import attach_operator
 from testing.cluster_cli import Kubectl, wait_json
@@ -29,7 +29,6 @@ from testing.manifests import tj_manifest
 from testing.paths import ROOT
 from throttledjob.operator.attach import THROTTLE_LABEL
 from throttledjob.operator.children import LABEL_NAME
-from tools.k8s import cluster as k8s
 
 THROTTLEDJOB = "bench"
 JOB_NAME = "batch.kubernetes.io/job-name"
@@ -134,17 +133,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3,
                         help="rounds of both sides, the order alternating")
     args = parser.parse_args()
-    shared = k8s.Cluster(ROOT / ".cluster")
-    own = None
-    if not shared.running():
-        k8s.build()
-        own = k8s.Cluster(Path(tempfile.mkdtemp(prefix=k8s.TEMP_PREFIX))).up()
-    try:
-        out = run(own or shared, args.pods, args.pairs,
+    with a_cluster() as cluster:
+        out = run(cluster, args.pods, args.pairs,
                   Path(tempfile.mkdtemp(prefix="tj-attach-bench-")))
-    finally:
-        if own is not None:
-            own.down()
     print(json.dumps(out, indent=1))
     print(table(out))
 

@@ -6,13 +6,16 @@ without a target), so the columns of a table compare like with like.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from testing.paths import ROOT, VENV_BIN
 
@@ -104,3 +107,21 @@ def _cluster_up() -> bool:
     """A local API server runs (`make cluster`, the cluster tests): its bursts come and go
     within a turn."""
     return subprocess.run(["pgrep", "-f", "kube-apiserver"], capture_output=True).returncode == 0
+
+
+@contextlib.contextmanager
+def a_cluster() -> Iterator[Any]:
+    """The cluster `make cluster` left running (used, left running), else one of its own
+    (tools/k8s/), built if need be and torn down after."""
+    from tools.k8s import cluster as k8s
+
+    shared = k8s.Cluster(ROOT / ".cluster")
+    if shared.running():
+        yield shared
+        return
+    k8s.build()
+    own = k8s.Cluster(Path(tempfile.mkdtemp(prefix=k8s.TEMP_PREFIX))).up()
+    try:
+        yield own
+    finally:
+        own.down()

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from bench.harness import machine_cpu_seconds, markdown
+from bench.harness import a_cluster, machine_cpu_seconds, markdown
 from bench.sidecars import SLOWDOWN_AFTER
 from testing.audit import ours_and_kopfs, writes
 from testing.paths import ROOT, VENV_BIN
@@ -433,17 +433,8 @@ def main() -> None:
                         help="seconds between reads of every running pod's sidecar "
                              "(the chart's default, 10)")
     args = parser.parse_args()
-    shared = k8s.Cluster(ROOT / ".cluster")
-    own = None
-    if not shared.running():
-        k8s.build()
-        own = k8s.Cluster(Path(tempfile.mkdtemp(prefix=k8s.TEMP_PREFIX))).up()
-    try:
-        figures = run(own or shared, args.n, args.rate, args.steady_seconds,
-                      args.status_interval)
-    finally:
-        if own is not None:
-            own.down()
+    with a_cluster() as cluster:
+        figures = run(cluster, args.n, args.rate, args.steady_seconds, args.status_interval)
     print(json.dumps(figures, indent=1))
     print(table(figures))
 
