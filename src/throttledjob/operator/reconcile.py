@@ -126,33 +126,37 @@ def read_queue(state: OperatorState, namespace: str, name: str, job: str | None)
 def read_sidecars(state: OperatorState, namespace: str, name: str,
                   job: str | None = None) -> None:
     """What each running pod's sidecar says: the observed peaks, the split, the limits."""
-    key = (namespace, name)
-    if key in state.labeled:
-        readings = dataclasses.replace(
-            read_reports(state, namespace, name, "", labeled_pods(state.kube, namespace, name)),
-            unthrottled=unthrottled_labeled(state.kube, namespace, name))
-        tj = state.kube.get(state.kube.tj_path(namespace, name))
-        if tj is not None:
-            _pass(state, tj, Seen(readings=readings), read=tj)
+    seen = _sidecars_seen(state, namespace, name, job)
+    if seen is None:
         return
-    uid = job_uid(state, namespace, name, job)
-    if not uid:
-        return
-    readings = read_reports(state, namespace, name, uid,
-                            job_pods(state.kube, namespace, name, uid))
-    seen = Seen(readings=readings)
-    if key in state.attached and job:
-        jobset = state.is_jobset(namespace, name)
-        # Someone else's workload: no watch of ours sees it change (the operator's watch
-        # takes children with its label), so each read looks at it; else its end showed
-        # only at the next resync.
-        seen = Seen(readings=dataclasses.replace(readings, unthrottled=unthrottled_pods(
-                        state.kube, namespace, uid, jobset)),
-                    child=Found(get_child(state.kube, namespace, job, jobset), job))
     # Read after the sidecars (up to their deadline each): the status write starts from it.
     tj = state.kube.get(state.kube.tj_path(namespace, name))
     if tj is not None:
         _pass(state, tj, seen, read=tj)
+
+
+def _sidecars_seen(state: OperatorState, namespace: str, name: str,
+                   job: str | None) -> Seen | None:
+    """The pods and their sidecars' reports (None: no child known yet); in attach mode
+    also the pods that run unthrottled, and a workload named by reference as it is now."""
+    kube = state.kube
+    if (namespace, name) in state.labeled:
+        return Seen(readings=dataclasses.replace(
+            read_reports(state, namespace, name, "", labeled_pods(kube, namespace, name)),
+            unthrottled=unthrottled_labeled(kube, namespace, name)))
+    uid = job_uid(state, namespace, name, job)
+    if not uid:
+        return None
+    readings = read_reports(state, namespace, name, uid, job_pods(kube, namespace, name, uid))
+    if (namespace, name) not in state.attached or not job:
+        return Seen(readings=readings)
+    jobset = state.is_jobset(namespace, name)
+    # Someone else's workload: no watch of ours sees it change (the operator's watch
+    # takes children with its label), so each read looks at it; else its end showed
+    # only at the next resync.
+    return Seen(readings=dataclasses.replace(readings, unthrottled=unthrottled_pods(
+                    kube, namespace, uid, jobset)),
+                child=Found(get_child(kube, namespace, job, jobset), job))
 
 
 def policy_of(tj: Mapping[str, Any], state: OperatorState) -> Policy:
