@@ -10,6 +10,8 @@ Rules = dict[tuple[str, str], frozenset[str]]
 NAMESPACED: Rules = {
     (api_names.GROUP, api_names.PLURAL): frozenset({"get", "list", "watch", "patch"}),
     (api_names.GROUP, f"{api_names.PLURAL}/status"): frozenset({"patch"}),
+    (api_names.GROUP, "throttlebudgets"): frozenset({"get", "list", "watch"}),
+    (api_names.GROUP, "throttlebudgets/status"): frozenset({"patch"}),
     # Checked by admission (OwnerReferencesPermissionEnforcement), never called: see
     # ADMISSION.
     (api_names.GROUP, f"{api_names.PLURAL}/finalizers"): frozenset({"update"}),

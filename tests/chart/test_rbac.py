@@ -26,6 +26,7 @@ import pytest
 from testing.chart import NAMESPACE, by_kind, render
 from testing.rbac import CRDS, JOBSET, KUEUE, NAMESPACED, NAMESPACES, Rules
 from throttledjob.operator import api_names
+from throttledjob.operator.budget_crd import BUDGET_PLURAL
 
 
 def rules_of(role: dict[str, Any]) -> Rules:
@@ -104,17 +105,19 @@ def test_no_destructive_or_escalating_verb(verb: str, tmp_path) -> None:
 
 
 def test_throttledjobs_are_aggregated_into_edit_and_view(tmp_path) -> None:
-    """As for Jobs: editors may manage ThrottledJobs, viewers only read them; nothing else
-    is granted through the aggregation."""
+    """As for Jobs: editors may manage ThrottledJobs and ThrottleBudgets, viewers only read
+    them; nothing else is granted through the aggregation."""
     aggregated = [o for o in by_kind(render(None, tmp_path), "ClusterRole")
                   if o not in operator_rbac([o])]
     by_label = {k.removeprefix(AGGREGATE): rules_of(o) for o in aggregated
                 for k in o["metadata"]["labels"] if k.startswith(AGGREGATE)}
     assert set(by_label) == {"edit", "admin", "view"}
-    assert by_label["edit"] == by_label["admin"] == {(api_names.GROUP, api_names.PLURAL): frozenset(
-        {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"})}
+    kinds = (api_names.PLURAL, BUDGET_PLURAL)
+    assert by_label["edit"] == by_label["admin"] == {(api_names.GROUP, r): frozenset(
+        {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"})
+        for r in kinds}
     assert by_label["view"] == {(api_names.GROUP, r): frozenset({"get", "list", "watch"})
-                                for r in (api_names.PLURAL, f"{api_names.PLURAL}/status")}
+                                for k in kinds for r in (k, f"{k}/status")}
     assert not [o for o in by_kind(render({"rbac": {"create": False}}, tmp_path), "ClusterRole")]
 
 

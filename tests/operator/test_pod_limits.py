@@ -9,9 +9,10 @@ import pytest
 
 from throttledjob.operator import events as operator_events
 from throttledjob.operator import pod_limits
+from throttledjob.operator.observe import Seen
 from throttledjob.operator.pod_limits import PodLimits
 from throttledjob.operator.validation import policy_document
-from throttledjob.operator.writes import cpu_target
+from throttledjob.operator.writes import cpu_target, decide
 
 
 def target_of(tj: dict[str, Any]) -> float | None:
@@ -103,3 +104,16 @@ def test_a_pod_being_deleted_keeps_its_limits(monkeypatch: pytest.MonkeyPatch) -
     PodLimits(api).reconcile(tj("0.5"), [leaving, pod("b", "1000m")], None,  # type: ignore[arg-type]
                              target_of(tj("0.5")))
     assert api.calls == ["train-b"]
+
+
+def test_a_hard_target_is_never_lifted_whatever_a_sidecar_asks() -> None:
+    """Hold Hard (and a ThrottleBudget's share, held Hard): a sidecar that has not yet read
+    the new policy may still ask for a lift; the pass does not make it (decide's `lift`)."""
+    pods = [pod("a", "1000m")]
+    asks = {"a": {"cpuLimitWantedCores": 1.6}}
+    assert totals(pod_limits.plan(tj("1"), pods, asks, {}, 1.0, lift=False)[0]) == {"a": 1.0}
+    assert totals(pod_limits.plan(tj("1"), pods, asks, {}, 1.0)[0]) == {"a": 1.6}
+    hard = tj("1")
+    hard["spec"]["throttle"]["targets"]["hold"] = "Hard"
+    assert not decide(hard, policy_document(hard["spec"]), Seen()).lift
+    assert decide(tj("1"), policy_document(tj("1")["spec"]), Seen()).lift

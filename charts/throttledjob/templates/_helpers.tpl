@@ -117,6 +117,13 @@ posts Events; operator/kube.py gets, creates and patches the rest.
 - apiGroups: [throttledjob.io]
   resources: [throttledjobs/status]
   verbs: [patch]
+# ThrottleBudgets: watched, read by each split, their status written (budget_pass.py).
+- apiGroups: [throttledjob.io]
+  resources: [throttlebudgets]
+  verbs: [get, list, watch]
+- apiGroups: [throttledjob.io]
+  resources: [throttlebudgets/status]
+  verbs: [patch]
 # No call: the OwnerReferencesPermissionEnforcement admission plugin (on in OpenShift)
 # checks it when the operator makes a Job or ConfigMap whose owner reference blocks the
 # ThrottledJob's deletion.

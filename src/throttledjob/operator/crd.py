@@ -38,6 +38,7 @@ from .api_names import (
     SINGULAR,
     VERSION,
 )
+from .budget_crd import BUDGET_CRD_FILE, build_budget_crd
 from .crd_status import printer_columns, status_schema
 from .crd_templates import (
     job_template_schema,
@@ -329,10 +330,11 @@ def build_crd() -> dict[str, Any]:
     }
 
 
-def render_yaml() -> str:
+def render_yaml(crd: dict[str, Any] | None = None) -> str:
+    """The ThrottledJob's CRD as the chart keeps it (or `crd`, the ThrottleBudget's)."""
     import yaml
 
-    return _GENERATED_HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+    return _GENERATED_HEADER + yaml.safe_dump(crd or build_crd(), sort_keys=False, width=100)
 
 
 CPU_RULE_FILE = Path("charts/throttledjob/templates/_cpu_peak_rule.tpl")
@@ -359,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=".", help="repository root (default: .)")
     args = parser.parse_args(argv)
     files = {Path(args.root) / CRD_FILE: render_yaml(),
+             Path(args.root) / BUDGET_CRD_FILE: render_yaml(build_budget_crd()),
              Path(args.root) / CPU_RULE_FILE: render_cpu_rule_template()}
     for path, text in files.items():
         if args.write:

@@ -20,6 +20,8 @@ import kopf
 from . import admission, child, metrics
 from .api_names import GROUP, PLURAL, VERSION
 from .attach import attached, labeled
+from .budget_crd import BUDGET_PLURAL
+from .budget_pass import budget_pass, forget_budget
 from .children import LABEL_NAME, owner_reference
 from .config import OperatorSettings
 from .kube import ApiError, Kube
@@ -179,6 +181,7 @@ def track(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
         state.jobsets.discard(key)
         state.attached.discard(key)
         state.labeled.discard(key)
+        state.fleet.forget(key)
     else:
         if child.is_jobset(body.get("spec") or {}):
             state.jobsets.add(key)
@@ -188,3 +191,22 @@ def track(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
             state.labeled.add(key)
         st = body.get("status") or {}
         state.seen[key] = (st.get("phase"), st.get("jobName"))
+
+
+@kopf.on.event(GROUP, VERSION, BUDGET_PLURAL)
+def track_budget(body: kopf.Body, memo: kopf.Memo, type: str | None, logger: logging.Logger,
+                 **_: Any) -> None:
+    """The ThrottleBudgets the poller splits; a spec not yet acted on (a signal patched
+    in, a lower peak) is split now, not at the next tick; one deleted frees its members."""
+    state = _state(memo)
+    key = (body.meta.namespace or "", body.meta.name or "")
+    try:
+        if type == "DELETED":
+            state.budgets.discard(key)
+            forget_budget(state, *key)
+            return
+        state.budgets.add(key)
+        if (body.status or {}).get("observedGeneration") != body.meta.get("generation"):
+            budget_pass(state, *key)
+    except ApiError as e:  # event handlers are not retried: the poller's next tick is
+        logger.warning("ThrottleBudget %s/%s: %s", *key, e)

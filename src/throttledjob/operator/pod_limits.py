@@ -82,14 +82,15 @@ def job_ranks(spec: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], report
 
 def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Reports | None,
          refused: Mapping[str, float], target: float | None, now: float | None = None,
-         ) -> tuple[list[Resize], list[Rank]]:
+         lift: bool = True) -> tuple[list[Resize], list[Rank]]:
     """The resizes that bring every pod to the limits it should have, in order (shrinks
     first under scope Job), and the ranks under scope Job. `reports`: the sidecars read
     (pod uid -> /status), None for a live edit, which reads none. `refused`: pod uid ->
     a total the API server refused it, not asked for again. `target`: the CPU target the
     kernel holds (writes.cpu_target; None: none, and nothing moves). `now` (Unix
     seconds): under scope Job the split waits for ranks still starting
-    (job_split.settled)."""
+    (job_split.settled). `lift` False: the target holds whatever a sidecar asks (hold
+    Hard, as a ThrottleBudget's share is held)."""
     spec = tj.get("spec") or {}
     if target is None:
         return [], []
@@ -108,7 +109,8 @@ def plan(tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], reports: Repo
         # to the limit, the target's share): no lift past them (kueue.py).
         ceiling = (cpu_limits.total_request({"containers": child.pod_containers(spec, pod)})
                    or target) if queued_tj(tj) else None
-        total = limit_for(target, report.get("cpuLimitWantedCores"), ceiling)
+        total = limit_for(target, report.get("cpuLimitWantedCores") if lift else None,
+                          ceiling)
         if refused.get(_uid(pod)) == total:
             continue
         # The width behind a lift is measured anew each interval: a lift within 10% of
@@ -155,9 +157,10 @@ class PodLimits:
     refused: dict[TjKey, dict[str, float]] = field(default_factory=dict)
 
     def reconcile(self, tj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
-                  reports: Reports | None, target: float | None) -> list[str]:
+                  reports: Reports | None, target: float | None,
+                  lift: bool = True) -> list[str]:
         """Every pod of `pods` (the Job's own) to the limits it should have; `reports`
-        and `target` as for plan (reports None: a live edit). Returns the uids of the
+        `target` and `lift` as for plan (reports None: a live edit). Returns the uids of the
         ranks it shrank (scope Job): their room is the grows' once the kubelet has
         applied them (shrunk_applied).
         Raises ApiError where a failure may pass (the caller retries)."""
@@ -167,7 +170,7 @@ class PodLimits:
         # Kept in self while resizing, so a refusal is remembered even if a later one raises.
         refused = self.refused[key] = {
             uid: v for uid, v in self.refused.get(key, {}).items() if uid in live}
-        resizes, ranks_ = plan(tj, pods, reports, refused, target, time.time())
+        resizes, ranks_ = plan(tj, pods, reports, refused, target, time.time(), lift)
         moved = []
         for r in resizes:
             template = child.pod_containers(tj.get("spec") or {}, r.pod)

@@ -1,5 +1,6 @@
 """The periodic ticks, without kopf timers: each one a reconcile pass with what it reads
-(reconcile.py): the sidecars of Running ThrottledJobs every status interval, the Kueue
+(reconcile.py): the sidecars of Running ThrottledJobs every status interval, each
+ThrottleBudget's split (budget_pass.py) as often, the Kueue
 Workload of queued ones, and the child of every unfinished one every resync interval (a
 level-triggered safety net for child events lost to an API failure or a restart).
 
@@ -14,11 +15,12 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 from . import metrics
+from .budget_pass import budget_pass
 from .conditions import Phase
 from .pod_limits import TjKey
 from .reconcile import read_queue, read_sidecars, resync_from_job
@@ -31,15 +33,17 @@ POLL_THREADS = 8
 Read = Callable[[OperatorState, str, str, str | None], None]
 
 
-def due(seen: Mapping[TjKey, tuple[str | None, str | None]],
-        resync: bool) -> list[tuple[Read, str, str, str | None]]:
-    """This tick's passes: (function, namespace, name, Job name)."""
+def due(seen: Mapping[TjKey, tuple[str | None, str | None]], resync: bool,
+        budgets: Iterable[TjKey] = ()) -> list[tuple[Read, str, str, str | None]]:
+    """This tick's passes: (function, namespace, name, Job name); each ThrottleBudget's
+    split (budget_pass.py) too."""
     work: list[tuple[Read, str, str, str | None]] = [
         (read_sidecars, ns, name, job) for (ns, name), (phase, job) in seen.items()
         if phase == Phase.RUNNING]
     # Waiting in Kueue's queue (or held by it): why, each tick.
     work += [(read_queue, ns, name, job) for (ns, name), (phase, job) in seen.items()
              if job and phase in (Phase.QUEUED, Phase.SUSPENDED)]
+    work += [(budget_pass, ns, name, None) for ns, name in sorted(budgets)]
     if resync:
         work += [(resync_from_job, ns, name, job) for (ns, name), (phase, job) in seen.items()
                  if job and phase not in (Phase.SUCCEEDED, Phase.FAILED)]
@@ -65,7 +69,7 @@ def poll(state: OperatorState, logger: logging.Logger) -> None:
             if resync:
                 next_resync = time.monotonic() + settings.resync_seconds
             context = state.context or contextvars.copy_context()
-            for fn, ns, name, job in due(dict(state.seen), resync):
+            for fn, ns, name, job in due(dict(state.seen), resync, set(state.budgets)):
                 key = (fn, ns, name)
                 if key in running:
                     metrics.SKIPPED.inc()

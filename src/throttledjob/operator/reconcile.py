@@ -32,10 +32,12 @@ from .attach import labeled
 from .children import configmap_name
 from .conditions import now_iso
 from .create import ensure_children
-from .job_split import job_scoped
+from .fleet import held_policy
+from .job_split import job_scoped, rank_floor
 from .kueue import queued_by_kueue, workload_path
 from .observe import (
     Found,
+    Readings,
     Seen,
     get_child,
     job_pods,
@@ -159,17 +161,51 @@ def _sidecars_seen(state: OperatorState, namespace: str, name: str,
                 child=Found(get_child(kube, namespace, job, jobset), job))
 
 
+def rebudget(state: OperatorState, namespace: str, name: str) -> None:
+    """A ThrottleBudget moved this ThrottledJob's share (budget_pass.py): a pass as for
+    its spec, which holds its policy and its pods' limits to the share."""
+    tj = state.kube.get(state.kube.tj_path(namespace, name))
+    if tj is None or (tj.get("status") or {}).get("phase") in FINISHED:
+        return
+    made = (tj.get("status") or {}).get("jobName")
+    if labeled(tj.get("spec") or {}):
+        _pass(state, tj, policy_seen(state.kube, namespace, name), read=tj)
+    elif made:
+        _pass(state, tj, spec_seen(state.kube, namespace, name, made,
+                                   child.is_jobset(tj.get("spec") or {}), False), read=tj)
+
+
 def policy_of(tj: Mapping[str, Any], state: OperatorState) -> Policy:
-    """The spec's policy document, parsed once per pass, or why it is refused."""
+    """The spec's policy document, parsed once per pass, or why it is refused; under a
+    ThrottleBudget, held to the lowest share one gives it (fleet.held_policy)."""
     try:
-        return validate(tj, state.settings.allow_host_access, state.settings.jobsets)
+        doc = validate(tj, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
         return e
+    meta = tj.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    share = state.fleet.share(key)
+    if share is None:
+        return doc
+    spec = tj.get("spec") or {}
+    return held_policy(doc, spec, share[0],
+                       state.fleet.pods.get(key) or child.pods_at_once(spec))
 
 
 def _pass(state: OperatorState, tj: Mapping[str, Any], seen: Seen,
           read: Mapping[str, Any] | None) -> None:
+    if seen.readings is not None:
+        _record(state, tj, seen.readings)
     apply(state, tj, seen, decide(tj, policy_of(tj, state), seen), read)
+
+
+def _record(state: OperatorState, tj: Mapping[str, Any], r: Readings) -> None:
+    """What the sidecars said, for the ThrottleBudgets that hold this one (fleet.py)."""
+    meta, spec = tj.get("metadata") or {}, tj.get("spec") or {}
+    floor = sum(rank_floor(child.pod_containers(spec, p)) for p in r.pods
+                if (p.get("metadata") or {}).get("uid") in r.reports)
+    state.fleet.record((meta.get("namespace", ""), meta.get("name", "")), r.reports, floor,
+                       answered=not r.failures)
 
 
 def apply(state: OperatorState, tj: Mapping[str, Any], seen: Seen, writes: Writes,
@@ -224,7 +260,7 @@ def _write_limits(state: OperatorState, tj: Mapping[str, Any], seen: Seen,
     one stays at the old limit."""
     if seen.readings is not None:
         r = seen.readings
-        shrunk = state.limits.reconcile(tj, r.pods, r.reports, writes.target)
+        shrunk = state.limits.reconcile(tj, r.pods, r.reports, writes.target, writes.lift)
         if shrunk:
             grow_into_shrinks(state, tj, r.child_uid, r.reports, shrunk)
     elif writes.resize:

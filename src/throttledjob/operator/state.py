@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .config import OperatorSettings
+from .fleet import Fleet
 from .kube import Kube
 from .pod_limits import PodLimits, TjKey
 from .sidecar_status import StatusReader
@@ -30,6 +31,9 @@ class OperatorState:
     attached: set[TjKey] = field(default_factory=set)
     # Of those, the ones attached by label: no one workload, its pods by our label alone.
     labeled: set[TjKey] = field(default_factory=set)
+    # ThrottleBudgets the watch has shown, and what their passes share (fleet.py).
+    budgets: set[TjKey] = field(default_factory=set)
+    fleet: Fleet = field(default_factory=Fleet)
     stop: threading.Event = field(default_factory=threading.Event)
     # The one writer of the pods' CPU limits (pod_limits.py), with what it was refused.
     limits: PodLimits = field(init=False)

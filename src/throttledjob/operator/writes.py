@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from throttledjob.contracts.policy import parse_policy
+
 from . import child
 from .api_names import INJECT_MODES
 from .attach import attached, labeled
@@ -75,12 +77,13 @@ class Writes:
     events: list[Event] = field(default_factory=list)  # Normal, for the children's writes
     target: float | None = None  # the CPU target the pods' limits hold (quota.py)
     resize: bool = False  # the running pods' limits to a new target, now
+    lift: bool = True  # a sidecar may have its pod's limit lifted past the target (Soft)
 
 
 def decide(tj: Mapping[str, Any], policy: Policy, seen: Seen) -> Writes:
     """The writes that bring a made ThrottledJob's children to its spec."""
     spec, status = tj.get("spec") or {}, tj.get("status") or {}
-    out = Writes(target=cpu_target(spec, policy))
+    out = Writes(target=cpu_target(spec, policy), lift=not held_hard(policy))
     current = seen.child.obj if seen.child else None
     if seen.readings is not None and job_scoped(spec):
         r = seen.readings
@@ -137,6 +140,12 @@ def cpu_target(spec: Mapping[str, Any], policy: Policy) -> float | None:
     """The CPU target the pods' limits hold (job-wide under scope Job); None where the
     kernel's quota does not enforce it, or the policy is refused (the pods keep theirs)."""
     return None if isinstance(policy, SpecError) else kernel_target(spec, policy)
+
+
+def held_hard(policy: Policy) -> bool:
+    """Whether the policy holds its targets Hard: no lift past them, whatever a sidecar
+    asks (one whose ConfigMap has not reached it yet may still ask)."""
+    return not isinstance(policy, SpecError) and parse_policy(dict(policy)).hard
 
 
 def _decide_policy(tj: Mapping[str, Any], policy: Policy, seen: Seen, out: Writes) -> None:

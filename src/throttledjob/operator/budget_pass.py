@@ -1,0 +1,158 @@
+"""One pass over a ThrottleBudget, every status interval (poller.py): observe its members
+(the Running ThrottledJobs of its namespace its selector picks, and what their own passes
+last read of their sidecars: fleet.py), decide the split (fleet_split.py, pure), apply:
+the shares into the fleet's record, the budget's status, and a pass for each member
+whose share moved (reconcile.rebudget), which holds its policy and its pods' limits to
+it. A member that finishes leaves the split at the next pass; its share goes to the
+others.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from throttledjob.contracts.policy import Policy
+
+from . import child, conditions
+from .api_names import GROUP, PLURAL, VERSION
+from .budget_crd import BUDGET_PLURAL, MAX_MEMBERS
+from .budget_spec import cores_now, selects
+from .conditions import Phase
+from .cpu_limits import cores
+from .fleet import Fleet
+from .fleet_split import Member, Split, split
+from .job_split import job_scoped, rank_floor
+from .reconcile import rebudget
+from .state import OperatorState
+
+PRIORITY_LABEL = "throttledjob.io/priority"
+# A member is weighed by its demand once this many reads of it are whole; before, it
+# keeps the share it had (after a restart: the one the budget's status shows).
+MIN_READS = 3
+# A share that moved less than this part is not worth a pass of the member.
+MOVE_STEP = 0.05
+
+
+def budget_path(namespace: str, name: str = "") -> str:
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{BUDGET_PLURAL}"
+    return f"{base}/{quote(name)}" if name else base
+
+
+def members_of(budget: Mapping[str, Any], tjs: Sequence[Mapping[str, Any]]
+               ) -> list[Mapping[str, Any]]:
+    """The Running ThrottledJobs the budget's selector picks, by name."""
+    sel = (budget.get("spec") or {}).get("selector")
+    return sorted((tj for tj in tjs if (tj.get("status") or {}).get("phase") == Phase.RUNNING
+                   and selects(sel, (tj.get("metadata") or {}).get("labels"))),
+                  key=lambda tj: tj["metadata"]["name"])[:MAX_MEMBERS]
+
+
+def member(tj: Mapping[str, Any], fleet: Fleet, budget: str,
+           last: Mapping[str, float]) -> Member:
+    """A ThrottledJob as the split sees it: its demand, floor, own target (job-wide),
+    maxSlowdown and priority; `last`: the shares the budget's status shows."""
+    meta, spec = tj["metadata"], tj.get("spec") or {}
+    key = (meta.get("namespace", ""), meta["name"])
+    throttle = spec.get("throttle") or {}
+    pods = fleet.pods.get(key) or child.pods_at_once(spec)
+    own = cores(((throttle.get("targets") or {}).get("cpu") or {}).get("peak"))
+    cap = None if own is None else (own if job_scoped(spec) else own * pods)
+    floor = fleet.floors.get(key) or sum(
+        count * rank_floor(pod.get("containers") or [])
+        for _, count, pod in child.pod_groups(spec)) or rank_floor([])
+    demand = tuple(fleet.demand.get(key) or ())
+    had = (fleet.shares.get(key) or {}).get(budget, last.get(meta["name"]))
+    held = had if (len(demand) < MIN_READS or not fleet.answered.get(key, True)) else None
+    try:
+        priority = int((meta.get("labels") or {}).get(PRIORITY_LABEL, 0))
+    except ValueError:
+        priority = 0
+    return Member(meta["name"], demand if len(demand) >= MIN_READS else (), floor, cap,
+                  float(throttle.get("maxSlowdown") or Policy().max_slowdown), priority,
+                  held)
+
+
+def next_status(budget: Mapping[str, Any], members: Sequence[Member], out: Split,
+                cores_in_force: float, source: str, fleet: Fleet, namespace: str,
+                now: str) -> dict[str, Any]:
+    """The budget's status after a split."""
+    name = budget["metadata"]["name"]
+    listed = []
+    for m, s in zip(members, out.shares, strict=True):
+        key = (namespace, m.name)
+        lowest = fleet.share(key)
+        row: dict[str, Any] = {
+            "name": m.name, "shareCores": round(s.cores, 3), "slowdown": round(s.slowdown, 3),
+            "withinMaxSlowdown": s.within_budget, "read": m.held is None or bool(m.demand)}
+        if m.demand:
+            row["demandCores"] = round(sum(m.demand) / len(m.demand), 3)
+        if math.isfinite(m.max_slowdown):
+            row["maxSlowdown"] = m.max_slowdown
+        if lowest and lowest[1] != name and lowest[0] < s.cores:
+            row["heldBy"] = lowest[1]
+        listed.append(row)
+    use = sum(fleet.use.get((namespace, m.name), (0.0, 0.0))[0] for m in members)
+    status = dict(budget.get("status") or {})
+    over = [r["name"] for r in listed if not r["withinMaxSlowdown"]]
+    if not out.feasible:
+        met = (False, "FloorOverBudget",
+               f"the members' floors come to {out.floor:.3g} cores, over the "
+               f"{cores_in_force:.3g}-core budget: each is held at its floor")
+    else:
+        met = (True, "Split", f"{len(members)} member(s) held to {cores_in_force:.3g} cores"
+               + (f"; past their maxSlowdown (lowest priority first): {', '.join(over)}"
+                  if over else ""))
+    status.update({
+        "observedGeneration": budget["metadata"].get("generation"),
+        "cpuBudgetCores": round(cores_in_force, 3), "budgetSource": source,
+        "cpuCores": round(use, 3), "cpuFloorCores": round(out.floor, 3), "splitTime": now,
+        "members": listed,
+        "conditions": conditions.set_condition(status.get("conditions"), "BudgetMet", *met,
+                                               now, budget["metadata"].get("generation")),
+    })
+    return status
+
+
+def budget_pass(state: OperatorState, namespace: str, name: str,
+                _job: str | None = None) -> None:
+    """Observe, split, apply (the module's docstring)."""
+    kube, fleet = state.kube, state.fleet
+    budget = kube.get(budget_path(namespace, name))
+    if budget is None:
+        return
+    tjs = kube.list(f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}", "")
+    picked = members_of(budget, tjs)
+    last = {r["name"]: r["shareCores"]
+            for r in (budget.get("status") or {}).get("members") or []}
+    members = [member(tj, fleet, name, last) for tj in picked]
+    budget_cores, source = cores_now(budget.get("spec") or {},
+                                     datetime.datetime.now(datetime.timezone.utc))
+    out = split(budget_cores, members)
+    before = {m.name: fleet.share((namespace, m.name)) for m in members}
+    for tj in tjs:  # those it no longer picks (finished, relabeled) go free of it
+        if tj["metadata"]["name"] not in before:
+            key = (namespace, tj["metadata"]["name"])
+            if name in (fleet.shares.get(key) or {}):
+                fleet.set_share(key, name, None)
+                rebudget(state, namespace, tj["metadata"]["name"])
+    for s in out.shares:
+        fleet.set_share((namespace, s.name), name, s.cores)
+    status = next_status(budget, members, out, budget_cores, source, fleet, namespace,
+                         conditions.now_iso())
+    kube.merge_patch(budget_path(namespace, name) + "/status", {"status": status})
+    for m in members:
+        was, now = before[m.name], fleet.share((namespace, m.name))
+        if now and (was is None or abs(now[0] - was[0]) > MOVE_STEP * max(was[0], 0.01)):
+            rebudget(state, namespace, m.name)
+
+
+def forget_budget(state: OperatorState, namespace: str, name: str) -> None:
+    """The budget is gone: its members go back to their own targets (or another's)."""
+    for key in [k for k, by in list(state.fleet.shares.items())
+                if k[0] == namespace and name in by]:
+        state.fleet.set_share(key, name, None)
+        rebudget(state, *key)

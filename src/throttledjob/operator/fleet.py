@@ -1,0 +1,104 @@
+"""What the operator keeps between passes about ThrottledJobs under a ThrottleBudget: each
+member's recent demand (from its sidecars' reads) and the share each budget gave it; and
+`held_policy`, how a share becomes the member's policy.
+
+A member's sidecars are read by its own pass every status interval (reconcile.py), which
+records here what they said; the budget's pass (budget_pass.py) splits from that record,
+with no read of its own, and sets the shares; the member's next pass holds its policy to
+the lowest of them (two budgets over one ThrottledJob: the lower wins). Memory only: after
+a restart a budget's pass starts from the shares its status shows, so the last split
+holds until the new one is made.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cpu_limits import cores
+from .job_split import job_scoped
+
+# The demand a split weighs: the member's last reads (one per status interval).
+HISTORY = 30
+
+TjKey = tuple[str, str]
+
+
+@dataclass
+class Fleet:
+    demand: dict[TjKey, deque[float]] = field(default_factory=dict)
+    floors: dict[TjKey, float] = field(default_factory=dict)
+    pods: dict[TjKey, int] = field(default_factory=dict)
+    use: dict[TjKey, tuple[float, float]] = field(default_factory=dict)  # (cores, at)
+    answered: dict[TjKey, bool] = field(default_factory=dict)  # its last read was whole
+    # member -> budget name -> its share, cores job-wide
+    shares: dict[TjKey, dict[str, float]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, key: TjKey, reports: Mapping[str, Mapping[str, Any]], floor: float,
+               answered: bool) -> None:
+        """One read of a member's sidecars: `reports` pod uid -> /status; `answered`:
+        every running pod's sidecar did (else its demand is not whole, and not kept)."""
+        if not reports:
+            return
+        use = sum((r.get("observed") or {}).get("cpuCores") or 0.0 for r in reports.values())
+        with self.lock:
+            self.use[key] = (use, time.time())
+            self.pods[key] = len(reports)
+            self.floors[key] = floor
+            self.answered[key] = answered
+            if answered:
+                self.demand.setdefault(key, deque(maxlen=HISTORY)).append(
+                    sum(pod_demand(r) for r in reports.values()))
+
+    def share(self, key: TjKey) -> tuple[float, str] | None:
+        """The lowest share any budget gives the member, and that budget's name."""
+        with self.lock:
+            by_budget = self.shares.get(key) or {}
+            if not by_budget:
+                return None
+            budget = min(by_budget, key=lambda b: (by_budget[b], b))
+            return by_budget[budget], budget
+
+    def set_share(self, key: TjKey, budget: str, cores: float | None) -> None:
+        with self.lock:
+            if cores is None:
+                self.shares.get(key, {}).pop(budget, None)
+            else:
+                self.shares.setdefault(key, {})[budget] = cores
+
+    def forget(self, key: TjKey) -> None:
+        with self.lock:
+            for table in (self.demand, self.floors, self.pods, self.use, self.answered,
+                          self.shares):
+                table.pop(key, None)
+
+
+def pod_demand(report: Mapping[str, Any]) -> float:
+    """The cores a pod's workload would have used last interval: its containers' demand
+    (use plus what the quota held back), or its use where the sidecar cannot tell."""
+    demand = report.get("cpuDemandCores") or {}
+    if demand:
+        return float(sum(demand.values()))
+    return float((report.get("observed") or {}).get("cpuCores") or 0.0)
+
+
+def held_policy(policy_doc: Mapping[str, Any], spec: Mapping[str, Any], share: float,
+                pods: int) -> dict[str, Any]:
+    """The member's policy under a budget's `share` (cores, job-wide): its CPU target the
+    lower of its own and the share (a pod's part of it under scope Pod, `pods` of them),
+    held Hard: the split already weighed its maxSlowdown, and a lift past the share would
+    break the fleet's peak."""
+    doc = copy.deepcopy(dict(policy_doc))
+    part = share if job_scoped(spec) else share / max(1, pods)
+    targets = doc.setdefault("targets", {})
+    cpu = targets.setdefault("cpu", {})
+    own = cores(cpu.get("peak"))
+    cpu["peak"] = f"{max(1, round(min(part, own if own is not None else part) * 1000))}m"
+    targets["hold"] = "Hard"
+    return doc

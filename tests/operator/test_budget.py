@@ -1,0 +1,136 @@
+"""The ThrottleBudget's pure parts: the budget in force (schedule, signal), its selector,
+a member as the split sees it, a share as the member's policy, its status, its CRD."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from throttledjob.contracts.policy import parse_policy
+from throttledjob.operator import crd
+from throttledjob.operator.budget_crd import BUDGET_CRD_FILE, build_budget_crd
+from throttledjob.operator.budget_pass import member, members_of, next_status
+from throttledjob.operator.budget_spec import cores_now, selects
+from throttledjob.operator.fleet import Fleet, held_policy
+from throttledjob.operator.fleet_split import split
+
+ROOT = Path(__file__).resolve().parents[2]
+UTC = datetime.timezone.utc
+
+
+def at(hh: int, mm: int = 0) -> datetime.datetime:
+    return datetime.datetime(2026, 12, 7, hh, mm, tzinfo=UTC)
+
+
+SPEC = {"cpu": {"peak": "10"},
+        "schedule": [{"start": "13:00", "end": "17:00", "fraction": 0.7},
+                     {"start": "22:00", "end": "06:00", "fraction": 0.5}]}
+
+
+def test_the_budget_in_force_is_the_lowest_window_or_signal_that_holds():
+    assert cores_now(SPEC, at(12, 59)) == (10.0, "spec")
+    assert cores_now(SPEC, at(13)) == (pytest.approx(7.0), "schedule 13:00-17:00 UTC")
+    assert cores_now(SPEC, at(17)) == (10.0, "spec")
+    assert cores_now(SPEC, at(3))[0] == pytest.approx(5.0)  # past midnight
+    signal = {**SPEC, "signal": {"fraction": 0.65, "until": "2026-12-07T14:00:00Z"}}
+    assert cores_now(signal, at(13, 30)) == (pytest.approx(6.5),
+                                             "signal until 2026-12-07T14:00:00Z")
+    assert cores_now(signal, at(14))[0] == pytest.approx(7.0)  # the signal has passed
+    assert cores_now({"cpu": {"peak": "1500m"}, "signal": {"fraction": 0.5}}, at(9))[0] == 0.75
+
+
+def test_the_selector_picks_as_kubernetes_does():
+    assert selects(None, {"a": "b"}) and selects({}, None)
+    assert selects({"matchLabels": {"team": "a"}}, {"team": "a", "x": "y"})
+    assert not selects({"matchLabels": {"team": "a"}}, {"team": "b"})
+    expr = {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["batch"]},
+                                 {"key": "keep", "operator": "DoesNotExist"}]}
+    assert selects(expr, {"tier": "batch"})
+    assert not selects(expr, {"tier": "batch", "keep": "1"})
+    assert not selects(expr, {"tier": "web"})
+
+
+def tj(name: str, peak: str | None = "2", phase: str = "Running", scope: str = "Pod",
+       labels: dict[str, str] | None = None, parallelism: int = 1) -> dict:
+    throttle = {"maxSlowdown": 1.5, "scope": scope}
+    if peak:
+        throttle["targets"] = {"cpu": {"peak": peak}}
+    return {"metadata": {"name": name, "namespace": "ns", "labels": labels or {}},
+            "spec": {"jobTemplate": {"spec": {"parallelism": parallelism, "template": {
+                "spec": {"containers": [{"name": "w", "resources": {
+                    "requests": {"cpu": "100m"}}}]}}}},
+                     "throttle": throttle},
+            "status": {"phase": phase}}
+
+
+def test_members_are_the_running_throttledjobs_the_selector_picks():
+    budget = {"spec": {"selector": {"matchLabels": {"team": "a"}}}}
+    tjs = [tj("b", labels={"team": "a"}), tj("a", labels={"team": "a"}),
+           tj("done", phase="Succeeded", labels={"team": "a"}), tj("other")]
+    assert [m["metadata"]["name"] for m in members_of(budget, tjs)] == ["a", "b"]
+
+
+def test_a_member_is_weighed_by_its_demand_once_read_whole_and_kept_before():
+    fleet = Fleet()
+    key = ("ns", "a")
+    scope_pod = tj("a", peak="1", parallelism=3)
+    m = member(scope_pod, fleet, "fleet", {"a": 1.2})
+    assert m.cap == 3.0 and m.floor == pytest.approx(0.3) and m.held == 1.2 and m.demand == ()
+    reports = {"u1": {"cpuDemandCores": {"w": 1.5}, "observed": {"cpuCores": 1.0}}}
+    for _ in range(3):
+        fleet.record(key, reports, 0.1, answered=True)
+    m = member(scope_pod, fleet, "fleet", {"a": 1.2})
+    assert m.held is None and m.demand == (1.5, 1.5, 1.5)
+    assert m.cap == 1.0  # one pod read: the per-pod target once
+    fleet.record(key, reports, 0.1, answered=False)  # a sidecar did not answer
+    assert member(scope_pod, fleet, "fleet", {"a": 1.2}).held == 1.2
+
+
+def test_a_share_is_the_members_policy_held_hard_and_never_past_its_own_target():
+    doc = {"targets": {"cpu": {"peak": "2"}}, "maxSlowdown": 1.5}
+    scope_pod = tj("a", peak="2")["spec"]
+    held = held_policy(doc, scope_pod, 3.0, pods=2)  # 1.5 each
+    assert held["targets"] == {"cpu": {"peak": "1500m"}, "hold": "Hard"}
+    assert parse_policy(held).cpu_peak_cores == 1.5
+    assert held_policy(doc, scope_pod, 9.0, pods=1)["targets"]["cpu"]["peak"] == "2000m"
+    job_wide = tj("a", peak="4", scope="Job")["spec"]
+    assert held_policy({"targets": {"cpu": {"peak": "4"}}}, job_wide, 2.5, pods=4)[
+        "targets"]["cpu"]["peak"] == "2500m"
+    assert doc == {"targets": {"cpu": {"peak": "2"}}, "maxSlowdown": 1.5}  # not changed
+
+
+def test_two_budgets_over_one_member_the_lower_holds_and_the_other_says_so():
+    fleet = Fleet()
+    fleet.set_share(("ns", "a"), "team", 1.0)
+    fleet.set_share(("ns", "a"), "hall", 0.6)
+    assert fleet.share(("ns", "a")) == (0.6, "hall")
+    budget = {"metadata": {"name": "team", "generation": 1}, "spec": {}}
+    m = member(tj("a"), fleet, "team", {})
+    out = split(1.0, [m])
+    status = next_status(budget, [m], out, 1.0, "spec", fleet, "ns", "now")
+    assert status["members"][0]["heldBy"] == "hall"
+    fleet.set_share(("ns", "a"), "hall", None)
+    assert fleet.share(("ns", "a")) == (1.0, "team")
+
+
+def test_floors_over_the_budget_are_named_in_its_condition():
+    fleet = Fleet()
+    members = [member(tj(n, parallelism=4), fleet, "b", {}) for n in ("a", "b")]
+    out = split(0.5, members)
+    status = next_status({"metadata": {"name": "b", "generation": 2}}, members, out, 0.5,
+                         "spec", fleet, "ns", "2026-12-07T00:00:00Z")
+    (met,) = status["conditions"]
+    assert (met["type"], met["status"], met["reason"]) == ("BudgetMet", "False",
+                                                           "FloorOverBudget")
+    assert "0.8 cores, over the 0.5-core budget" in met["message"]
+    assert status["observedGeneration"] == 2
+
+
+def test_the_budget_crd_file_is_generated_from_the_source():
+    path = ROOT / BUDGET_CRD_FILE
+    assert path.read_text() == crd.render_yaml(build_budget_crd()), (
+        "run: python -m throttledjob.operator.crd --write")
+    assert yaml.safe_load(path.read_text())["spec"]["names"]["kind"] == "ThrottleBudget"
