@@ -23,7 +23,7 @@ from .budget_crd import BUDGET_PLURAL, MAX_MEMBERS
 from .budget_spec import cores_now, selects
 from .conditions import Phase
 from .cpu_limits import cores
-from .fleet import Fleet
+from .fleet import Fleet, millicores
 from .fleet_split import Member, Split, split
 from .job_split import job_scoped, rank_floor
 from .reconcile import rebudget
@@ -86,7 +86,8 @@ def next_status(budget: Mapping[str, Any], members: Sequence[Member], out: Split
         key = (namespace, m.name)
         lowest = fleet.share(key)
         row: dict[str, Any] = {
-            "name": m.name, "shareCores": round(s.cores, 3), "slowdown": round(s.slowdown, 3),
+            "name": m.name, "shareCores": millicores(s.cores) / 1000,
+            "slowdown": round(s.slowdown, 3),
             "withinMaxSlowdown": s.within_budget, "read": m.held is None or bool(m.demand)}
         if m.demand:
             row["demandCores"] = round(sum(m.demand) / len(m.demand), 3)

@@ -13,6 +13,7 @@ holds until the new one is made.
 from __future__ import annotations
 
 import copy
+import math
 import threading
 import time
 from collections import deque
@@ -99,6 +100,13 @@ def held_policy(policy_doc: Mapping[str, Any], spec: Mapping[str, Any], share: f
     targets = doc.setdefault("targets", {})
     cpu = targets.setdefault("cpu", {})
     own = cores(cpu.get("peak"))
-    cpu["peak"] = f"{max(1, round(min(part, own if own is not None else part) * 1000))}m"
+    # Rounded down to the millicore: the members' limits never pass the budget together.
+    held = min(part, own if own is not None else part)
+    cpu["peak"] = f"{max(1, millicores(held))}m"
     targets["hold"] = "Hard"
     return doc
+
+
+def millicores(value: float) -> int:
+    """`value` cores in whole millicores, rounded down (past float noise)."""
+    return math.floor(value * 1000 + 1e-6)

@@ -1,0 +1,151 @@
+"""A ThrottleBudget on the real node: one CPU peak held across two ThrottledJobs, judged
+by the kernel's own accounting (each workload container sampled every second from the
+node, the two summed second by second), as the fleet's promise reads: the sum held under
+the budget, a drop of the budget (a grid signal patched in) followed within a bound, and
+a member that ends re-split to the other.
+
+The two members differ in what throttling costs them: one saturates two cores, one
+bursts two cores for a second in five. Their figures against an even split are
+bench/fleet.py's; here the behaviour, once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from testing.cluster_cli import Kubectl, wait_json
+from testing.helpers import wait_for
+from testing.node_samples import CgroupSampler, on_real_node, summed
+from throttledjob.contracts.policy import parse_cpu_quantity
+from throttledjob.operator import api_names
+from throttledjob.operator.budget_crd import BUDGET_KIND
+from throttledjob.sidecar.stats import nearest_rank
+from throttledjob.sidecar.summary import cpu_peak_bound
+from tools.k8s import images
+
+pytestmark = pytest.mark.timeout(300)
+
+BUDGET = 1.0  # cores, the two members together
+DROP = 0.6  # the signal's fraction: 0.6 core
+# The pass that follows a patched budget runs on its watch event; its members' pods are
+# resized at once: the kubelet applies a resize within a second or two here. The bound
+# stated in docs/benchmarks.md is the status interval (the schedule's moves wait for the
+# next tick) plus this.
+DROP_SECONDS = 10.0
+JOB_NAME = "batch.kubernetes.io/job-name"
+SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def busy(seconds: int, on: float, off: float) -> list[str]:
+    """Two processes, each busy `on` seconds then asleep `off`, for `seconds` in all."""
+    loop = (f"import time\nend = time.time() + {seconds}\n"
+            "while time.time() < end:\n"
+            f"    t = time.time() + {on}\n"
+            "    while time.time() < t: pass\n"
+            f"    time.sleep({off})\n")
+    return ["sh", "-c", f"python -c '{loop}' & a=$!; python -c '{loop}' & b=$!; "
+                        "wait $a && wait $b"]
+
+
+def member(name: str, namespace: str, command: list[str]) -> dict[str, Any]:
+    container = {"name": "work", "image": images.PRODUCT_IMAGE, "imagePullPolicy": "Never",
+                 "command": command,
+                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                 "securityContext": SECURITY}
+    return {"apiVersion": api_names.API_VERSION, "kind": api_names.KIND,
+            "metadata": {"name": name, "namespace": namespace, "labels": {"team": "a"}},
+            "spec": {"jobTemplate": {"spec": {"backoffLimit": 0, "template": {
+                         "spec": on_real_node({"containers": [container]})}}},
+                     "throttle": {"targets": {"cpu": {"peak": "2"}}}}}
+
+
+def limits(kubectl: Kubectl, namespace: str) -> dict[str, float]:
+    """Each running member pod's workload limit as the kubelet applied it, by Job."""
+    out = {}
+    for pod in kubectl.json("get", "pods", "-n", namespace, "-l", "team=a")["items"]:
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        for c in pod["status"].get("containerStatuses") or []:
+            cpu = ((c.get("resources") or {}).get("limits") or {}).get("cpu")
+            if c["name"] == "work" and cpu:
+                out[pod["metadata"]["labels"][JOB_NAME]] = parse_cpu_quantity(cpu, "limit")
+    return out
+
+
+def window(samplers: list[CgroupSampler], start: float, end: float) -> list[float]:
+    """The summed per-second samples taken between `start` and `end` (Unix time)."""
+    base = max(samplers, key=lambda s: len(s.cores))
+    return [c for t, c in zip(base.times, summed(samplers), strict=True) if start <= t <= end]
+
+
+def test_a_budget_holds_two_members_follows_a_drop_and_re_splits_when_one_ends(
+        operator: str, real_node: Any, kubectl: Kubectl) -> None:
+    namespace = operator
+    budget = {"apiVersion": api_names.API_VERSION, "kind": BUDGET_KIND,
+              "metadata": {"name": "team-a", "namespace": namespace},
+              "spec": {"selector": {"matchLabels": {"team": "a"}}, "cpu": {"peak": 1}}}
+    template = {"metadata": {"labels": {"team": "a"}}}
+    saturating = member("saturating", namespace, busy(70, 1, 0))
+    bursty = member("bursty", namespace, busy(40, 1, 4))
+    for tj in (saturating, bursty):  # the pods carry the label the sampler selects
+        tj["spec"]["jobTemplate"]["spec"]["template"]["metadata"] = template["metadata"]
+    kubectl.apply(budget, saturating, bursty)
+    samplers = [CgroupSampler(real_node, kubectl, namespace, f"{JOB_NAME}={name}", "work")
+                for name in ("saturating", "bursty")]
+    try:
+        wait_for(lambda: len(limits(kubectl, namespace)) == 2
+                 and sum(limits(kubectl, namespace).values()) <= BUDGET + 1e-9, 90,
+                 interval=0.5, what="both members held within the budget")
+        # Split by cost once each member's demand is measured (fleet_split.py).
+        status = wait_json(kubectl, lambda b: [m.get("demandCores") is not None and m["read"]
+                                               for m in (b.get("status") or {}).get("members")
+                                               or []] == [True, True],
+                           "throttlebudget", "-n", namespace, "team-a",
+                           what="the split by measured demand", timeout=60)
+        # Five reads more: a one-second demand read every 2 s samples the bursts (a
+        # 5-second cycle, so the reads fall on every part of it).
+        time.sleep(10)
+        status = kubectl.json("get", "throttlebudget", "-n", namespace, "team-a")
+        held = time.time()
+        time.sleep(8)
+        dropped_at = time.time()
+        kubectl("patch", "throttlebudget", "-n", namespace, "team-a", "--type=merge",
+                "-p", f'{{"spec":{{"signal":{{"fraction":{DROP}}}}}}}')
+        wait_for(lambda: sum(limits(kubectl, namespace).values()) <= BUDGET * DROP + 1e-9,
+                 DROP_SECONDS, interval=0.25, what="the fleet under the dropped budget")
+        reaction = time.time() - dropped_at
+        wait_json(kubectl, lambda t: (t.get("status") or {}).get("phase") == "Succeeded",
+                  "tj", "-n", namespace, "bursty", what="the bursty member to end",
+                  timeout=120)
+        wait_for(lambda: limits(kubectl, namespace).get("saturating", 0)
+                 >= BUDGET * DROP - 1e-9, 20, interval=0.5,
+                 what="the saturating member given the whole budget once alone")
+        alone = time.time() + 1.0
+        time.sleep(4)
+    finally:
+        for s in samplers:
+            s.stop()
+    before = window(samplers, held, dropped_at)
+    after = window(samplers, dropped_at + DROP_SECONDS, alone + 4)
+    described = (f"drop followed in {reaction:.1f} s; held {[round(c, 3) for c in before]}; "
+                 f"after the drop {[round(c, 3) for c in after]}; split {status['status']}")
+    print(described)
+    # Two pods' quotas summed: their 100 ms periods are not aligned (test_distributed_live).
+    assert len(before) >= 6 and nearest_rank(before, 0.99) <= cpu_peak_bound(BUDGET) + 0.05, \
+        described
+    assert after and nearest_rank(after, 0.99) <= cpu_peak_bound(BUDGET * DROP) + 0.05, \
+        described
+    shares = {m["name"]: m["shareCores"] for m in status["status"]["members"]}
+    assert sum(shares.values()) <= BUDGET + 1e-9, described
+    # Its share is real room: the saturating member uses it whole.
+    used = window(samplers[:1], held, dropped_at)
+    assert sorted(used)[len(used) // 2] >= 0.8 * shares["saturating"], (used, described)
+    # Busy one second in five, the bursty member loses less to a lower share: an even
+    # split would give each half.
+    assert shares["bursty"] < shares["saturating"] - 0.1, described
+    final = kubectl.json("get", "throttlebudget", "-n", namespace, "team-a")["status"]
+    assert final["cpuBudgetCores"] == pytest.approx(BUDGET * DROP)
+    assert final["budgetSource"] == "signal", final
