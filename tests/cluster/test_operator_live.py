@@ -29,6 +29,7 @@ from testing.operator_process import OperatorProcess
 from testing.rbac import ADMISSION, CRDS, NAMESPACED, NAMESPACES
 from throttledjob.contracts.policy import parse_policy
 from throttledjob.operator import api_names
+from throttledjob.operator.budget_crd import BUDGET_KIND
 from throttledjob.operator.children import LABEL_NAME, owned_by
 
 
@@ -311,6 +312,13 @@ def exercise(kubectl: Kubectl, op: OperatorProcess, namespace: str) -> None:
         "targets": {"cpu": {"peak": "1500m"}}, "enforcement": "Quota"}))
     wait_json(kubectl, lambda o: (o.get("status") or {}).get("observed"),
               "tj", "-n", namespace, "rbac", what="status.observed")
+    # A ThrottleBudget over it, above its own target: watched, read and its status written.
+    kubectl.apply({"apiVersion": api_names.API_VERSION, "kind": BUDGET_KIND,
+                   "metadata": {"name": "fleet", "namespace": namespace},
+                   "spec": {"cpu": {"peak": 8}}})
+    wait_json(kubectl, lambda o: [m["name"] for m in (o.get("status") or {}).get("members")
+                                  or []] == ["rbac"],
+              "throttlebudget", "-n", namespace, "fleet", what="the budget's split")
     kubectl("patch", "tj", "-n", namespace, "rbac", "--type=merge",
             "-p", '{"spec":{"throttle":{"targets":{"cpu":{"peak":"900m"}}}}}')
     wait_json(kubectl, lambda o: "900m" in o["data"]["policy.yaml"],
