@@ -16,6 +16,7 @@ from throttledjob.operator.budget_pass import member, members_of, next_status
 from throttledjob.operator.budget_spec import cores_now, selects
 from throttledjob.operator.fleet import Fleet, held_policy
 from throttledjob.operator.fleet_split import split
+from throttledjob.operator.metrics import budget_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 UTC = datetime.timezone.utc
@@ -134,3 +135,23 @@ def test_the_budget_crd_file_is_generated_from_the_source():
     assert path.read_text() == crd.render_yaml(build_budget_crd()), (
         "run: python -m throttledjob.operator.crd --write")
     assert yaml.safe_load(path.read_text())["spec"]["names"]["kind"] == "ThrottleBudget"
+
+
+def test_the_fleets_metrics_are_each_budget_and_each_members_share():
+    fleet = Fleet()
+    fleet.set_budget(("ns", "team"), 6.0, 5.5)
+    fleet.set_share(("ns", "a"), "team", 4.0)
+    fleet.set_share(("ns", "b"), "team", 2.0)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in budget_metrics(fleet) for s in family.samples}
+    assert samples == {
+        ("throttledjob_operator_budget_cpu_cores", (("budget", "team"), ("namespace", "ns"))): 6.0,
+        ("throttledjob_operator_budget_cpu_use_cores",
+         (("budget", "team"), ("namespace", "ns"))): 5.5,
+        ("throttledjob_operator_budget_share_cpu_cores",
+         (("budget", "team"), ("namespace", "ns"), ("throttledjob", "a"))): 4.0,
+        ("throttledjob_operator_budget_share_cpu_cores",
+         (("budget", "team"), ("namespace", "ns"), ("throttledjob", "b"))): 2.0}
+    fleet.set_budget(("ns", "team"), None)
+    assert not [s for family in budget_metrics(fleet) for s in family.samples
+                if s.name == "throttledjob_operator_budget_cpu_cores"]

@@ -145,6 +145,7 @@ def budget_pass(state: OperatorState, namespace: str, name: str,
     status = next_status(budget, members, out, budget_cores, source, fleet, namespace,
                          conditions.now_iso())
     kube.merge_patch(budget_path(namespace, name) + "/status", {"status": status})
+    fleet.set_budget((namespace, name), budget_cores, status["cpuCores"])
     for m in members:
         was, now = before[m.name], fleet.share((namespace, m.name))
         if now and (was is None or abs(now[0] - was[0]) > MOVE_STEP * max(was[0], 0.01)):
@@ -153,6 +154,7 @@ def budget_pass(state: OperatorState, namespace: str, name: str,
 
 def forget_budget(state: OperatorState, namespace: str, name: str) -> None:
     """The budget is gone: its members go back to their own targets (or another's)."""
+    state.fleet.set_budget((namespace, name), None)
     for key in [k for k, by in list(state.fleet.shares.items())
                 if k[0] == namespace and name in by]:
         state.fleet.set_share(key, name, None)

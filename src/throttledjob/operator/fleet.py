@@ -37,6 +37,8 @@ class Fleet:
     pods: dict[TjKey, int] = field(default_factory=dict)
     use: dict[TjKey, tuple[float, float]] = field(default_factory=dict)  # (cores, at)
     answered: dict[TjKey, bool] = field(default_factory=dict)  # its last read was whole
+    # budget -> (its cores in force, its members' use summed) at its last split
+    budgets: dict[TjKey, tuple[float, float]] = field(default_factory=dict)
     # member -> budget name -> its share, cores job-wide
     shares: dict[TjKey, dict[str, float]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -72,6 +74,14 @@ class Fleet:
                 self.shares.get(key, {}).pop(budget, None)
             else:
                 self.shares.setdefault(key, {})[budget] = cores
+
+    def set_budget(self, key: TjKey, cores: float | None, use: float = 0.0) -> None:
+        """A budget's last split (None: the budget is gone)."""
+        with self.lock:
+            if cores is None:
+                self.budgets.pop(key, None)
+            else:
+                self.budgets[key] = (cores, use)
 
     def forget(self, key: TjKey) -> None:
         with self.lock:

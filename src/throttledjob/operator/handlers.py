@@ -71,7 +71,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     memo.state = OperatorState(ours, kube, HttpStatusReader(ours.status_timeout_seconds))
     if ours.metrics_port:
         try:
-            metrics.serve(ours.metrics_port, lambda: memo.state.seen)
+            metrics.serve(ours.metrics_port, lambda: memo.state.seen,
+                          fleet=lambda: memo.state.fleet)
         except OSError as e:
             raise kopf.PermanentError(f"cannot serve metrics on port {ours.metrics_port}: "
                                       f"{e.strerror or e}") from e

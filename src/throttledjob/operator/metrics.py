@@ -46,10 +46,12 @@ for _result in ("applied", "refused"):
 
 
 class _Phases:
-    """throttledjob_operator_throttledjobs{phase}: the ThrottledJobs this process watches."""
+    """throttledjob_operator_throttledjobs{phase}: the ThrottledJobs this process watches;
+    and each ThrottleBudget's last split (fleet.py), where one is known."""
 
-    def __init__(self, seen: Callable[[], Mapping[Any, tuple[str | None, str | None]]]) -> None:
-        self._seen = seen
+    def __init__(self, seen: Callable[[], Mapping[Any, tuple[str | None, str | None]]],
+                 fleet: Callable[[], Any] | None = None) -> None:
+        self._seen, self._fleet = seen, fleet
 
     def collect(self) -> Iterator[Metric]:
         g = GaugeMetricFamily(P + "throttledjobs", "ThrottledJobs the operator watches, by "
@@ -62,12 +64,35 @@ class _Phases:
                                  "runs.", labels=["version"])
         info.add_metric([__version__], 1.0)
         yield info
+        if self._fleet is not None:
+            yield from budget_metrics(self._fleet())
+
+
+def budget_metrics(fleet: Any) -> Iterator[Metric]:
+    """The fleet's row of the dashboard: each budget in force and its members' use
+    against it, and each member's share (fleet.Fleet's record of the last splits)."""
+    budget = GaugeMetricFamily(P + "budget_cpu_cores", "A ThrottleBudget's CPU peak in "
+                               "force now (schedule and signal applied).",
+                               labels=["namespace", "budget"])
+    use = GaugeMetricFamily(P + "budget_cpu_use_cores", "A ThrottleBudget's members' CPU "
+                            "use summed, at their last reads.", labels=["namespace", "budget"])
+    share = GaugeMetricFamily(P + "budget_share_cpu_cores", "A member's part of a "
+                              "ThrottleBudget, job-wide.",
+                              labels=["namespace", "budget", "throttledjob"])
+    with fleet.lock:
+        for (ns, name), (cores, used) in sorted(fleet.budgets.items()):
+            budget.add_metric([ns, name], cores)
+            use.add_metric([ns, name], used)
+        for (ns, member), by_budget in sorted(fleet.shares.items()):
+            for name, cores in sorted(by_budget.items()):
+                share.add_metric([ns, name, member], cores)
+    yield from (budget, use, share)
 
 
 def serve(port: int, seen: Callable[[], Mapping[Any, tuple[str | None, str | None]]],
-          address: str = "0.0.0.0") -> None:
+          address: str = "0.0.0.0", fleet: Callable[[], Any] | None = None) -> None:
     """Serve /metrics on `address:port` from a daemon thread; `seen` gives the watched
-    ThrottledJobs ((namespace, name) -> (phase, Job name)). Raises OSError where the port
-    cannot be bound."""
-    REGISTRY.register(_Phases(seen))
+    ThrottledJobs ((namespace, name) -> (phase, Job name)), `fleet` the budgets' record
+    (fleet.Fleet). Raises OSError where the port cannot be bound."""
+    REGISTRY.register(_Phases(seen, fleet))
     start_http_server(port, address, registry=REGISTRY)
