@@ -11,9 +11,10 @@ one bursting two cores for a second then asleep four), run together two ways, th
 alternating:
 - even: each held Hard to a third of the budget (its own target), no ThrottleBudget;
 - budget: the same jobs under one ThrottleBudget of that total, split by cost.
-Figures: each job's wall time (the ThrottledJob's start to completion), their sum and the
-last to finish, and the p99 of the three containers' summed CPU by the kernel's own
-accounting, from when the split is in force.
+Figures: each job's wall time (the ThrottledJob's start to completion) and its slowdown
+(over the same job run alone, unthrottled, first), the sum of the slowdowns (what the split
+minimises) and the last to finish, and the p99 of the three containers' summed CPU by the
+kernel's own accounting, from when the split is in force.
 
     .venv/bin/python -m bench.fleet --members 200
     .venv/bin/python -m bench.fleet --pairs 2      # uses `make cluster`'s, else its own
@@ -88,6 +89,7 @@ def job(name: str, namespace: str, arm: str, command: list[str]) -> dict[str, An
                  "command": command,
                  "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
                  "securityContext": SECURITY}
+    # 2 cores: the whole machine, unthrottled (alone), or not binding (under the budget).
     own = {"cpu": {"peak": f"{int(BUDGET / 3 * 1000)}m"}, "hold": "Hard"} if arm == "even" \
         else {"cpu": {"peak": "2"}}
     return {"apiVersion": api_names.API_VERSION, "kind": api_names.KIND,
@@ -101,14 +103,17 @@ def seconds(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def one_set(node: Any, kubectl: Kubectl, namespace: str, arm: str, i: int) -> dict[str, Any]:
-    names = {kind: f"{arm}-{i}-{kind}" for kind in JOBS}
+def one_set(node: Any, kubectl: Kubectl, namespace: str, arm: str, i: int,
+            kinds: tuple[str, ...] = tuple(JOBS)) -> dict[str, Any]:
+    """The jobs of `kinds` run together under `arm`: even (each a third of the budget),
+    budget (one ThrottleBudget) or alone (unthrottled: the slowdowns' baseline)."""
+    names = {kind: f"{arm}-{i}-{kind}" for kind in kinds}
     if arm == "budget":
         kubectl.apply({"apiVersion": api_names.API_VERSION, "kind": BUDGET_KIND,
                        "metadata": {"name": f"fleet-{i}", "namespace": namespace},
                        "spec": {"selector": {"matchLabels": {"fleet": arm}},
                                 "cpu": {"peak": f"{int(BUDGET * 1000)}m"}}})
-    kubectl.apply(*[job(names[k], namespace, arm, work(*JOBS[k])) for k in JOBS])
+    kubectl.apply(*[job(names[k], namespace, arm, work(*JOBS[k])) for k in kinds])
     samplers = [CgroupSampler(node, kubectl, namespace, f"{JOB_NAME}={n}", "work")
                 for n in names.values()]
     try:
@@ -122,7 +127,7 @@ def one_set(node: Any, kubectl: Kubectl, namespace: str, arm: str, i: int) -> di
             s.stop()
     starts = {k: seconds(t["status"]["startTime"]) for k, t in done.items()}
     ends = {k: seconds(t["status"]["completionTime"]) for k, t in done.items()}
-    walls = {k: ends[k] - starts[k] for k in JOBS}
+    walls = {k: ends[k] - starts[k] for k in kinds}
     # Judged from when the split is in force: 15 s after the start (its reads).
     base = max(samplers, key=lambda s: len(s.cores))
     held = [c for t, c in zip(base.times, summed(samplers), strict=True)
@@ -154,10 +159,16 @@ def cost(cluster: Any, pairs: int) -> list[dict[str, Any]]:
         helm(cluster, "install", release, str(CHART), "-n", system, "-f",
              str(ROOT / "examples/one-machine/values.yaml"), "-f", str(values), "--wait",
              "--timeout", "180s")
+        alone = {k: one_set(node, kubectl, watched, "alone", 0, (k,))["walls"][k]
+                 for k in JOBS}
+        print(json.dumps({"alone": alone}), flush=True)
         for i in range(pairs):
             for arm in (("even", "budget") if i % 2 == 0 else ("budget", "even")):
-                runs.append(one_set(node, kubectl, watched, arm, i))
-                print(json.dumps(runs[-1]), flush=True)
+                run = one_set(node, kubectl, watched, arm, i)
+                run["slowdowns"] = {k: round(run["walls"][k] / alone[k], 2) for k in JOBS}
+                run["sum_slowdowns"] = round(sum(run["slowdowns"].values()), 2)
+                runs.append(run)
+                print(json.dumps(run), flush=True)
     finally:
         with contextlib.suppress(Exception):
             helm(cluster, "uninstall", release, "-n", system, "--wait", "--timeout", "60s")
@@ -168,15 +179,15 @@ def cost(cluster: Any, pairs: int) -> list[dict[str, Any]]:
 
 def cost_table(runs: list[dict[str, Any]]) -> str:
     rows = [{"arm": r["arm"], **{f"{k}_s": round(v, 1) for k, v in r["walls"].items()},
-             "sum_s": r["sum_s"], "last_s": r["last_s"], "p99_cores": r["p99_cores"]}
-            for r in runs]
+             "sum_slowdowns": r["sum_slowdowns"], "last_s": r["last_s"],
+             "p99_cores": r["p99_cores"]} for r in runs]
     even = [r for r in runs if r["arm"] == "even"]
     ours = [r for r in runs if r["arm"] == "budget"]
     def ratio(key: str) -> float:
         return statistics.median(b[key] / e[key] for b, e in zip(ours, even, strict=True))
 
     ratios = "; ".join(f"{key}: budget/even median {ratio(key):.3f}"
-                       for key in ("sum_s", "last_s"))
+                       for key in ("sum_slowdowns", "last_s"))
     return markdown(rows) + f"\n\n{ratios} (budget {BUDGET} cores)"
 
 

@@ -30,8 +30,8 @@ OUTPUT = CHART / "README.md"
 INTRO = """\
 ## What it installs
 
-- The `ThrottledJob` CRD (from `crds/`: Helm installs it on the first install and never
-  upgrades it; [docs/install.md](../../docs/install.md) says how to upgrade it).
+- The `ThrottledJob` and `ThrottleBudget` CRDs (from `crds/`: Helm installs them on the
+  first install and never upgrades them; [docs/install.md](../../docs/install.md) says how to upgrade them).
 - The operator: one Deployment, its ServiceAccount and RBAC with only the verbs it
   uses (a ClusterRole, or with `watchNamespaces` a Role in each namespace listed).
 - Admission policies (`admission.enabled`, on by default): the API server refuses a

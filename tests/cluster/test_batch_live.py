@@ -315,6 +315,28 @@ def test_an_indexed_throttledjob_is_admitted_whole_or_not_at_all(
              "the ranks Succeeded")
 
 
+def test_kueue_counts_a_throttledjob_at_its_target_not_its_templates_limit(
+        kubectl: Kubectl, namespace: str, local_queue: str,
+        kueue_operator: OperatorProcess) -> None:
+    """Two ThrottledJobs whose templates ask 900m each (limits alone, as most do) held to
+    400m by the kernel's quota: the Job carries the target as its limit, so Kueue counts
+    400m and the sidecar's requests for each, and a 1-CPU queue admits both at once; by
+    their templates one alone would fit."""
+    for name in ("a", "b"):
+        tj = tj_manifest(name, namespace, run_for="8s", throttle={
+            "targets": {"cpu": {"peak": "400m"}}, "enforcement": "Quota"}, **ON_KWOK)
+        tj["metadata"]["labels"] = {QUEUE_LABEL: local_queue}
+        (work,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+        work["resources"] = {"limits": {"cpu": "900m", "memory": "64Mi"}}
+        kubectl.apply(tj)
+    wait_for(lambda: [phase(kubectl, namespace, n) for n in ("a", "b")]
+             == ["Running", "Running"], TIMEOUT, 0.2, "both admitted and Running at once")
+    usage = condition(workload_of(kubectl, namespace, "a"), "Admitted") and \
+        workload_of(kubectl, namespace, "a")["status"]["admission"]["podSetAssignments"][0][
+            "resourceUsage"]["cpu"]
+    assert usage == "455m", usage  # 400m of work, the sidecar's 50m and the guard's 5m
+
+
 def test_a_queued_job_joined_by_label_is_throttled_as_kueue_lets_its_pod_start(
         batch_components: Any, kubectl: Kubectl, crd_installed: None, namespace: str,
         local_queue: str, tmp_path: Path) -> None:
