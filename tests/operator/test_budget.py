@@ -128,6 +128,7 @@ def test_floors_over_the_budget_are_named_in_its_condition():
                                                            "FloorOverBudget")
     assert "0.8 cores, over the 0.5-core budget" in met["message"]
     assert status["observedGeneration"] == 2
+    assert [r["read"] for r in status["members"]] == [False, False]  # not measured yet
 
 
 def test_the_budget_crd_file_is_generated_from_the_source():

@@ -111,8 +111,10 @@ def _member_schema() -> dict[str, Any]:
             "maxSlowdown": number("Its own slowdown budget (absent: none)."),
             "withinMaxSlowdown": {"type": "boolean"},
             "read": {"type": "boolean",
-                     "description": "False: its sidecars did not answer; it keeps the "
-                                    "share it had."},
+                     "description": "True: split by its measured demand. False: not "
+                                    "measured yet (an even share, or after a restart the "
+                                    "share it had) or its sidecars did not answer (it "
+                                    "keeps the share it had)."},
             "heldBy": {"type": "string",
                        "description": "Another budget gives it less: that one holds it."},
         },

@@ -88,7 +88,7 @@ def next_status(budget: Mapping[str, Any], members: Sequence[Member], out: Split
         row: dict[str, Any] = {
             "name": m.name, "shareCores": millicores(s.cores) / 1000,
             "slowdown": round(s.slowdown, 3),
-            "withinMaxSlowdown": s.within_budget, "read": m.held is None or bool(m.demand)}
+            "withinMaxSlowdown": s.within_budget, "read": m.held is None and bool(m.demand)}
         if m.demand:
             row["demandCores"] = round(sum(m.demand) / len(m.demand), 3)
         if math.isfinite(m.max_slowdown):
