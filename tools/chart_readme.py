@@ -31,7 +31,8 @@ INTRO = """\
 ## What it installs
 
 - The `ThrottledJob` and `ThrottleBudget` CRDs (from `crds/`: Helm installs them on the
-  first install and never upgrades them; [docs/install.md](../../docs/install.md) says how to upgrade them).
+  first install and never upgrades them; [docs/install.md](../../docs/install.md) says
+  how to upgrade them).
 - The operator: one Deployment, its ServiceAccount and RBAC with only the verbs it
   uses (a ClusterRole, or with `watchNamespaces` a Role in each namespace listed).
 - Admission policies (`admission.enabled`, on by default): the API server refuses a
