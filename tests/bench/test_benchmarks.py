@@ -149,3 +149,23 @@ def test_pod_estimate_row() -> None:
         "real (training)": "1.200 (1.250)", "estimate": 1.08, "error": "-10.0%", "top": 2.0,
         "top covers": "yes", "unlimited_s": 18.0, "throttled_s": 21.6}
     assert pod_estimate.row({**figures, "top": 1.1})["top covers"] == "no"
+
+
+def test_fleet_scale_and_cost_table() -> None:
+    """bench/fleet.py: its scale part at 20 members prints its figures; its cost table of
+    the runs the real node makes (tests/cluster/test_bench_live.py has no run of it: its
+    cost runs are minutes) has a row per run and the ratios of the pairs' medians."""
+    out = run_benchmark("fleet", "--members", "20")
+    assert [r[0] for r in table_rows(out, "| figure | value |")] == [
+        "members", "split_seconds_median", "split_seconds_max", "goal_seconds"]
+    from bench import fleet
+
+    def run(arm: str, saturating: float, slowdowns: float, last: float) -> dict:
+        return {"arm": arm, "walls": {"saturating": saturating, "single": 17.0,
+                                      "bursty": 41.0},
+                "sum_slowdowns": slowdowns, "last_s": last, "p99_cores": 1.0}
+
+    text = fleet.cost_table([run("even", 33, 5.5, 41), run("budget", 25, 4.4, 43),
+                             run("budget", 29, 5.52, 43), run("even", 35, 5.52, 42)])
+    assert len(table_rows(text, "| arm |")) == 4
+    assert "sum_slowdowns: budget/even median 0.900; last_s: budget/even median 1.036" in text
