@@ -92,13 +92,22 @@ def test_a_budget_holds_two_members_follows_a_drop_and_re_splits_when_one_ends(
     bursty = member("bursty", namespace, busy(40, 1, 4))
     for tj in (saturating, bursty):  # the pods carry the label the sampler selects
         tj["spec"]["jobTemplate"]["spec"]["template"]["metadata"] = template["metadata"]
-    kubectl.apply(budget, saturating, bursty)
+    kubectl.apply(budget)
+    wait_json(kubectl, lambda b: (b.get("status") or {}).get("observedGeneration") == 1,
+              "throttlebudget", "-n", namespace, "team-a", what="the budget seen")
+    kubectl.apply(saturating, bursty)
     samplers = [CgroupSampler(real_node, kubectl, namespace, f"{JOB_NAME}={name}", "work")
                 for name in ("saturating", "bursty")]
     try:
         wait_for(lambda: len(limits(kubectl, namespace)) == 2
                  and sum(limits(kubectl, namespace).values()) <= BUDGET + 1e-9, 90,
                  interval=0.5, what="both members held within the budget")
+        # Each Job was made with its share (the budget split as it was created), so its
+        # pods started within the budget, not at the member's own 2 cores.
+        made = [kubectl.json("get", "job", "-n", namespace, name)["spec"]["template"]["spec"]
+                ["containers"][0]["resources"]["limits"]["cpu"]
+                for name in ("saturating", "bursty")]
+        assert sum(parse_cpu_quantity(c, "limit") for c in made) <= BUDGET + 1e-9, made
         # Split by cost once each member's demand is measured (fleet_split.py).
         status = wait_json(kubectl, lambda b: [m.get("demandCores") is not None and m["read"]
                                                for m in (b.get("status") or {}).get("members")

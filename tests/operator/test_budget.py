@@ -67,11 +67,14 @@ def tj(name: str, peak: str | None = "2", phase: str = "Running", scope: str = "
             "status": {"phase": phase}}
 
 
-def test_members_are_the_running_throttledjobs_the_selector_picks():
+def test_members_are_the_throttledjobs_the_selector_picks_that_run_or_are_about_to():
     budget = {"spec": {"selector": {"matchLabels": {"team": "a"}}}}
-    tjs = [tj("b", labels={"team": "a"}), tj("a", labels={"team": "a"}),
-           tj("done", phase="Succeeded", labels={"team": "a"}), tj("other")]
-    assert [m["metadata"]["name"] for m in members_of(budget, tjs)] == ["a", "b"]
+    new = tj("new", labels={"team": "a"})
+    del new["status"]["phase"]  # its Job not made yet: it gets its share before
+    tjs = [tj("b", labels={"team": "a"}), tj("a", labels={"team": "a"}, phase="Pending"),
+           tj("done", phase="Succeeded", labels={"team": "a"}), tj("other"), new,
+           tj("queued", phase="Queued", labels={"team": "a"})]
+    assert [m["metadata"]["name"] for m in members_of(budget, tjs)] == ["a", "b", "new"]
 
 
 def test_a_member_is_weighed_by_its_demand_once_read_whole_and_kept_before():
@@ -88,6 +91,21 @@ def test_a_member_is_weighed_by_its_demand_once_read_whole_and_kept_before():
     assert m.cap == 1.0  # one pod read: the per-pod target once
     fleet.record(key, reports, 0.1, answered=False)  # a sidecar did not answer
     assert member(scope_pod, fleet, "fleet", {"a": 1.2}).held == 1.2
+    starting = tj("b", phase="Pending")  # no pods running: split anew, not held
+    assert member(starting, Fleet(), "fleet", {"b": 1.2}).held is None
+
+
+def test_members_made_one_after_the_other_share_the_budget_before_their_pods_start():
+    fleet = Fleet()
+    first = tj("first")
+    del first["status"]["phase"]
+    out = split(1.0, [member(first, fleet, "b", {})])
+    fleet.set_share(("ns", "first"), "b", out.of("first").cores)
+    second = tj("second")
+    del second["status"]["phase"]
+    first["status"]["phase"] = "Pending"
+    out = split(1.0, [member(first, fleet, "b", {}), member(second, fleet, "b", {})])
+    assert [s.cores for s in out.shares] == [pytest.approx(0.5), pytest.approx(0.5)]
 
 
 def test_a_share_is_the_members_policy_held_hard_and_never_past_its_own_target():

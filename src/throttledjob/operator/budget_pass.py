@@ -42,13 +42,28 @@ def budget_path(namespace: str, name: str = "") -> str:
     return f"{base}/{quote(name)}" if name else base
 
 
+# The phases of a member: its pods run, or are about to (None: its Job not made yet).
+MEMBER_PHASES = (None, Phase.PENDING, Phase.RUNNING)
+
+
 def members_of(budget: Mapping[str, Any], tjs: Sequence[Mapping[str, Any]]
                ) -> list[Mapping[str, Any]]:
-    """The Running ThrottledJobs the budget's selector picks, by name."""
+    """The ThrottledJobs the budget's selector picks whose pods run or are about to (not
+    those Kueue holds, nor finished ones), by name."""
     sel = (budget.get("spec") or {}).get("selector")
-    return sorted((tj for tj in tjs if (tj.get("status") or {}).get("phase") == Phase.RUNNING
+    return sorted((tj for tj in tjs if (tj.get("status") or {}).get("phase") in MEMBER_PHASES
+                   and not (tj.get("metadata") or {}).get("deletionTimestamp")
                    and selects(sel, (tj.get("metadata") or {}).get("labels"))),
                   key=lambda tj: tj["metadata"]["name"])[:MAX_MEMBERS]
+
+
+def split_for_new_member(state: OperatorState, namespace: str) -> None:
+    """A ThrottledJob about to make its Job: each budget of its namespace splits now, so
+    a budget that picks it gives it a share (and shrinks the others' pods) before its
+    pods start, rather than at the next tick with its pods at its own target."""
+    for ns, name in sorted(state.budgets):
+        if ns == namespace:
+            budget_pass(state, ns, name)
 
 
 def member(tj: Mapping[str, Any], fleet: Fleet, budget: str,
@@ -66,7 +81,11 @@ def member(tj: Mapping[str, Any], fleet: Fleet, budget: str,
         for _, count, pod in child.pod_groups(spec)) or rank_floor([])
     demand = tuple(fleet.demand.get(key) or ())
     had = (fleet.shares.get(key) or {}).get(budget, last.get(meta["name"]))
-    held = had if (len(demand) < MIN_READS or not fleet.answered.get(key, True)) else None
+    # Running pods hold the share they had until measured (after a restart: the status's);
+    # a member whose pods have not started yet is split anew, at an even share.
+    running = (tj.get("status") or {}).get("phase") == Phase.RUNNING
+    held = had if ((running and len(demand) < MIN_READS)
+                   or not fleet.answered.get(key, True)) else None
     try:
         priority = int((meta.get("labels") or {}).get(PRIORITY_LABEL, 0))
     except ValueError:

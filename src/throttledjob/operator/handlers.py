@@ -21,7 +21,7 @@ from . import admission, child, metrics
 from .api_names import GROUP, PLURAL, VERSION
 from .attach import attached, labeled
 from .budget_crd import BUDGET_PLURAL
-from .budget_pass import budget_pass, forget_budget
+from .budget_pass import budget_pass, forget_budget, split_for_new_member
 from .children import LABEL_NAME, owner_reference
 from .config import OperatorSettings
 from .kube import ApiError, Kube
@@ -130,9 +130,13 @@ def _retry_later(e: ApiError, retry: int) -> kopf.TemporaryError:
 @kopf.on.update(*RESOURCE, field="spec")
 def reconcile(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int = 0,
               **_: Any) -> None:
-    """Created, resumed or any edit of the spec: one pass (reconcile.py)."""
+    """Created, resumed or any edit of the spec: one pass (reconcile.py); before its Job
+    is made, the budgets of its namespace split with it (budget_pass.py)."""
     try:
-        spec_pass(body, _state(memo), logger)
+        state = _state(memo)
+        if not (body.status or {}).get("jobName"):
+            split_for_new_member(state, body.meta.namespace or "")
+        spec_pass(body, state, logger)
     except ApiError as e:
         raise _retry_later(e, retry) from e
 
