@@ -115,7 +115,7 @@ def next_status(budget: Mapping[str, Any], members: Sequence[Member], out: Split
         if lowest and lowest[1] != name and lowest[0] < s.cores:
             row["heldBy"] = lowest[1]
         listed.append(row)
-    use = sum(fleet.use.get((namespace, m.name), (0.0, 0.0))[0] for m in members)
+    use = sum(fleet.use.get((namespace, m.name), 0.0) for m in members)
     status = dict(budget.get("status") or {})
     over = [r["name"] for r in listed if not r["withinMaxSlowdown"]]
     if not out.feasible:

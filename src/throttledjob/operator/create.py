@@ -28,7 +28,6 @@ from .conditions import (
     status_job_created,
     status_waiting,
 )
-from .fleet import held_policy
 from .kube import ApiError, Kube
 from .kueue import queued_by_kueue
 from .state import OperatorState
@@ -88,9 +87,7 @@ def ensure_children(body: kopf.Body, state: OperatorState, logger: logging.Logge
         doc = validate(body, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
         _refuse(kube, body, e, generation)
-    share = state.fleet.share((ns, name))
-    if share is not None:  # a ThrottleBudget's share: its pods start held to it
-        doc = held_policy(doc, body.spec, share[0], child.pods_at_once(body.spec))
+    doc = state.fleet.held((ns, name), doc, body.spec)  # a ThrottleBudget's share, if any
     cm = build_configmap(name, body.spec, doc)
     kopf.adopt(cm, owner=body)
     cm_path = f"/api/v1/namespaces/{ns}/configmaps"

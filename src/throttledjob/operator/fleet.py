@@ -15,12 +15,12 @@ from __future__ import annotations
 import copy
 import math
 import threading
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import child
 from .cpu_limits import cores
 from .job_split import job_scoped
 
@@ -35,7 +35,7 @@ class Fleet:
     demand: dict[TjKey, deque[float]] = field(default_factory=dict)
     floors: dict[TjKey, float] = field(default_factory=dict)
     pods: dict[TjKey, int] = field(default_factory=dict)
-    use: dict[TjKey, tuple[float, float]] = field(default_factory=dict)  # (cores, at)
+    use: dict[TjKey, float] = field(default_factory=dict)  # cores, at its last read
     answered: dict[TjKey, bool] = field(default_factory=dict)  # its last read was whole
     # budget -> (its cores in force, its members' use summed) at its last split
     budgets: dict[TjKey, tuple[float, float]] = field(default_factory=dict)
@@ -51,7 +51,7 @@ class Fleet:
             return
         use = sum((r.get("observed") or {}).get("cpuCores") or 0.0 for r in reports.values())
         with self.lock:
-            self.use[key] = (use, time.time())
+            self.use[key] = use
             self.pods[key] = len(reports)
             self.floors[key] = floor
             self.answered[key] = answered
@@ -67,6 +67,17 @@ class Fleet:
                 return None
             budget = min(by_budget, key=lambda b: (by_budget[b], b))
             return by_budget[budget], budget
+
+    def held(self, key: TjKey, policy_doc: Mapping[str, Any],
+             spec: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The member's policy held to the lowest share a budget gives it (held_policy),
+        or `policy_doc` itself where none does: for the pass that makes its Job and every
+        pass after."""
+        share = self.share(key)
+        if share is None:
+            return policy_doc
+        return held_policy(policy_doc, spec, share[0],
+                           self.pods.get(key) or child.pods_at_once(spec))
 
     def set_share(self, key: TjKey, budget: str, cores: float | None) -> None:
         with self.lock:

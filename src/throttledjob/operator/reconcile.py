@@ -32,7 +32,6 @@ from .attach import labeled
 from .children import configmap_name
 from .conditions import now_iso
 from .create import ensure_children
-from .fleet import held_policy
 from .job_split import job_scoped, rank_floor
 from .kueue import queued_by_kueue, workload_path
 from .observe import (
@@ -177,19 +176,14 @@ def rebudget(state: OperatorState, namespace: str, name: str) -> None:
 
 def policy_of(tj: Mapping[str, Any], state: OperatorState) -> Policy:
     """The spec's policy document, parsed once per pass, or why it is refused; under a
-    ThrottleBudget, held to the lowest share one gives it (fleet.held_policy)."""
+    ThrottleBudget, held to the lowest share one gives it (Fleet.held)."""
     try:
         doc = validate(tj, state.settings.allow_host_access, state.settings.jobsets)
     except SpecError as e:
         return e
     meta = tj.get("metadata") or {}
-    key = (meta.get("namespace", ""), meta.get("name", ""))
-    share = state.fleet.share(key)
-    if share is None:
-        return doc
-    spec = tj.get("spec") or {}
-    return held_policy(doc, spec, share[0],
-                       state.fleet.pods.get(key) or child.pods_at_once(spec))
+    return state.fleet.held((meta.get("namespace", ""), meta.get("name", "")), doc,
+                            tj.get("spec") or {})
 
 
 def _pass(state: OperatorState, tj: Mapping[str, Any], seen: Seen,
