@@ -7,6 +7,7 @@ Plain modules, one job each; `conftest.py` files keep only fixtures and hooks.
     processes         state, stopped, stop
     http              free_port, get, get_json
     promserver        a real Prometheus, a real `throttledjob run --metrics-port`
+    scrape            the scrape jobs of the chart's PodMonitors, for a Prometheus on the cluster
     validation        the official Kubernetes schemas, the CRD's schema
     manifests         a small ThrottledJob, the Job the operator builds for one
     builders          the operator's children as the handler sends them

@@ -25,6 +25,8 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 # Series selectors: the PodMonitor labels every series with namespace, throttledjob, pod.
 SEL = 'namespace=~"$namespace", throttledjob=~"$throttledjob", pod=~"$pod"'
 GSEL = SEL + ', gpu=~"$gpu"'
+# The operator's series of a ThrottleBudget (its PodMonitor honours their namespace label).
+BSEL = 'namespace=~"$namespace", budget=~"$budget"'
 BY = "namespace, throttledjob, pod"
 CORES = "suffix: cores"
 RATIO = "suffix:\u00d7"  # a slowdown of 1.2x
@@ -129,6 +131,8 @@ def variables() -> list[dict[str, Any]]:
         _variable("pod", "Pod", 'label_values(throttledjob_build_info{namespace=~"$namespace", '
                   'throttledjob=~"$throttledjob"}, pod)'),
         _variable("gpu", "GPU", f"label_values(throttledjob_gpu_info{{{SEL}}}, gpu)"),
+        _variable("budget", "ThrottleBudget", "label_values(throttledjob_operator_budget_cpu_"
+                  'cores{namespace=~"$namespace"}, budget)'),
     ]
 
 
@@ -250,6 +254,8 @@ def panels() -> list[dict[str, Any]]:
          (f"throttledjob_slowdown_budget_ratio{{{SEL}}}", "{{pod}} budget")],
         RATIO, dashed=".* budget$")
 
+    fleet(lay)
+
     lay.row("Sidecar")
     lay.timeseries(
         "Sidecar health", "Scrape success, problems in force and whether the slowdown "
@@ -266,6 +272,43 @@ def panels() -> list[dict[str, Any]]:
         [(f"rate(process_cpu_seconds_total{{{SEL}}}[$__rate_interval])", "{{pod}}")],
         CORES, w=8)
     return lay.panels
+
+
+def _of_members(expr: str) -> str:
+    """`expr`, one series per (namespace, throttledjob), kept for the selected budgets'
+    members and labelled with the budget: a member of two budgets shows under each."""
+    return (f"throttledjob_operator_budget_share_cpu_cores{{{BSEL}, throttledjob=~"
+            f'"$throttledjob"}} * 0 + on (namespace, throttledjob) group_left () ({expr})')
+
+
+def fleet(lay: Layout) -> None:
+    """The ThrottleBudgets (docs/budget.md): the budget, the members' measured use against
+    it, each member's share of it and what the share costs them."""
+    lay.row("Fleet: ThrottleBudgets")
+    used = (f"sum by (namespace, throttledjob) (rate(throttledjob_workload_cpu_seconds_total"
+            f"{{{SEL}}}[$__rate_interval]))")
+    lay.timeseries(
+        "Budget vs members' CPU", "Each ThrottleBudget's CPU peak in force (its schedule "
+        "and signal applied) and its members' CPU, summed from their sidecars.",
+        [(f"throttledjob_operator_budget_cpu_cores{{{BSEL}}}", "{{budget}} budget"),
+         (f"sum by (namespace, budget) ({_of_members(used)})", "{{budget}} used")],
+        CORES, w=8, dashed=".* budget$")
+    lay.timeseries(
+        "Members' shares", "Each member's part of the budget, job-wide, as the last split "
+        "gave it: stacked, they add up to the budget (or its members' own targets).",
+        [(f"throttledjob_operator_budget_share_cpu_cores{{{BSEL}, "
+          'throttledjob=~"$throttledjob"}', "{{budget}}: {{throttledjob}}")],
+        CORES, w=8, stacked=True)
+    slowdown = (f"max by (namespace, throttledjob) (throttledjob_slowdown_estimate_ratio"
+                f"{{{SEL}}})")
+    allowed = (f"max by (namespace, throttledjob) (throttledjob_slowdown_budget_ratio"
+               f"{{{SEL}}})")
+    lay.timeseries(
+        "Members' slowdown vs maxSlowdown", "What its share costs each member: its "
+        "estimated slowdown so far, and its maxSlowdown.",
+        [(_of_members(slowdown), "{{budget}}: {{throttledjob}} slowdown"),
+         (_of_members(allowed), "{{budget}}: {{throttledjob}} maxSlowdown")],
+        RATIO, w=8, dashed=".* maxSlowdown$")
 
 
 def dashboard() -> dict[str, Any]:

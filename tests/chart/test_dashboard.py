@@ -2,6 +2,10 @@
 `throttledjob run --metrics-port ... --gpu-backend fake` holding a real workload, and every
 panel query, every annotation and every template variable, with the variables filled in as
 Grafana fills them, returns data. No Grafana server is installable here (docs/dev/testing.md).
+
+The fleet row draws the operator's series of a ThrottleBudget, which only an operator on a
+cluster serves: tests/cluster/test_budget_live.py runs those queries against a real
+Prometheus scraping the chart's operator and sidecars.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ POD_LABELS = {"namespace": "ml", "throttledjob": "train", "pod": "train-x7k2p"}
 PER_GPU = (r"throttledjob_gpu_(utilization_ratio|memory_used_bytes|memory_total_bytes|"
            r"memory_used_ratio|power_watts|power_limit_watts|temperature_celsius|"
            r"sm_clock_hertz|clock_throttle_reason|info|process_memory_used_bytes)\b")
+FLEET = re.compile(r"throttledjob_operator_budget_")
 # --- static checks: one source, the chart's copy, the standalone copy ----------------------
 
 def test_both_copies_are_generated_from_the_one_source() -> None:
@@ -36,7 +41,7 @@ def test_dashboard_shape() -> None:
     dash = load(CHART_COPY)
     assert dash["uid"] == "throttledjob-overview" and dash.get("id") is None
     names = [v["name"] for v in dash["templating"]["list"]]
-    assert names == ["datasource", "namespace", "throttledjob", "pod", "gpu"]
+    assert names == ["datasource", "namespace", "throttledjob", "pod", "gpu", "budget"]
     panels = [p for p in dash["panels"] if p["type"] != "row"]
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
@@ -45,8 +50,18 @@ def test_dashboard_shape() -> None:
         assert p["fieldConfig"]["defaults"].get("unit"), f"{p['title']}: no unit"
         assert p.get("description"), p["title"]
         for t in p["targets"]:
-            # Every series is narrowed to the selected ThrottledJobs and pods.
-            for var in ("$namespace", "$throttledjob", "$pod"):
+            # Every series is narrowed to the selected ThrottledJobs and pods; a budget's
+            # to the selected budgets, and its members' to the selected ThrottledJobs.
+            names = re.findall(r"([a-z_:]+)\{", t["expr"])
+            sidecar = [n for n in names if not FLEET.match(n)]
+            wanted = ["$namespace"]
+            if FLEET.search(t["expr"]):
+                wanted.append("$budget")
+            if sidecar or "budget_share" in t["expr"]:
+                wanted.append("$throttledjob")
+            if sidecar:
+                wanted.append("$pod")
+            for var in wanted:
                 assert var in t["expr"], f"{p['title']}: {var} not used in {t['expr']}"
             # Grafana's rate window, never a fixed one that breaks at other scrape intervals.
             for window in re.findall(r"\[([^\]]+)\]", t["expr"]):
@@ -68,6 +83,8 @@ def test_dashboard_shape() -> None:
             "GPU memory", "Throttle level", "Levers in use", "Throughput",
             "Slowdown vs budget", "CPU peak p99", "CPU peak max"} <= titles
     assert {p["type"] for p in panels if "peak" in p["title"]} == {"stat"}
+    assert {"Budget vs members' CPU", "Members' shares",
+            "Members' slowdown vs maxSlowdown"} <= titles
 
 
 def test_every_metric_the_dashboard_names_is_documented() -> None:
@@ -110,12 +127,15 @@ SELECTIONS = {
                     "gpu": "1"},
     "All": ALL,
 }
+# What a sidecar serves: all but the fleet row's queries.
+SIDECAR_QUERIES = {where: expr for where, expr in queries(load(CHART_COPY))
+                   if not FLEET.search(expr)}
 
 
 @pytest.mark.parametrize("selection", list(SELECTIONS))
 def test_every_panel_query_returns_data_from_a_real_sidecar(scraped, selection) -> None:
-    values = {"datasource": "prometheus", **SELECTIONS[selection]}
-    todo = dict(queries(load(CHART_COPY)))
+    values = {"datasource": "prometheus", "budget": ".+", **SELECTIONS[selection]}
+    todo = dict(SIDECAR_QUERIES)
     assert len(todo) >= 30
 
     def remaining() -> dict[str, str]:
@@ -141,10 +161,10 @@ def test_every_panel_query_returns_data_from_a_real_sidecar(scraped, selection) 
 def test_a_selection_that_matches_nothing_returns_nothing(scraped) -> None:
     """The variables really filter: another ThrottledJob's selection is empty."""
     values = {"datasource": "prometheus", "namespace": "ml", "throttledjob": "other",
-              "pod": ".*", "gpu": ".*"}
+              "pod": ".*", "gpu": ".*", "budget": ".*"}
     wait_for(lambda: promserver.promql(scraped, "throttledjob_build_info"), timeout=30,
              what="first series")
-    for where, expr in queries(load(CHART_COPY)):
+    for where, expr in SIDECAR_QUERIES.items():
         assert promserver.promql(scraped, fill(expr, values)) == [], where
 
 
@@ -153,7 +173,7 @@ def test_template_variables_list_the_real_values(scraped) -> None:
     values = ALL
     expected = {**POD_LABELS, "gpu": {"0", "1"}}
     for var in load(CHART_COPY)["templating"]["list"]:
-        if var["type"] != "query":
+        if var["type"] != "query" or FLEET.search(var["query"]["query"]):
             continue
         m = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"]["query"])
         assert m, var["query"]

@@ -12,10 +12,13 @@ bench/fleet.py's; here the behaviour, once.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testing import chart, dashboard, promserver, scrape
 from testing.cluster_cli import Kubectl, wait_json
 from testing.helpers import wait_for
 from testing.node_samples import CgroupSampler, on_real_node, summed
@@ -24,6 +27,7 @@ from throttledjob.operator import api_names
 from throttledjob.operator.budget_crd import BUDGET_KIND
 from throttledjob.sidecar.stats import nearest_rank
 from throttledjob.sidecar.summary import cpu_peak_bound
+from tools.k8s import cluster as k8s
 from tools.k8s import images
 
 pytestmark = pytest.mark.timeout(300)
@@ -81,8 +85,49 @@ def window(samplers: list[CgroupSampler], start: float, end: float) -> list[floa
     return [c for t, c in zip(base.times, summed(samplers), strict=True) if start <= t <= end]
 
 
+@pytest.fixture
+def prometheus(operator: str, real_node: Any, kubectl: Kubectl,
+               tmp_path: Path) -> Iterator[str]:
+    """A real Prometheus scraping the operator and the members' sidecars as the chart's
+    PodMonitors have it; yields its URL."""
+    system = operator.removesuffix("-jobs") + "-system"
+    (monitor,) = [m for m in chart.by_kind(chart.render(chart.ALL_ON, tmp_path), "PodMonitor")
+                  if m["metadata"]["name"].endswith("-operator")]
+    token = scrape.identity(real_node.cluster, kubectl, [operator, system], tmp_path)
+    jobs = [scrape.sidecars(real_node.cluster, operator, token),
+            scrape.operator(real_node.cluster, system, token,
+                            monitor["spec"]["podMetricsEndpoints"][0])]
+    with promserver.prometheus(tmp_path, [], scrape_configs=jobs, scrape_interval="1s",
+                               binary=str(k8s.bin_dir() / "prometheus")) as url:
+        yield url
+
+
+def fleet_row(prom: str, namespace: str) -> dict[str, list[dict[str, Any]]]:
+    """Every query of the dashboard's fleet row, for budget "team-a", once each answers."""
+    values = {"datasource": "prometheus", "namespace": namespace, "budget": "team-a",
+              "throttledjob": ".+", "pod": ".+", "gpu": ".+"}
+    dash = dashboard.load(dashboard.CHART_COPY)
+    row = {where: dashboard.fill(expr, values) for where, expr in dashboard.queries(dash)
+           if "throttledjob_operator_budget_" in expr}
+    assert len(row) >= 4, row
+    # The `budget` variable: label_values(SELECTOR, budget) lists the budgets of the
+    # selector's series.
+    (variable,) = [v for v in dash["templating"]["list"] if v["name"] == "budget"]
+    selector = variable["query"]["query"].removeprefix("label_values(").rsplit(", ", 1)[0]
+    row["variable budget"] = dashboard.fill(selector, values)
+    found: dict[str, list[dict[str, Any]]] = {}
+
+    def answered() -> bool:
+        found.update({where: promserver.promql(prom, expr) for where, expr in row.items()})
+        return all(found.values())
+
+    wait_for(answered, 20, interval=1,
+             what=f"data for the fleet row: {[w for w, f in found.items() if not f]}")
+    return found
+
+
 def test_a_budget_holds_two_members_follows_a_drop_and_re_splits_when_one_ends(
-        operator: str, real_node: Any, kubectl: Kubectl) -> None:
+        operator: str, real_node: Any, kubectl: Kubectl, prometheus: str) -> None:
     namespace = operator
     budget = {"apiVersion": api_names.API_VERSION, "kind": BUDGET_KIND,
               "metadata": {"name": "team-a", "namespace": namespace},
@@ -116,7 +161,12 @@ def test_a_budget_holds_two_members_follows_a_drop_and_re_splits_when_one_ends(
                            what="the split by measured demand", timeout=60)
         # Five reads more: a one-second demand read every 2 s samples the bursts (a
         # 5-second cycle, so the reads fall on every part of it).
-        time.sleep(10)
+        more = time.time() + 10
+        # Meanwhile, the dashboard's fleet row as Grafana would draw it: the operator's
+        # series of the budget joined to its members' sidecars by namespace (the
+        # operator's PodMonitor keeps the budget's own) and ThrottledJob.
+        row = fleet_row(prometheus, namespace)
+        time.sleep(max(0.0, more - time.time()))
         status = kubectl.json("get", "throttlebudget", "-n", namespace, "team-a")
         held = time.time()
         time.sleep(8)
@@ -155,6 +205,15 @@ def test_a_budget_holds_two_members_follows_a_drop_and_re_splits_when_one_ends(
     # Busy one second in five, the bursty member loses less to a lower share: an even
     # split would give each half.
     assert shares["bursty"] < shares["saturating"] - 0.1, described
+    # The fleet row drew the budget and each of its members under it: the shares, and
+    # their slowdowns through the join to their sidecars' series.
+    drawn = {where: sorted({(r["metric"].get("budget"), r["metric"].get("throttledjob", ""))
+                            for r in found}) for where, found in row.items()}
+    both, total = [("team-a", "bursty"), ("team-a", "saturating")], [("team-a", "")]
+    assert sorted(drawn.values()) == [total] * 3 + [both] * 3, drawn
+    assert [w for w, d in drawn.items() if d == both and "slowdown" in w], drawn
+    (budget_now,) = row["panel \"Budget vs members' CPU\" A"]
+    assert float(budget_now["value"][1]) == BUDGET, row
     final = kubectl.json("get", "throttlebudget", "-n", namespace, "team-a")["status"]
     assert final["cpuBudgetCores"] == pytest.approx(BUDGET * DROP)
     assert final["budgetSource"] == "signal", final

@@ -30,13 +30,12 @@ from typing import Any
 import pytest
 import yaml
 
-from testing import dashboard, promserver
+from testing import dashboard, promserver, scrape
 from testing.cluster_cli import Kubectl, tj_events, tj_status, wait_json
 from testing.helpers import require_tool, wait_for
 from testing.node_samples import CgroupSampler, on_real_node, summed
 from testing.paths import ROOT
 from testing.processes import stopped
-from throttledjob.operator.api_names import SIDECAR_CONTAINER
 from throttledjob.operator.children import SHARED_DIR
 from throttledjob.operator.conditions import condition
 from throttledjob.sidecar.cpu import guard
@@ -70,8 +69,12 @@ RUN_TIMEOUT = 240.0
 # tighter one fails on the kernel itself.
 KERNEL_BOUND = cpu_peak_bound(TARGET_CORES)
 SCRAPE_SECONDS = 1
-# Dashboard queries that cannot have data here: no GPU, and a workload that reports no steps.
-NO_DATA_HERE = re.compile(r"throttledjob_gpu_|throttledjob_workload_steps")
+# Dashboard queries that cannot have data here: no GPU, a workload that reports no steps,
+# and no ThrottleBudget (tests/cluster/test_budget_live.py draws the fleet row).
+NO_DATA_HERE = re.compile(r"throttledjob_gpu_|throttledjob_workload_steps|"
+                          r"throttledjob_operator_budget_")
+
+
 def workload_container() -> dict[str, Any]:
     """The example's container, as the plain pod runs it too."""
     return {"name": "work", "image": images.PRODUCT_IMAGE, "imagePullPolicy": "Never",
@@ -79,50 +82,6 @@ def workload_container() -> dict[str, Any]:
             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
             "securityContext": {"allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"]}}}
-
-
-def pod_monitor_job(cluster: Any, kubectl: Kubectl, namespace: str,
-                    workdir: Path) -> dict[str, Any]:
-    """The scrape job the Prometheus Operator makes of the chart's PodMonitor: Kubernetes
-    discovery of pods against the real API server, as a ServiceAccount that may only
-    list and watch pods; the sidecar's `metrics` port; namespace, pod and throttledjob
-    labels."""
-    kubectl.apply(
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": "prometheus", "namespace": namespace}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "prometheus", "namespace": namespace},
-         "rules": [{"apiGroups": [""], "resources": ["pods"],
-                    "verbs": ["get", "list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "prometheus", "namespace": namespace},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                     "name": "prometheus"},
-         "subjects": [{"kind": "ServiceAccount", "name": "prometheus",
-                       "namespace": namespace}]})
-    token = workdir / "prometheus.token"
-    token.write_text(cluster.service_account_token(namespace, "prometheus"))
-    meta = "__meta_kubernetes_pod_"
-    return {
-        "job_name": "throttledjob-sidecars",
-        "kubernetes_sd_configs": [{
-            "role": "pod", "api_server": cluster.server,
-            "namespaces": {"names": [namespace]},
-            "authorization": {"credentials_file": str(token)},
-            "tls_config": {"ca_file": str(cluster.dir / "certs" / "apiserver.crt")}}],
-        "relabel_configs": [
-            {"source_labels": [f"{meta}label_app_kubernetes_io_managed_by"],
-             "regex": "throttledjob-operator", "action": "keep"},
-            {"source_labels": [f"{meta}container_port_name"], "regex": "metrics",
-             "action": "keep"},
-            {"source_labels": [f"{meta}container_name"], "regex": SIDECAR_CONTAINER,
-             "action": "keep"},
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": [f"{meta}name"], "target_label": "pod"},
-            {"source_labels": [f"{meta}label_throttledjob_io_name"],
-             "target_label": "throttledjob"},
-            {"source_labels": [f"{meta}node_name"], "target_label": "node"}],
-    }
 
 
 def wait_complete(kubectl: Kubectl, namespace: str, name: str) -> Any:
@@ -219,10 +178,11 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
     selector = f"throttledjob.io/name={name}"
     workload = CgroupSampler(real_node, kubectl, namespace, selector, "work")
     sidecar = CgroupSampler(real_node, kubectl, namespace, selector, "throttledjob-sidecar")
-    scrape = pod_monitor_job(real_node.cluster, kubectl, namespace, tmp_path)
+    token = scrape.identity(real_node.cluster, kubectl, [namespace], tmp_path)
     # Debian's Prometheus is built without Kubernetes discovery: this one is built with
     # the cluster (tools/k8s/build.sh).
-    with promserver.prometheus(tmp_path, [], scrape_configs=[scrape],
+    with promserver.prometheus(tmp_path, [], scrape_configs=[
+            scrape.sidecars(real_node.cluster, namespace, token)],
                                scrape_interval=f"{SCRAPE_SECONDS}s",
                                binary=str(k8s.bin_dir() / "prometheus")) as prom:
         kubectl.apply(throttled_job(name, namespace, enforcement))
@@ -235,7 +195,7 @@ def test_a_throttled_job_holds_its_target_on_a_real_node(
         # pod's series end in staleness markers).
         at = workload.times[len(workload.times) * 2 // 3] if workload.times else None
         values = {"datasource": "prometheus", "namespace": namespace, "throttledjob": name,
-                  "pod": ".*", "gpu": ".*"}
+                  "pod": ".*", "gpu": ".*", "budget": ".*"}
         answered = {where: bool(promserver.promql(prom, dashboard.fill(expr, values), at))
                     for where, expr in dashboard.queries(dashboard.load(dashboard.CHART_COPY))
                     if not NO_DATA_HERE.search(expr)}
