@@ -13,13 +13,15 @@ from typing import Any
 import pytest
 
 from testing.attach import attach_operator
-from testing.cluster_cli import Kubectl, operator_identity, wait_json
+from testing.cluster_cli import Kubectl, operator_identity, tj_events, wait_json
 from testing.helpers import wait_for
 from testing.manifests import tj_manifest
 from testing.operator_process import OperatorProcess
 from throttledjob.operator import api_names
 from throttledjob.operator.attach import THROTTLE_LABEL
+from throttledjob.operator.budget_crd import BUDGET_KIND
 from throttledjob.operator.children import LABEL_NAME
+from throttledjob.operator.kueue import PRIORITY_LABEL as KUEUE_PRIORITY_LABEL
 from tools.k8s.batch import JOBSET_NAME_LABEL, QUEUE_LABEL
 from tools.k8s.cluster import ON_KWOK  # KWOK's node: pods go Running, then Succeeded
 
@@ -335,6 +337,61 @@ def test_kueue_counts_a_throttledjob_at_its_target_not_its_templates_limit(
         workload_of(kubectl, namespace, "a")["status"]["admission"]["podSetAssignments"][0][
             "resourceUsage"]["cpu"]
     assert usage == "455m", usage  # 400m of work, the sidecar's 50m and the guard's 5m
+
+
+def test_a_budget_its_floors_pass_suspends_its_lowest_priority_member_through_kueue(
+        kubectl: Kubectl, namespace: str, local_queue: str,
+        kueue_operator: OperatorProcess) -> None:
+    """A ThrottleBudget with floorsOverBudget: Suspend over two queued ThrottledJobs, each
+    with a floor (its 300m request) that fits its 500m alone: the first runs; once a
+    second of higher priority (its WorkloadPriorityClass's 100) comes, the floors pass
+    the budget and the first is suspended through its Workload, its pods gone, the
+    second running; the budget raised, the first is resumed and runs."""
+    priority_class = f"{namespace}-high"
+    kubectl.apply({"apiVersion": KUEUE_API, "kind": "WorkloadPriorityClass",
+                   "metadata": {"name": priority_class}, "value": 100})
+    kubectl.apply({"apiVersion": api_names.API_VERSION, "kind": BUDGET_KIND,
+                   "metadata": {"name": "team-a", "namespace": namespace},
+                   "spec": {"selector": {"matchLabels": {"team": "a"}},
+                            "cpu": {"peak": "500m"}, "floorsOverBudget": "Suspend"}})
+
+    def member(name: str, labels: dict[str, str]) -> dict[str, Any]:
+        tj = queued_tj(name, namespace, local_queue, run_for="40s")
+        tj["metadata"]["labels"].update(team="a", **labels)
+        tj["spec"]["throttle"]["targets"]["cpu"]["peak"] = "400m"
+        (work,) = tj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+        work["resources"] = {"requests": {"cpu": "300m", "memory": "64Mi"},
+                             "limits": {"cpu": "400m", "memory": "64Mi"}}
+        return tj
+
+    try:
+        kubectl.apply(member("low", {}))
+        wait_for(lambda: phase(kubectl, namespace, "low") == "Running", TIMEOUT, 0.2,
+                 "the first member Running")
+        kubectl.apply(member("high", {KUEUE_PRIORITY_LABEL: priority_class}))
+        budget = wait_json(
+            kubectl, lambda b: (b.get("status") or {}).get("suspended") == ["low"]
+            and condition(tj_of(kubectl, namespace, "low"), "Admitted").get("reason")
+            == "Deactivated" and not pods_of(kubectl, namespace, "job-name=low")
+            and phase(kubectl, namespace, "high") == "Running",
+            "throttlebudget", "-n", namespace, "team-a", timeout=TIMEOUT,
+            what="the lower-priority member suspended, its pods gone, the other running")
+        assert condition(budget, "BudgetMet")["reason"] == "MembersSuspended", budget
+        assert [(m["name"], m["priority"]) for m in budget["status"]["members"]] == [
+            ("high", 100)]  # its WorkloadPriorityClass's value, through its Workload
+        # Held by Kueue, deactivated: Queued, and the event says by what.
+        assert phase(kubectl, namespace, "low") == "Queued"
+        assert workload_of(kubectl, namespace, "low")["spec"]["active"] is False
+        assert ("Normal", "SuspendRequested") in tj_events(kubectl, namespace, "low")
+        kubectl("patch", "throttlebudget", "-n", namespace, "team-a", "--type=merge",
+                "-p", '{"spec":{"cpu":{"peak":"1"}}}')
+        wait_for(lambda: phase(kubectl, namespace, "low") == "Running"
+                 and phase(kubectl, namespace, "high") == "Running", TIMEOUT, 0.2,
+                 "the suspended member resumed once both floors fit")
+        assert workload_of(kubectl, namespace, "low")["spec"]["active"] is True
+    finally:
+        kubectl("delete", "workloadpriorityclasses.kueue.x-k8s.io", priority_class,
+                "--wait=false", check=False)
 
 
 def test_a_queued_job_joined_by_label_is_throttled_as_kueue_lets_its_pod_start(

@@ -149,6 +149,27 @@ def test_floors_over_the_budget_are_named_in_its_condition():
     assert [r["read"] for r in status["members"]] == [False, False]  # not measured yet
 
 
+def test_suspended_members_are_listed_and_named_in_the_condition():
+    fleet = Fleet()
+    members = [member(tj("a"), fleet, "b", {})]
+    status = next_status({"metadata": {"name": "b", "generation": 1}}, members,
+                         split(0.5, members), 0.5, "spec", fleet, "ns",
+                         "2026-12-07T00:00:00Z", ["c", "d"])
+    (met,) = status["conditions"]
+    assert (met["status"], met["reason"]) == ("True", "MembersSuspended")
+    assert met["message"].endswith("0.5-core budget: c, d")
+    assert status["suspended"] == ["c", "d"]
+
+
+def test_a_members_priority_is_its_label_else_its_kueue_workloads():
+    fleet = Fleet()
+    fleet.priorities[("ns", "a")] = 100  # from its WorkloadPriorityClass
+    assert member(tj("a"), fleet, "b", {}).priority == 100
+    labelled = tj("a", labels={"throttledjob.io/priority": "7"})
+    assert member(labelled, fleet, "b", {}).priority == 7
+    assert member(tj("c"), fleet, "b", {}).priority == 0
+
+
 def test_the_budget_crd_file_is_generated_from_the_source():
     path = ROOT / BUDGET_CRD_FILE
     assert path.read_text() == crd.render_yaml(build_budget_crd()), (

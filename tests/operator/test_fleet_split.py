@@ -12,6 +12,7 @@ from throttledjob.operator.fleet_split import (
     even_split,
     slowdown_at,
     split,
+    to_suspend,
 )
 
 SATURATING = (2.0,) * 30  # wants 2 cores every second
@@ -99,3 +100,20 @@ def test_the_split_never_passes_the_budget_nor_a_floor():
             assert s.cores >= min(m.floor, m.held or m.floor) - 1e-9
             if m.cap is not None and m.held is None:
                 assert s.cores <= max(m.floor, m.cap) + 1e-9
+
+
+def test_where_the_floors_do_not_fit_the_lowest_priority_latest_made_is_suspended_first():
+    members = [Member("old-low", SATURATING, 0.3, priority=0),
+               Member("new-low", SATURATING, 0.3, priority=0),
+               Member("high", SATURATING, 0.3, priority=5),
+               Member("plain", SATURATING, 0.3, priority=-1)]
+    made = {"old-low": "2026-12-07T10:00:00Z", "new-low": "2026-12-07T11:00:00Z",
+            "high": "2026-12-07T12:00:00Z"}  # "plain" is not queued by Kueue
+    assert to_suspend(1.2, members, made) == set()  # the floors fit: none
+    assert to_suspend(0.9, members, made) == {"new-low"}
+    assert to_suspend(0.6, members, made) == {"new-low", "old-low"}
+    # Never one Kueue does not queue, even where suspending all the others falls short.
+    assert to_suspend(0.1, members, made) == {"new-low", "old-low", "high"}
+    # A member held at its share (not read this time) weighs its share, not its floor.
+    held = [Member("a", (), 0.1, held=0.5, priority=1), Member("b", SATURATING, 0.3)]
+    assert to_suspend(0.6, held, {"a": "1", "b": "2"}) == {"b"}

@@ -132,6 +132,24 @@ def test_suspend_goes_to_the_job_or_to_kueues_workload() -> None:
     assert no_writes(pass_over(tj, looked(queued, seen.config_map.obj)))  # none made yet
 
 
+def test_a_budget_suspends_a_queued_member_through_its_workload_and_says_which() -> None:
+    """fleet_split.to_suspend chose it: its Workload deactivated as for spec.suspend,
+    the event naming the budget; once the budget lets it go, it is resumed."""
+    tj, seen = made()
+    queued = copy.deepcopy(seen.child.obj)
+    queued["metadata"].setdefault("labels", {})[QUEUE_LABEL] = "team"
+    workload = {"metadata": {"name": "w", "namespace": "ml"}, "spec": {"active": True}}
+    seen = looked(queued, seen.config_map.obj, workload)
+    writes = decide(tj, validate(tj), seen, suspended_by="team-a")
+    assert writes.workload_patch == {"spec": {"active": False}}
+    (event,) = writes.events
+    assert event.reason == "SuspendRequested" and "ThrottleBudget team-a" in event.message
+    workload["spec"]["active"] = False
+    writes = decide(tj, validate(tj), seen)
+    assert writes.workload_patch == {"spec": {"active": True}}
+    assert [e.message.endswith("resumed") for e in writes.events] == [True]
+
+
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
 def test_a_finished_throttledjob_is_left_as_it_ended(phase: str) -> None:
     tj, seen = made()

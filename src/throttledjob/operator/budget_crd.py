@@ -83,6 +83,15 @@ def _spec_schema() -> dict[str, Any]:
                     },
                 },
             },
+            "floorsOverBudget": {
+                "type": "string", "enum": ["Report", "Suspend"], "default": "Report",
+                "description": "Where even the members' floors (their CPU requests) pass "
+                               "the budget. Report: each is held at its floor and the "
+                               "BudgetMet condition says so. Suspend: the lowest-priority "
+                               "members that Kueue queues are suspended (their Workloads "
+                               "deactivated: their pods stop) until the others' floors fit, "
+                               "and resumed once theirs fit again.",
+            },
             "signal": {
                 "type": "object", "required": ["fraction"],
                 "description": "Set by an outside system (a grid operator's demand "
@@ -115,6 +124,8 @@ def _member_schema() -> dict[str, Any]:
                                     "measured yet (an even share, or after a restart the "
                                     "share it had) or its sidecars did not answer (it "
                                     "keeps the share it had)."},
+            "priority": {"type": "integer", "description": "Its priority: the label "
+                         "throttledjob.io/priority, else its Kueue Workload's."},
             "heldBy": {"type": "string",
                        "description": "Another budget gives it less: that one holds it."},
         },
@@ -136,6 +147,10 @@ def _status_schema() -> dict[str, Any]:
             "cpuFloorCores": number("The least the members can be held to together."),
             "splitTime": {"type": "string", "format": "date-time"},
             "members": {"type": "array", "maxItems": MAX_MEMBERS, "items": _member_schema()},
+            "suspended": {"type": "array", "maxItems": MAX_MEMBERS,
+                          "items": {"type": "string"},
+                          "description": "The ThrottledJobs it keeps suspended "
+                                         "(floorsOverBudget: Suspend)."},
             "conditions": {"type": "array", "items": condition_schema(),
                            "x-kubernetes-list-type": "map",
                            "x-kubernetes-list-map-keys": ["type"]},

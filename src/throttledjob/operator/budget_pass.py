@@ -4,7 +4,9 @@ last read of their sidecars: fleet.py), decide the split (fleet_split.py, pure),
 the shares into the fleet's record, the budget's status, and a pass for each member
 whose share moved (reconcile.rebudget), which holds its policy and its pods' limits to
 it. A member that finishes leaves the split at the next pass; its share goes to the
-others.
+others. With `floorsOverBudget: Suspend`, where even the members' floors pass the budget,
+the lowest-priority members queued by Kueue are suspended (their Workloads deactivated)
+until the others' fit, and resumed once theirs fit again.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from .budget_spec import cores_now, selects
 from .conditions import Phase
 from .cpu_limits import cores
 from .fleet import Fleet, millicores
-from .fleet_split import Member, Split, split
+from .fleet_split import Member, Split, split, to_suspend
 from .job_split import job_scoped, rank_floor
+from .kueue import PRIORITY_LABEL as KUEUE_PRIORITY_LABEL
+from .kueue import queued_tj
 from .reconcile import rebudget
 from .state import OperatorState
 
 PRIORITY_LABEL = "throttledjob.io/priority"
+SUSPEND = "Suspend"  # spec.floorsOverBudget
 # A member is weighed by its demand once this many reads of it are whole; before, it
 # keeps the share it had (after a restart: the one the budget's status shows).
 MIN_READS = 3
@@ -86,19 +91,45 @@ def member(tj: Mapping[str, Any], fleet: Fleet, budget: str,
     running = (tj.get("status") or {}).get("phase") == Phase.RUNNING
     held = had if ((running and len(demand) < MIN_READS)
                    or not fleet.answered.get(key, True)) else None
+    # Its own label, else its Workload's priority (Kueue's WorkloadPriorityClass).
     try:
-        priority = int((meta.get("labels") or {}).get(PRIORITY_LABEL, 0))
-    except ValueError:
-        priority = 0
+        priority = int((meta.get("labels") or {})[PRIORITY_LABEL])
+    except (KeyError, ValueError):
+        priority = fleet.priorities.get(key, 0)
     return Member(meta["name"], demand if len(demand) >= MIN_READS else (), floor, cap,
                   float(throttle.get("maxSlowdown") or Policy().max_slowdown), priority,
                   held)
 
 
+def priority_known(tj: Mapping[str, Any], fleet: Fleet) -> bool:
+    """Whether the member's priority is known: its own label, or no Kueue priority class,
+    or its Workload's priority read (a member just made has none yet: it is not
+    suspended before its priority is known, lest a higher one go for a lower)."""
+    meta = tj["metadata"]
+    labels = meta.get("labels") or {}
+    return (PRIORITY_LABEL in labels or KUEUE_PRIORITY_LABEL not in labels
+            or (meta.get("namespace", ""), meta["name"]) in fleet.priorities)
+
+
+def suspended_here(budget: Mapping[str, Any], tjs: Sequence[Mapping[str, Any]],
+                   fleet: Fleet) -> list[Mapping[str, Any]]:
+    """The ThrottledJobs the budget keeps suspended (as its status or the fleet's record
+    shows), still picked and not finished: weighed again each pass, to resume them."""
+    meta = budget["metadata"]
+    names = set((budget.get("status") or {}).get("suspended") or []) | {
+        k[1] for k, b in fleet.suspended.items() if k[0] == meta["namespace"] and
+        b == meta["name"]}
+    sel = (budget.get("spec") or {}).get("selector")
+    return [tj for tj in tjs if tj["metadata"]["name"] in names
+            and (tj.get("status") or {}).get("phase") not in (Phase.SUCCEEDED, Phase.FAILED)
+            and not tj["metadata"].get("deletionTimestamp")
+            and selects(sel, tj["metadata"].get("labels"))]
+
+
 def next_status(budget: Mapping[str, Any], members: Sequence[Member], out: Split,
                 cores_in_force: float, source: str, fleet: Fleet, namespace: str,
-                now: str) -> dict[str, Any]:
-    """The budget's status after a split."""
+                now: str, suspended: Sequence[str] = ()) -> dict[str, Any]:
+    """The budget's status after a split; `suspended`: the members it suspends."""
     name = budget["metadata"]["name"]
     listed = []
     for m, s in zip(members, out.shares, strict=True):
@@ -107,7 +138,8 @@ def next_status(budget: Mapping[str, Any], members: Sequence[Member], out: Split
         row: dict[str, Any] = {
             "name": m.name, "shareCores": millicores(s.cores) / 1000,
             "slowdown": round(s.slowdown, 3),
-            "withinMaxSlowdown": s.within_budget, "read": m.held is None and bool(m.demand)}
+            "withinMaxSlowdown": s.within_budget, "read": m.held is None and bool(m.demand),
+            "priority": m.priority}
         if m.demand:
             row["demandCores"] = round(sum(m.demand) / len(m.demand), 3)
         if math.isfinite(m.max_slowdown):
@@ -122,6 +154,10 @@ def next_status(budget: Mapping[str, Any], members: Sequence[Member], out: Split
         met = (False, "FloorOverBudget",
                f"the members' floors come to {out.floor:.3g} cores, over the "
                f"{cores_in_force:.3g}-core budget: each is held at its floor")
+    elif suspended:
+        met = (True, "MembersSuspended",
+               f"suspended, the lowest priority first, so that the others' floors fit the "
+               f"{cores_in_force:.3g}-core budget: {', '.join(suspended)}")
     else:
         met = (True, "Split", f"{len(members)} member(s) held to {cores_in_force:.3g} cores"
                + (f"; past their maxSlowdown (lowest priority first): {', '.join(over)}"
@@ -130,7 +166,7 @@ def next_status(budget: Mapping[str, Any], members: Sequence[Member], out: Split
         "observedGeneration": budget["metadata"].get("generation"),
         "cpuBudgetCores": round(cores_in_force, 3), "budgetSource": source,
         "cpuCores": round(use, 3), "cpuFloorCores": round(out.floor, 3), "splitTime": now,
-        "members": listed,
+        "members": listed, "suspended": sorted(suspended),
         "conditions": conditions.set_condition(status.get("conditions"), "BudgetMet", *met,
                                                now, budget["metadata"].get("generation")),
     })
@@ -145,36 +181,50 @@ def budget_pass(state: OperatorState, namespace: str, name: str,
     if budget is None:
         return
     tjs = kube.list(f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}", "")
+    spec = budget.get("spec") or {}
     picked = members_of(budget, tjs)
+    picked += [tj for tj in suspended_here(budget, tjs, fleet) if tj not in picked]
     last = {r["name"]: r["shareCores"]
             for r in (budget.get("status") or {}).get("members") or []}
-    members = [member(tj, fleet, name, last) for tj in picked]
-    budget_cores, source = cores_now(budget.get("spec") or {},
-                                     datetime.datetime.now(datetime.timezone.utc))
+    weighed = [member(tj, fleet, name, last) for tj in picked]
+    budget_cores, source = cores_now(spec, datetime.datetime.now(datetime.timezone.utc))
+    suspend = to_suspend(budget_cores, weighed, {
+        tj["metadata"]["name"]: tj["metadata"].get("creationTimestamp", "")
+        for tj in picked if queued_tj(tj) and priority_known(tj, fleet)}
+    ) if spec.get("floorsOverBudget") == SUSPEND else set()
+    members = [m for m in weighed if m.name not in suspend]
     out = split(budget_cores, members)
     before = {m.name: fleet.share((namespace, m.name)) for m in members}
+    moved = set()
     for tj in tjs:  # those it no longer picks (finished, relabeled) go free of it
-        if tj["metadata"]["name"] not in before:
-            key = (namespace, tj["metadata"]["name"])
-            if name in (fleet.shares.get(key) or {}):
-                fleet.set_share(key, name, None)
-                rebudget(state, namespace, tj["metadata"]["name"])
+        key = (namespace, tj["metadata"]["name"])
+        if key[1] not in before and name in (fleet.shares.get(key) or {}):
+            fleet.set_share(key, name, None)
+            moved.add(key[1])
+        if (key[1] in suspend) != (fleet.suspended.get(key) == name):
+            fleet.set_suspended(key, name if key[1] in suspend else None)
+            moved.add(key[1])
     for s in out.shares:
         fleet.set_share((namespace, s.name), name, s.cores)
     status = next_status(budget, members, out, budget_cores, source, fleet, namespace,
-                         conditions.now_iso())
+                         conditions.now_iso(), sorted(suspend))
     kube.merge_patch(budget_path(namespace, name) + "/status", {"status": status})
     fleet.set_budget((namespace, name), budget_cores, status["cpuCores"])
     for m in members:
         was, now = before[m.name], fleet.share((namespace, m.name))
         if now and (was is None or abs(now[0] - was[0]) > MOVE_STEP * max(was[0], 0.01)):
-            rebudget(state, namespace, m.name)
+            moved.add(m.name)
+    for member_name in sorted(moved):
+        rebudget(state, namespace, member_name)
 
 
 def forget_budget(state: OperatorState, namespace: str, name: str) -> None:
     """The budget is gone: its members go back to their own targets (or another's)."""
     state.fleet.set_budget((namespace, name), None)
-    for key in [k for k, by in list(state.fleet.shares.items())
-                if k[0] == namespace and name in by]:
+    held = {k for k, by in list(state.fleet.shares.items()) if k[0] == namespace and name in by}
+    held |= {k for k, b in list(state.fleet.suspended.items()) if k[0] == namespace and b == name}
+    for key in sorted(held):
         state.fleet.set_share(key, name, None)
+        if state.fleet.suspended.get(key) == name:
+            state.fleet.set_suspended(key, None)
         rebudget(state, *key)

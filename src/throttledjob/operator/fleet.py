@@ -41,6 +41,10 @@ class Fleet:
     budgets: dict[TjKey, tuple[float, float]] = field(default_factory=dict)
     # member -> budget name -> its share, cores job-wide
     shares: dict[TjKey, dict[str, float]] = field(default_factory=dict)
+    # member -> the budget that keeps it suspended (its floor did not fit: to_suspend)
+    suspended: dict[TjKey, str] = field(default_factory=dict)
+    # member -> its Kueue Workload's priority (from its WorkloadPriorityClass)
+    priorities: dict[TjKey, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, key: TjKey, reports: Mapping[str, Mapping[str, Any]], floor: float,
@@ -86,6 +90,13 @@ class Fleet:
             else:
                 self.shares.setdefault(key, {})[budget] = cores
 
+    def set_suspended(self, key: TjKey, budget: str | None) -> None:
+        with self.lock:
+            if budget is None:
+                self.suspended.pop(key, None)
+            else:
+                self.suspended[key] = budget
+
     def set_budget(self, key: TjKey, cores: float | None, use: float = 0.0) -> None:
         """A budget's last split (None: the budget is gone)."""
         with self.lock:
@@ -97,7 +108,7 @@ class Fleet:
     def forget(self, key: TjKey) -> None:
         with self.lock:
             for table in (self.demand, self.floors, self.pods, self.use, self.answered,
-                          self.shares):
+                          self.shares, self.suspended, self.priorities):
                 table.pop(key, None)
 
 

@@ -23,7 +23,8 @@ The split, in order:
 
 A member not read this time (its sidecars did not answer) keeps the share it had, and
 what it does not use is not handed to the others; a member not measured yet gets an even
-share of what is left, up to its own target.
+share of what is left, up to its own target. Where even the floors pass the budget, a
+budget may suspend its lowest-priority members (to_suspend) rather than break its peak.
 
 Pure functions; the operator's budget pass (budget_pass.py) applies the shares.
 """
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # Shares are handed out in steps of this part of the budget (step 3): 2,000 steps keep a
@@ -133,6 +134,26 @@ def split(budget: float, members: Sequence[Member]) -> Split:
     room = _fill(measured, share, hi, room, budget / STEPS)
     _headroom(measured + unmeasured, share, room)
     return _result(members, share | fixed, floor, feasible=True)
+
+
+def to_suspend(budget: float, members: Sequence[Member],
+               suspendable: Mapping[str, str]) -> set[str]:
+    """Where even the members' floors pass the budget, the members to suspend so that the
+    others' fit: the lowest priority first and, within one, the latest made first (as
+    Kueue preempts), until they fit. Only `suspendable` ones (name -> its creation time:
+    those Kueue queues, whose Workload can be deactivated and later admitted again) may
+    go; empty where the floors fit."""
+    total = sum(m.floor if m.held is None else m.held for m in members)
+    order = sorted(sorted((m for m in members if m.name in suspendable),
+                          key=lambda m: (suspendable[m.name], m.name), reverse=True),
+                   key=lambda m: m.priority)
+    out: set[str] = set()
+    for m in order:
+        if total <= budget + EPSILON:
+            break
+        out.add(m.name)
+        total -= m.floor if m.held is None else m.held
+    return out
 
 
 def even_split(budget: float, members: Sequence[Member]) -> Split:

@@ -95,7 +95,8 @@ def admission(workload: Mapping[str, Any] | None) -> tuple[bool, str, str]:
     if admitted.get("status") == "True":
         return True, "Admitted", admitted.get("message") or "admitted by Kueue"
     if not (workload.get("spec") or {}).get("active", True):
-        return False, "Deactivated", "the Workload is not active (spec.suspend)"
+        return (False, "Deactivated",
+                "the Workload is not active (spec.suspend, or a ThrottleBudget)")
     waiting = conds.get("QuotaReserved") or admitted
     return (False, waiting.get("reason") or "Pending",
             waiting.get("message") or "waiting in its queue")

@@ -188,9 +188,16 @@ def policy_of(tj: Mapping[str, Any], state: OperatorState) -> Policy:
 
 def _pass(state: OperatorState, tj: Mapping[str, Any], seen: Seen,
           read: Mapping[str, Any] | None) -> None:
+    meta = tj.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
     if seen.readings is not None:
         _record(state, tj, seen.readings)
-    apply(state, tj, seen, decide(tj, policy_of(tj, state), seen), read)
+    if seen.workload is not None and seen.workload.obj is not None:
+        priority = (seen.workload.obj.get("spec") or {}).get("priority")
+        if isinstance(priority, int):
+            state.fleet.priorities[key] = priority
+    apply(state, tj, seen, decide(tj, policy_of(tj, state), seen,
+                                  state.fleet.suspended.get(key)), read)
 
 
 def _record(state: OperatorState, tj: Mapping[str, Any], r: Readings) -> None:

@@ -80,8 +80,10 @@ class Writes:
     lift: bool = True  # a sidecar may have its pod's limit lifted past the target (Soft)
 
 
-def decide(tj: Mapping[str, Any], policy: Policy, seen: Seen) -> Writes:
-    """The writes that bring a made ThrottledJob's children to its spec."""
+def decide(tj: Mapping[str, Any], policy: Policy, seen: Seen,
+           suspended_by: str | None = None) -> Writes:
+    """The writes that bring a made ThrottledJob's children to its spec; `suspended_by`:
+    a ThrottleBudget that keeps it suspended (fleet_split.to_suspend), as spec.suspend."""
     spec, status = tj.get("spec") or {}, tj.get("status") or {}
     out = Writes(target=cpu_target(spec, policy), lift=not held_hard(policy))
     current = seen.child.obj if seen.child else None
@@ -103,7 +105,9 @@ def decide(tj: Mapping[str, Any], policy: Policy, seen: Seen) -> Writes:
         if seen.for_spec:
             _decide_policy(tj, policy, seen, out)
         return out
-    suspend = bool(spec.get("suspend"))
+    suspend = bool(spec.get("suspend")) or suspended_by is not None
+    why = ("resumed" if not suspend else "suspended (spec.suspend)" if spec.get("suspend")
+           else f"suspended (ThrottleBudget {suspended_by}: the members' floors pass it)")
     if seen.workload is not None and seen.workload.obj is not None:
         # Held to spec.suspend on every look: Kueue makes a Workload anew active.
         out.workload_patch = active_patch(seen.workload.obj, suspend)
@@ -116,8 +120,7 @@ def decide(tj: Mapping[str, Any], policy: Policy, seen: Seen) -> Writes:
         out.child_patch = {"spec": {"suspend": suspend}}
     if out.workload_patch or out.child_patch:
         out.events.append(Event(Reason.SUSPEND_REQUESTED if suspend else Reason.RESUMED,
-                                f"Job {current['metadata']['name']} "
-                                f"{'suspended' if suspend else 'resumed'} (spec.suspend)"))
+                                f"Job {current['metadata']['name']} {why}"))
     return out
 
 
