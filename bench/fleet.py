@@ -41,7 +41,7 @@ from testing.paths import CHART, ROOT
 from throttledjob.operator import api_names
 from throttledjob.operator.budget_crd import BUDGET_KIND
 from throttledjob.operator.budget_pass import next_status
-from throttledjob.operator.fleet import Fleet
+from throttledjob.operator.fleet import HISTORY, Fleet
 from throttledjob.operator.fleet_split import Member, split
 from throttledjob.sidecar.stats import nearest_rank
 from tools.k8s import images
@@ -60,7 +60,7 @@ RUN_TIMEOUT = 900.0
 
 def scale(members: int) -> dict[str, Any]:
     rng = random.Random(1)
-    ms = [Member(f"m{i}", tuple(rng.uniform(0, 4) for _ in range(30)), 0.1,
+    ms = [Member(f"m{i}", tuple(rng.uniform(0, 4) for _ in range(HISTORY)), 0.1,
                  rng.choice([None, 2.0, 4.0]), rng.choice([1.25, 1.5, 2.0]), rng.randint(0, 3))
           for i in range(members)]
     budget = 0.6 * sum(max(m.demand) for m in ms) / 2

@@ -95,6 +95,26 @@ def test_a_member_is_weighed_by_its_demand_once_read_whole_and_kept_before():
     assert member(starting, Fleet(), "fleet", {"b": 1.2}).held is None
 
 
+def test_a_members_demand_is_every_second_its_pods_histories_cover_each_once():
+    """cpuDemandHistory merged: each whole second, every pod's latest sample summed; a
+    second kept is not kept again at the next read; a pod without history (an older
+    sidecar) makes the read count one sample, its use."""
+    fleet, key = Fleet(), ("ns", "a")
+    a = [[100.2, 1.0], [101.2, 2.0], [102.2, 0.0], [103.2, 2.0]]
+    b = [[100.7, 0.5], [101.7, 0.5], [102.7, 1.5]]
+    fleet.record(key, {"a": {"cpuDemandHistory": a}, "b": {"cpuDemandHistory": b}}, 0.1, True)
+    # Seconds 101 and 102 are covered by both (b's history ends at 102.7).
+    assert list(fleet.demand[key]) == [1.0 + 0.5, 2.0 + 0.5]
+    fleet.record(key, {"a": {"cpuDemandHistory": [*a, [104.2, 1.0]]},
+                       "b": {"cpuDemandHistory": [*b, [103.7, 0.0]]}}, 0.1, True)
+    # Second 103: a's latest sample by then is 102.2's, b's 102.7's.
+    assert list(fleet.demand[key]) == [1.5, 2.5, 0.0 + 1.5]
+    fleet.record(key, {"a": {"cpuDemandHistory": a}, "b": {"cpuDemandCores": {"w": 3.0}}},
+                 0.1, True)
+    assert list(fleet.demand[key])[-1] == 3.0 + 0.0  # a's cpuDemandCores: none, so 0
+    assert fleet.reads[key] == 3
+
+
 def test_members_made_one_after_the_other_share_the_budget_before_their_pods_start():
     fleet = Fleet()
     first = tj("first")

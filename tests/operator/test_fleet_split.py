@@ -117,3 +117,14 @@ def test_where_the_floors_do_not_fit_the_lowest_priority_latest_made_is_suspende
     # A member held at its share (not read this time) weighs its share, not its floor.
     held = [Member("a", (), 0.1, held=0.5, priority=1), Member("b", SATURATING, 0.3)]
     assert to_suspend(0.6, held, {"a": "1", "b": "2"}) == {"b"}
+
+
+def test_a_members_slowdown_is_the_mean_over_its_seconds_at_any_share():
+    """Member.slowdown (log time, for the split's thousands of calls) is slowdown_at."""
+    rng = random.Random(3)
+    for _ in range(200):
+        demand = tuple(rng.choice([0.0, 0.5, 1.0, rng.uniform(0, 4)]) for _ in
+                       range(rng.randint(0, 40)))
+        share = rng.choice([0.0, 0.5, 1.0, rng.uniform(0, 4)])
+        assert Member("m", demand, 0.1).slowdown(share) == pytest.approx(
+            slowdown_at(demand, share))

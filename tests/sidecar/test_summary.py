@@ -3,6 +3,7 @@ slowdown and levers, from the agent's CycleResult."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -294,3 +295,26 @@ def test_a_target_with_no_sample_is_not_called_met(tmp_path, cpu_peak: float,
     assert ("throttledjob_target_met " in exposed) is (met is not None)
     _, before_any_sample = run(tmp_path, Policy(cpu_peak_cores=1.0), [])
     assert summarize(before_any_sample).target_met is None
+
+
+def test_the_status_keeps_the_demand_of_the_last_minute_for_a_budget(tmp_path) -> None:
+    """cpuDemandHistory: each cycle's summed container demand at its time, oldest first,
+    the last DEMAND_HISTORY_SECONDS; what parse_status (the operator's reader) accepts."""
+    import dataclasses
+
+    from throttledjob.contracts.status import DEMAND_HISTORY_SECONDS, parse_status
+
+    _, result = run(tmp_path, Policy(cpu_peak_cores=1.0), [1.0])
+    now = [1000.0]
+    holder = SnapshotHolder(clock=lambda: now[0])
+    for second in range(DEMAND_HISTORY_SECONDS + 5):
+        now[0] = 1000.0 + second
+        demand = {"train": 1.0 + second, "logs": 0.5} if second != 3 else {}
+        holder.publish(dataclasses.replace(result, last=dataclasses.replace(
+            result.last, cpu_demand_cores=demand)), Health())
+    history = status_document(holder.get())["cpuDemandHistory"]
+    # The last minute: seconds 4..64 (second 3 had no demand to tell).
+    assert [t for t, _ in history] == [1000.0 + s for s in range(4, DEMAND_HISTORY_SECONDS + 5)]
+    assert [c for _, c in history][:2] == [5.5, 6.5]
+    assert parse_status(json.loads(json.dumps(status_document(holder.get()))))[
+        "cpuDemandHistory"] == history

@@ -145,12 +145,20 @@ class StatusDocument(TypedDict):
     # its width where its limit held it back), by container name; the operator splits the
     # pod's limit by it. Empty where unknown.
     cpuDemandCores: dict[str, float]
+    # In a pod: the workload's summed demand each recent interval, [[Unix time, cores],
+    # ...], oldest first (the last DEMAND_HISTORY_SECONDS): a ThrottleBudget weighs every
+    # second, not only the one its read falls on. Empty where unknown.
+    cpuDemandHistory: list[list[float]]
     levers: list[str]
     targets: Targets
     errors: list[str]  # "kind: message" of each problem in force now
     telemetry: Telemetry
     cycles: int
 
+
+# The demand history a sidecar keeps and serves (cpuDemandHistory): a read every status
+# interval (10 s by default) misses none of it.
+DEMAND_HISTORY_SECONDS = 60
 
 # A budgetReason read from a sidecar is cut to this many characters: it goes into the
 # TargetMet condition's message.
@@ -192,6 +200,7 @@ def parse_status(doc: Any) -> StatusDocument:
             "budgetReason": reason[:MAX_REASON_CHARS] if isinstance(reason, str) else None,
             "cpuLimitWantedCores": wanted,
             "cpuDemandCores": {k: v for k, v in numbers.items() if v is not None and v >= 0},
+            "cpuDemandHistory": _history(doc.get("cpuDemandHistory")),
             "errors": [str(e) for e in errors] if isinstance(errors, list) else []}
 
 
@@ -203,6 +212,23 @@ def all_met(verdicts: Iterable[bool | None]) -> bool | None:
     if False in verdicts:
         return False
     return None if None in verdicts else True
+
+
+def _history(v: Any) -> list[list[float]]:
+    """A sidecar's cpuDemandHistory: its [time, cores] pairs of finite, non-negative
+    numbers in time order, the last DEMAND_HISTORY_SECONDS' worth at most; [] if any is
+    not (an older sidecar, or a bad one: the budget falls back to cpuDemandCores)."""
+    if not isinstance(v, list) or len(v) > 4 * DEMAND_HISTORY_SECONDS:
+        return []
+    out: list[list[float]] = []
+    for pair in v:
+        if not isinstance(pair, list) or len(pair) != 2:
+            return []
+        t, cores = finite_number(pair[0]), finite_number(pair[1])
+        if t is None or cores is None or cores < 0 or (out and t <= out[-1][0]):
+            return []
+        out.append([t, cores])
+    return out
 
 
 def _verdict(v: Any) -> bool | None:

@@ -35,8 +35,9 @@ from .state import OperatorState
 
 PRIORITY_LABEL = "throttledjob.io/priority"
 SUSPEND = "Suspend"  # spec.floorsOverBudget
-# A member is weighed by its demand once this many reads of it are whole; before, it
-# keeps the share it had (after a restart: the one the budget's status shows).
+# A member is weighed by its demand once this many reads of it are whole (each brings
+# the seconds since the last); before, it keeps the share it had (after a restart: the
+# one the budget's status shows).
 MIN_READS = 3
 # A share that moved less than this part is not worth a pass of the member.
 MOVE_STEP = 0.05
@@ -84,19 +85,20 @@ def member(tj: Mapping[str, Any], fleet: Fleet, budget: str,
     floor = fleet.floors.get(key) or sum(
         count * rank_floor(pod.get("containers") or [])
         for _, count, pod in child.pod_groups(spec)) or rank_floor([])
-    demand = tuple(fleet.demand.get(key) or ())
+    measured = fleet.reads.get(key, 0) >= MIN_READS
+    demand = tuple(fleet.demand.get(key) or ()) if measured else ()
     had = (fleet.shares.get(key) or {}).get(budget, last.get(meta["name"]))
     # Running pods hold the share they had until measured (after a restart: the status's);
     # a member whose pods have not started yet is split anew, at an even share.
     running = (tj.get("status") or {}).get("phase") == Phase.RUNNING
-    held = had if ((running and len(demand) < MIN_READS)
+    held = had if ((running and not measured)
                    or not fleet.answered.get(key, True)) else None
     # Its own label, else its Workload's priority (Kueue's WorkloadPriorityClass).
     try:
         priority = int((meta.get("labels") or {})[PRIORITY_LABEL])
     except (KeyError, ValueError):
         priority = fleet.priorities.get(key, 0)
-    return Member(meta["name"], demand if len(demand) >= MIN_READS else (), floor, cap,
+    return Member(meta["name"], demand, floor, cap,
                   float(throttle.get("maxSlowdown") or Policy().max_slowdown), priority,
                   held)
 

@@ -12,11 +12,12 @@ holds until the new one is made.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import math
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +25,9 @@ from . import child
 from .cpu_limits import cores
 from .job_split import job_scoped
 
-# The demand a split weighs: the member's last reads (one per status interval).
-HISTORY = 30
+# The demand a split weighs: the member's last seconds (its sidecars' cpuDemandHistory,
+# merged), or, from sidecars that keep none, its last reads (one a status interval).
+HISTORY = 300
 
 TjKey = tuple[str, str]
 
@@ -37,6 +39,8 @@ class Fleet:
     pods: dict[TjKey, int] = field(default_factory=dict)
     use: dict[TjKey, float] = field(default_factory=dict)  # cores, at its last read
     answered: dict[TjKey, bool] = field(default_factory=dict)  # its last read was whole
+    reads: dict[TjKey, int] = field(default_factory=dict)  # its whole reads so far
+    seen_until: dict[TjKey, float] = field(default_factory=dict)  # its last second kept
     # budget -> (its cores in force, its members' use summed) at its last split
     budgets: dict[TjKey, tuple[float, float]] = field(default_factory=dict)
     # member -> budget name -> its share, cores job-wide
@@ -59,9 +63,17 @@ class Fleet:
             self.pods[key] = len(reports)
             self.floors[key] = floor
             self.answered[key] = answered
-            if answered:
-                self.demand.setdefault(key, deque(maxlen=HISTORY)).append(
-                    sum(pod_demand(r) for r in reports.values()))
+            if not answered:
+                return
+            self.reads[key] = self.reads.get(key, 0) + 1
+            kept = self.demand.setdefault(key, deque(maxlen=HISTORY))
+            seconds = merged([r.get("cpuDemandHistory") or [] for r in reports.values()],
+                             self.seen_until.get(key, 0.0))
+            if seconds:
+                kept.extend(cores for _, cores in seconds)
+                self.seen_until[key] = seconds[-1][0]
+            elif not all(r.get("cpuDemandHistory") for r in reports.values()):
+                kept.append(sum(pod_demand(r) for r in reports.values()))
 
     def share(self, key: TjKey) -> tuple[float, str] | None:
         """The lowest share any budget gives the member, and that budget's name."""
@@ -108,8 +120,25 @@ class Fleet:
     def forget(self, key: TjKey) -> None:
         with self.lock:
             for table in (self.demand, self.floors, self.pods, self.use, self.answered,
-                          self.shares, self.suspended, self.priorities):
+                          self.reads, self.seen_until, self.shares, self.suspended,
+                          self.priorities):
                 table.pop(key, None)
+
+
+def merged(histories: Sequence[Sequence[Sequence[float]]],
+           after: float) -> list[tuple[float, float]]:
+    """A member's demand each whole second after `after` that every pod's history
+    (cpuDemandHistory: [time, cores], oldest first) covers: at each, every pod's latest
+    sample summed. Empty where a pod has none (its sidecar keeps no history)."""
+    if not histories or not all(histories):
+        return []
+    times = [[sample[0] for sample in h] for h in histories]
+    start = max(after, max(t[0] for t in times))
+    out = []
+    for second in range(math.floor(start) + 1, math.floor(min(t[-1] for t in times)) + 1):
+        out.append((float(second), sum(h[bisect.bisect_right(t, second) - 1][1]
+                                        for h, t in zip(histories, times, strict=True))))
+    return out
 
 
 def pod_demand(report: Mapping[str, Any]) -> float:

@@ -7,13 +7,21 @@ loop. The run's figures come from sidecar/summary.py, as local mode's --report's
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from throttledjob.contracts.names import PROGRESS_PREFIX
-from throttledjob.contracts.status import STATUS_VERSION, StatusDocument, observed_document
+from throttledjob.contracts.status import (
+    DEMAND_HISTORY_SECONDS,
+    STATUS_VERSION,
+    StatusDocument,
+    observed_document,
+)
 from throttledjob.gpu.backend import GpuReading
 from throttledjob.runtime.progress_files import read_progress
 
@@ -56,6 +64,8 @@ class Snapshot:
     result: CycleResult
     run: RunSummary
     health: Health
+    # (Unix time, the workload's summed demand in cores) of recent cycles, oldest first.
+    demand_history: tuple[tuple[float, float], ...] = ()
 
     @property
     def gpus(self) -> tuple[GpuReading, ...]:
@@ -69,16 +79,27 @@ class Snapshot:
 class SnapshotHolder:
     """The latest snapshot, handed from the loop thread to the HTTP thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
+        self._demand: deque[tuple[float, float]] = deque()
+        self._clock = clock
 
     def get(self) -> Snapshot | None:
         with self._lock:
             return self._snapshot
 
     def publish(self, result: CycleResult, health: Health) -> Snapshot:
-        snap = snapshot_of(result, health)
+        """The cycle's snapshot, with the workload's demand of the last
+        DEMAND_HISTORY_SECONDS (cpuDemandHistory), for the readers to get."""
+        now = self._clock()
+        if result.last.cpu_demand_cores:
+            self._demand.append((round(now, 3),
+                                 round(sum(result.last.cpu_demand_cores.values()), 4)))
+        while self._demand and self._demand[0][0] < now - DEMAND_HISTORY_SECONDS:
+            self._demand.popleft()
+        snap = dataclasses.replace(snapshot_of(result, health),
+                                   demand_history=tuple(self._demand))
         with self._lock:
             self._snapshot = snap
         return snap
@@ -119,6 +140,7 @@ def status_document(s: Snapshot) -> StatusDocument:
         "budgetReason": result.budget_reason,
         "cpuLimitWantedCores": last.cpu_limit_wanted_cores,
         "cpuDemandCores": dict(last.cpu_demand_cores),
+        "cpuDemandHistory": [[t, cores] for t, cores in s.demand_history],
         "levers": list(run.levers),
         "targets": {
             "cpuPeakCores": p.cpu_peak_cores,
