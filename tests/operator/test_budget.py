@@ -12,7 +12,12 @@ import yaml
 from throttledjob.contracts.policy import parse_policy
 from throttledjob.operator import crd
 from throttledjob.operator.budget_crd import BUDGET_CRD_FILE, build_budget_crd
-from throttledjob.operator.budget_pass import member, members_of, next_status
+from throttledjob.operator.budget_pass import (
+    member,
+    members_of,
+    next_status,
+    remember_suspended,
+)
 from throttledjob.operator.budget_spec import cores_now, selects
 from throttledjob.operator.fleet import Fleet, held_policy
 from throttledjob.operator.fleet_split import split
@@ -179,6 +184,15 @@ def test_suspended_members_are_listed_and_named_in_the_condition():
     assert (met["status"], met["reason"]) == ("True", "MembersSuspended")
     assert met["message"].endswith("0.5-core budget: c, d")
     assert status["suspended"] == ["c", "d"]
+
+
+def test_after_a_restart_the_members_a_budget_suspended_stay_so_until_it_decides():
+    fleet = Fleet()
+    fleet.set_suspended(("ns", "c"), "other")  # another budget's, already on record
+    remember_suspended(fleet, "ns", "b", {"suspended": ["a", "c"]})
+    assert fleet.suspended == {("ns", "a"): "b", ("ns", "c"): "other"}
+    remember_suspended(fleet, "ns", "b", None)  # a budget with no status yet
+    assert len(fleet.suspended) == 2
 
 
 def test_a_members_priority_is_its_label_else_its_kueue_workloads():

@@ -220,6 +220,16 @@ def budget_pass(state: OperatorState, namespace: str, name: str,
         rebudget(state, namespace, member_name)
 
 
+def remember_suspended(fleet: Fleet, namespace: str, name: str,
+                       status: Mapping[str, Any] | None) -> None:
+    """A budget first seen (an operator started): the members its status shows it keeps
+    suspended stay so until its pass decides again, rather than a member's own pass
+    finding no suspension on record and resuming it in between."""
+    for member_name in (status or {}).get("suspended") or []:
+        if (namespace, member_name) not in fleet.suspended:
+            fleet.set_suspended((namespace, member_name), name)
+
+
 def forget_budget(state: OperatorState, namespace: str, name: str) -> None:
     """The budget is gone: its members go back to their own targets (or another's)."""
     state.fleet.set_budget((namespace, name), None)

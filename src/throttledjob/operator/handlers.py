@@ -21,7 +21,7 @@ from . import admission, child, metrics
 from .api_names import GROUP, PLURAL, VERSION
 from .attach import attached, labeled
 from .budget_crd import BUDGET_PLURAL
-from .budget_pass import budget_pass, forget_budget, split_for_new_member
+from .budget_pass import budget_pass, forget_budget, remember_suspended, split_for_new_member
 from .children import LABEL_NAME, owner_reference
 from .config import OperatorSettings
 from .kube import ApiError, Kube
@@ -210,6 +210,8 @@ def track_budget(body: kopf.Body, memo: kopf.Memo, type: str | None, logger: log
             state.budgets.discard(key)
             forget_budget(state, *key)
             return
+        if key not in state.budgets:
+            remember_suspended(state.fleet, *key, body.status)
         state.budgets.add(key)
         if (body.status or {}).get("observedGeneration") != body.meta.get("generation"):
             budget_pass(state, *key)
