@@ -4,7 +4,9 @@ a member as the split sees it, a share as the member's policy, its status, its C
 from __future__ import annotations
 
 import datetime
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -21,6 +23,7 @@ from throttledjob.operator.budget_pass import (
 from throttledjob.operator.budget_spec import cores_now, selects
 from throttledjob.operator.fleet import Fleet, held_policy
 from throttledjob.operator.fleet_split import split
+from throttledjob.operator.kube import ApiError
 from throttledjob.operator.metrics import budget_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,12 +190,28 @@ def test_suspended_members_are_listed_and_named_in_the_condition():
 
 
 def test_after_a_restart_the_members_a_budget_suspended_stay_so_until_it_decides():
-    fleet = Fleet()
-    fleet.set_suspended(("ns", "c"), "other")  # another budget's, already on record
-    remember_suspended(fleet, "ns", "b", {"suspended": ["a", "c"]})
-    assert fleet.suspended == {("ns", "a"): "b", ("ns", "c"): "other"}
-    remember_suspended(fleet, "ns", "b", None)  # a budget with no status yet
-    assert len(fleet.suspended) == 2
+    """At the operator's start, each budget's status.suspended goes on record (another
+    budget's suspension already there is kept); a list refused is logged, not fatal."""
+
+    class Kube:
+        def __init__(self) -> None:
+            self.paths: list[str] = []
+
+        def list(self, path: str, selector: str) -> list[dict]:
+            self.paths.append(path)
+            if "/namespaces/gone/" in path:
+                raise ApiError(403, "forbidden")
+            return [{"metadata": {"namespace": "ns", "name": "b"},
+                     "status": {"suspended": ["a", "c"]}},
+                    {"metadata": {"namespace": "ns", "name": "new"}}]
+
+    state = SimpleNamespace(kube=Kube(), fleet=Fleet())
+    state.fleet.set_suspended(("ns", "c"), "other")
+    remember_suspended(state, ["gone", "ns"], logging.getLogger("test"))
+    assert state.fleet.suspended == {("ns", "a"): "b", ("ns", "c"): "other"}
+    assert state.kube.paths[-1].endswith("/namespaces/ns/throttlebudgets")
+    remember_suspended(state, [], logging.getLogger("test"))  # cluster-wide
+    assert state.kube.paths[-1] == "/apis/throttledjob.io/v1alpha1/throttlebudgets"
 
 
 def test_a_members_priority_is_its_label_else_its_kueue_workloads():

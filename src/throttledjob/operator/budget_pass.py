@@ -12,6 +12,7 @@ until the others' fit, and resumed once theirs fit again.
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from .cpu_limits import cores
 from .fleet import Fleet, millicores
 from .fleet_split import Member, Split, split, to_suspend
 from .job_split import job_scoped, rank_floor
+from .kube import ApiError
 from .kueue import PRIORITY_LABEL as KUEUE_PRIORITY_LABEL
 from .kueue import queued_tj
 from .reconcile import rebudget
@@ -220,14 +222,27 @@ def budget_pass(state: OperatorState, namespace: str, name: str,
         rebudget(state, namespace, member_name)
 
 
-def remember_suspended(fleet: Fleet, namespace: str, name: str,
-                       status: Mapping[str, Any] | None) -> None:
-    """A budget first seen (an operator started): the members its status shows it keeps
-    suspended stay so until its pass decides again, rather than a member's own pass
-    finding no suspension on record and resuming it in between."""
-    for member_name in (status or {}).get("suspended") or []:
-        if (namespace, member_name) not in fleet.suspended:
-            fleet.set_suspended((namespace, member_name), name)
+def remember_suspended(state: OperatorState, namespaces: Sequence[str],
+                       logger: logging.Logger) -> None:
+    """At the operator's start, before any watch: the members each budget's status shows
+    it keeps suspended stay so until its first pass decides again, rather than a member's
+    own pass finding no suspension on record and resuming it in between. `namespaces`:
+    the watched ones (none: all). A budget that cannot be listed is logged and skipped:
+    its members are then resumed and suspended again at its first pass."""
+    for namespace in namespaces or [None]:
+        path = (budget_path(namespace) if namespace
+                else f"/apis/{GROUP}/{VERSION}/{BUDGET_PLURAL}")
+        try:
+            budgets = state.kube.list(path, "")
+        except (ApiError, OSError) as e:
+            logger.warning("cannot list ThrottleBudgets (%s): %s", path, e)
+            continue
+        for budget in budgets:
+            meta = budget["metadata"]
+            for member_name in (budget.get("status") or {}).get("suspended") or []:
+                key = (meta["namespace"], member_name)
+                if key not in state.fleet.suspended:
+                    state.fleet.set_suspended(key, meta["name"])
 
 
 def forget_budget(state: OperatorState, namespace: str, name: str) -> None:

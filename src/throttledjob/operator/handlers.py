@@ -69,6 +69,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
         raise kopf.PermanentError(f"cannot find the cluster (in-cluster service account, "
                                   f"KUBECONFIG or ~/.kube/config): {e}") from e
     memo.state = OperatorState(ours, kube, HttpStatusReader(ours.status_timeout_seconds))
+    # Before any watch: a member's pass must not resume what a budget keeps suspended.
+    remember_suspended(memo.state, memo.get("namespaces") or [], logger)
     if ours.metrics_port:
         try:
             metrics.serve(ours.metrics_port, lambda: memo.state.seen,
@@ -210,8 +212,6 @@ def track_budget(body: kopf.Body, memo: kopf.Memo, type: str | None, logger: log
             state.budgets.discard(key)
             forget_budget(state, *key)
             return
-        if key not in state.budgets:
-            remember_suspended(state.fleet, *key, body.status)
         state.budgets.add(key)
         if (body.status or {}).get("observedGeneration") != body.meta.get("generation"):
             budget_pass(state, *key)

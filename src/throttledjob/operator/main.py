@@ -34,5 +34,6 @@ def run_operator(args: argparse.Namespace) -> int:
              clusterwide=args.all_namespaces, namespaces=args.namespace,
              liveness_endpoint=args.liveness, peering_name=args.peering,
              priority=args.priority,
-             memo=kopf.Memo(overrides={k: v for k, v in flags.items() if v is not None}))
+             memo=kopf.Memo(overrides={k: v for k, v in flags.items() if v is not None},
+                            namespaces=[] if args.all_namespaces else list(args.namespace)))
     return 0
