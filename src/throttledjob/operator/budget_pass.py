@@ -58,11 +58,16 @@ def members_of(budget: Mapping[str, Any], tjs: Sequence[Mapping[str, Any]]
                ) -> list[Mapping[str, Any]]:
     """The ThrottledJobs the budget's selector picks whose pods run or are about to (not
     those Kueue holds, nor finished ones), by name."""
-    sel = (budget.get("spec") or {}).get("selector")
     return sorted((tj for tj in tjs if (tj.get("status") or {}).get("phase") in MEMBER_PHASES
-                   and not (tj.get("metadata") or {}).get("deletionTimestamp")
-                   and selects(sel, (tj.get("metadata") or {}).get("labels"))),
+                   and _selected(budget, tj)),
                   key=lambda tj: tj["metadata"]["name"])[:MAX_MEMBERS]
+
+
+def _selected(budget: Mapping[str, Any], tj: Mapping[str, Any]) -> bool:
+    """The budget's selector picks the ThrottledJob, and it is not being deleted."""
+    meta = tj.get("metadata") or {}
+    return not meta.get("deletionTimestamp") and selects(
+        (budget.get("spec") or {}).get("selector"), meta.get("labels"))
 
 
 def split_for_new_member(state: OperatorState, namespace: str) -> None:
@@ -123,11 +128,9 @@ def suspended_here(budget: Mapping[str, Any], tjs: Sequence[Mapping[str, Any]],
     names = set((budget.get("status") or {}).get("suspended") or []) | {
         k[1] for k, b in fleet.suspended.items() if k[0] == meta["namespace"] and
         b == meta["name"]}
-    sel = (budget.get("spec") or {}).get("selector")
     return [tj for tj in tjs if tj["metadata"]["name"] in names
             and (tj.get("status") or {}).get("phase") not in (Phase.SUCCEEDED, Phase.FAILED)
-            and not tj["metadata"].get("deletionTimestamp")
-            and selects(sel, tj["metadata"].get("labels"))]
+            and _selected(budget, tj)]
 
 
 def next_status(budget: Mapping[str, Any], members: Sequence[Member], out: Split,

@@ -69,8 +69,10 @@ class Member:
         object.__setattr__(self, "_tails", tails)
 
     def slowdown(self, share: float) -> float:
-        """slowdown_at(self.demand, share): the seconds that wanted no more than the
-        share take one second each, the others x/share."""
+        """Work that wanted `demand` cores each second, held to `share` cores: its wall
+        time over the unheld wall time, the mean of max(1, x/share) over its seconds (the
+        seconds that wanted no more than the share take one second each, the others
+        x/share)."""
         if not self._sorted:
             return 1.0
         if share <= 0:
@@ -99,16 +101,6 @@ class Split:
     @property
     def total(self) -> float:
         return sum(s.cores for s in self.shares)
-
-
-def slowdown_at(demand: Sequence[float], share: float) -> float:
-    """Work that wanted `demand` cores each second, held to `share` cores: its wall time
-    over the unheld wall time."""
-    if not demand:
-        return 1.0
-    if share <= 0:
-        return math.inf
-    return sum(max(1.0, x / share) for x in demand) / len(demand)
 
 
 def needed(m: Member, lo: float, hi: float) -> float:
