@@ -147,12 +147,16 @@ def test_a_budget_holds_two_members_follows_a_drop_and_re_splits_when_one_ends(
         wait_for(lambda: len(limits(kubectl, namespace)) == 2
                  and sum(limits(kubectl, namespace).values()) <= BUDGET + 1e-9, 90,
                  interval=0.5, what="both members held within the budget")
-        # Each Job was made with its share (the budget split as it was created), so its
-        # pods started within the budget, not at the member's own 2 cores.
-        made = [kubectl.json("get", "job", "-n", namespace, name)["spec"]["template"]["spec"]
-                ["containers"][0]["resources"]["limits"]["cpu"]
-                for name in ("saturating", "bursty")]
-        assert sum(parse_cpu_quantity(c, "limit") for c in made) <= BUDGET + 1e-9, made
+        # Each Job was made with its share of the budget as split when it was made, not at
+        # the member's own 2 cores. The two are applied one after the other, so the first
+        # may be made alone (the whole budget: its pods are resized to their share when
+        # the second arrives, the wait above) or both seen at once (half each); either
+        # way the one made second starts at half.
+        made = sorted(parse_cpu_quantity(
+            kubectl.json("get", "job", "-n", namespace, name)["spec"]["template"]["spec"]
+            ["containers"][0]["resources"]["limits"]["cpu"], "limit")
+            for name in ("saturating", "bursty"))
+        assert made[0] <= BUDGET / 2 + 1e-9 and made[1] <= BUDGET + 1e-9, made
         # Split by cost once each member's demand is measured (fleet_split.py).
         status = wait_json(kubectl, lambda b: [m.get("demandCores") is not None and m["read"]
                                                for m in (b.get("status") or {}).get("members")
