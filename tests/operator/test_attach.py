@@ -18,6 +18,7 @@ from testing.builders import SETTINGS, built, pod_of
 from testing.manifests import make_tj
 from throttledjob.operator import admission, webhook_certs
 from throttledjob.operator.attach import THROTTLE_LABEL, Owner, claimants
+from throttledjob.operator.fleet import Fleet
 from throttledjob.operator.validation import SpecError, validate
 
 JOB_REF = {"apiVersion": "batch/v1", "kind": "Job", "name": "user-job"}
@@ -73,9 +74,10 @@ class FakeCluster:
         return self.tjs
 
 
-def answer(pod: dict[str, Any], cluster: FakeCluster, operation: str = "CREATE") -> dict:
+def answer(pod: dict[str, Any], cluster: FakeCluster, operation: str = "CREATE",
+           fleet: Fleet | None = None) -> dict:
     doc = {"request": {"uid": "r1", "operation": operation, "namespace": "ml", "object": pod}}
-    return admission.respond(doc, cluster, SETTINGS)["response"]
+    return admission.respond(doc, cluster, SETTINGS, fleet)["response"]
 
 
 def patched(pod: dict[str, Any], response: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,6 +89,20 @@ def patched(pod: dict[str, Any], response: Mapping[str, Any]) -> dict[str, Any]:
         assert op["op"] == "add" and part in ("metadata", "spec"), op
         out[part][key.replace("~1", "/").replace("~0", "~")] = op["value"]
     return out
+
+
+def test_a_pod_of_a_budgets_member_is_made_at_its_share_not_its_own_target() -> None:
+    """A ThrottleBudget splits a new member in when the ThrottledJob is made (before its
+    workload's pods), so they start at the share, not at 1500m until the next pass."""
+    fleet = Fleet()
+    fleet.set_share(("ml", "hold"), "team-a", 0.6)
+    pod = patched(user_pod(), answer(user_pod(), FakeCluster([attached_tj()]), fleet=fleet))
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "600m"
+    # Another namespace's member of the same name is not this one.
+    other = Fleet()
+    other.set_share(("elsewhere", "hold"), "team-a", 0.6)
+    pod = patched(user_pod(), answer(user_pod(), FakeCluster([attached_tj()]), fleet=other))
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "1500m"
 
 
 def test_the_patch_makes_the_pod_the_template_mode_would_make() -> None:

@@ -40,6 +40,7 @@ from .attach import (
 )
 from .child import group
 from .config import OperatorSettings
+from .fleet import Fleet
 from .kube import ApiError, Kube
 from .validation import SpecError, validate
 
@@ -79,10 +80,12 @@ def owners(cluster: Cluster, namespace: str, pod_meta: Mapping[str, Any]) -> Cha
     return chain
 
 
-def review(request: Mapping[str, Any], cluster: Cluster,
-           settings: OperatorSettings) -> tuple[list[dict[str, Any]], str | None]:
+def review(request: Mapping[str, Any], cluster: Cluster, settings: OperatorSettings,
+           fleet: Fleet | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """(the patch, a warning for the pod's maker) for one AdmissionRequest of a pod's
-    CREATE; no patch where the pod is not an attached ThrottledJob's."""
+    CREATE; no patch where the pod is not an attached ThrottledJob's. Under a
+    ThrottleBudget the pod is made at the share `fleet` holds its ThrottledJob to (split
+    in when the ThrottledJob was made), not at its own target."""
     pod = request.get("object") or {}
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
     if request.get("operation") != "CREATE" or throttled(pod):
@@ -102,6 +105,8 @@ def review(request: Mapping[str, Any], cluster: Cluster,
     except SpecError as e:
         return [], (f"throttledjob: pod not throttled: ThrottledJob "
                     f"{body['metadata']['name']} cannot throttle it: {e}")
+    if fleet is not None:
+        doc = fleet.held((namespace, body["metadata"]["name"]), doc, body["spec"])
     # The pods' policy (their ConfigMap) says the kernel holds the target: a pod whose
     # limits cannot be set would be held by nothing.
     why = quota.why_not(body["spec"], doc)
@@ -111,14 +116,14 @@ def review(request: Mapping[str, Any], cluster: Cluster,
     return pod_patch(pod, body, doc, settings), None
 
 
-def respond(review_doc: Mapping[str, Any], cluster: Cluster,
-            settings: OperatorSettings) -> dict[str, Any]:
+def respond(review_doc: Mapping[str, Any], cluster: Cluster, settings: OperatorSettings,
+            fleet: Fleet | None = None) -> dict[str, Any]:
     """The AdmissionReview answer: allowed, always; a patch where one is made; on any
     error none, and a warning that says why (failing open)."""
     request = review_doc.get("request") or {}
     answer: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
     try:
-        patch, warning = review(request, cluster, settings)
+        patch, warning = review(request, cluster, settings, fleet)
         result = "injected" if patch else "skipped"
     except Exception as e:
         log.warning("admission of a pod in %s failed, allowed unthrottled: %s",
@@ -169,12 +174,13 @@ class WebhookServer:
     """HTTPS on `port`, POST /mutate-pods; the certificate reloaded by `reload`."""
 
     def __init__(self, port: int, cert_dir: Path, cluster: Cluster,
-                 settings: OperatorSettings) -> None:
+                 settings: OperatorSettings, fleet: Fleet | None = None) -> None:
         self.cert_dir = cert_dir
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.reload()
-        self.httpd = _TLSServer(("", port), _handler(cluster, settings), self.context)
+        self.httpd = _TLSServer(("", port), _handler(cluster, settings, fleet),
+                                 self.context)
         self.port = self.httpd.server_address[1]
 
     def reload(self) -> None:
@@ -224,7 +230,8 @@ class _TLSServer(ThreadingHTTPServer):
             self.shutdown_request(tls)
 
 
-def _handler(cluster: Cluster, settings: OperatorSettings) -> type[BaseHTTPRequestHandler]:
+def _handler(cluster: Cluster, settings: OperatorSettings,
+             fleet: Fleet | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = CONNECTION_TIMEOUT_SECONDS
         # Keep-alive: the API server sends a burst's admissions over a few connections,
@@ -241,7 +248,7 @@ def _handler(cluster: Cluster, settings: OperatorSettings) -> type[BaseHTTPReque
             except ValueError:
                 self.send_error(400, "not JSON")
                 return
-            body = json.dumps(respond(doc, cluster, settings)).encode()
+            body = json.dumps(respond(doc, cluster, settings, fleet)).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -261,7 +268,7 @@ API_TIMEOUT_SECONDS = 2.0
 
 
 def serve(settings: OperatorSettings, kube: Kube, webhook_kube: Kube,
-          stop: threading.Event) -> WebhookServer:
+          stop: threading.Event, fleet: Fleet | None = None) -> WebhookServer:
     """The webhook on settings.webhook_port, its certificate from the Secret (made, and
     made anew when due, where the operator manages it); a thread looks at it again every
     CERT_CHECK_SECONDS until `stop`. `webhook_kube` makes the webhook's own reads: one
@@ -282,7 +289,7 @@ def serve(settings: OperatorSettings, kube: Kube, webhook_kube: Kube,
 
     served = load()
     server = WebhookServer(settings.webhook_port, cert_dir, KubeCluster(webhook_kube),
-                           settings).start()
+                           settings, fleet).start()
 
     def rotate() -> None:
         nonlocal served

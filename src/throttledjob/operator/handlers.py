@@ -94,7 +94,7 @@ def _serve_webhook(state: OperatorState, logger: logging.Logger) -> None:
     try:
         webhook_kube = Kube(connection_info, 8, timeout_seconds=admission.API_TIMEOUT_SECONDS,
                             attempts=1)
-        admission.serve(ours, state.kube, webhook_kube, state.stop)
+        admission.serve(ours, state.kube, webhook_kube, state.stop, state.fleet)
     except (ApiError, LoginError, OSError, ValueError) as e:
         logger.error("the admission webhook is not served (port %d): %s; attached "
                      "ThrottledJobs' new pods start unthrottled", ours.webhook_port, e)
