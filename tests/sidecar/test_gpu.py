@@ -419,3 +419,35 @@ def test_a_simulated_boards_limit_outlives_the_process_that_set_it(tmp_path) -> 
     again = FakeGpuBackend.from_environ(env)
     assert [again.power_management_limit_watts(i) for i in (0, 1)] == [300.0, 150.0]
     assert FakeGpuBackend.from_environ({"THROTTLEDJOB_FAKE_GPUS": "2"}).limits == [300.0] * 2
+
+
+@pytest.mark.parametrize("lever", [True, False], ids=["capped", "held-back"])
+@pytest.mark.parametrize("idle_first", [True, False], ids=["floor-read", "floor-unknown"])
+def test_the_demand_a_gpu_budget_weighs_is_what_the_boards_would_draw_unheld(lever, idle_first):
+    """gpuDemandHistory's figure (GpuState.demand_watts): two simulated boards held to
+    150 W each, by their caps or by holding the feeder back, report what they would draw
+    with neither (the same boards at the same instant, unheld): within 2% once the idle
+    floor is read, within 5% before (the floor then taken as 0); and what they draw,
+    where nothing holds them."""
+    def trace(t: int) -> float:
+        return 0.0 if idle_first and t < 3 else 0.95
+
+    policy = Policy(gpu_peak_power_watts=150.0, max_slowdown=3.0,
+                    gpu_power_limit="allow" if lever else None)
+    gpu, free = FakeGpuBackend(2, trace), FakeGpuBackend(2, trace)
+    agent = GpuAgent(gpu, policy)
+    duty = 0.0
+    for _ in range(30):
+        gpu.feed(duty)
+        duty = agent.cycle(1.0, duty, []) or 0.0
+        unheld = sum(r.power_watts for r in free.read())
+    state = agent.state()
+    assert max(r.power_watts for r in state.readings) <= 150.0 * 1.01  # held
+    assert (state.capping, duty > 0.1) == (lever, not lever)
+    assert state.demand_watts == pytest.approx(unheld, rel=0.02 if idle_first else 0.05)
+    assert state.ranges == ((100.0, 300.0),) * 2
+    agent.set_policy(Policy())
+    gpu.feed(0.0)
+    agent.cycle(1.0, 0.0, [])
+    assert agent.state().demand_watts == pytest.approx(sum(r.power_watts for r in free.read()),
+                                                       rel=1e-3)

@@ -318,3 +318,28 @@ def test_the_status_keeps_the_demand_of_the_last_minute_for_a_budget(tmp_path) -
     assert [c for _, c in history][:2] == [5.5, 6.5]
     assert parse_status(json.loads(json.dumps(status_document(holder.get()))))[
         "cpuDemandHistory"] == history
+
+
+def test_the_status_keeps_the_gpus_demand_and_limit_ranges_for_a_gpu_watt_budget(tmp_path):
+    """gpuDemandHistory as cpuDemandHistory, from the GPU half's demand_watts; each
+    watched GPU's power limit range in telemetry.gpus (a budget's floor is its minimum)."""
+    import dataclasses
+
+    from throttledjob.contracts.status import parse_status
+    from throttledjob.gpu.fake import FakeGpuBackend
+    from throttledjob.sidecar.gpu_agent import GpuAgent
+
+    agent = GpuAgent(FakeGpuBackend(2, "steady"), Policy())
+    agent.cycle(1.0, 0.0, [])
+    _, result = run(tmp_path, Policy(cpu_peak_cores=1.0), [1.0])
+    now = [1000.0]
+    holder = SnapshotHolder(clock=lambda: now[0])
+    for second in range(3):
+        now[0] = 1000.0 + second
+        holder.publish(dataclasses.replace(result, gpu=agent.state()), Health())
+    doc = parse_status(json.loads(json.dumps(status_document(holder.get()))))
+    watts = round(sum(r.power_watts for r in agent.readings), 1)
+    assert doc["gpuDemandHistory"] == [[1000.0, watts], [1001.0, watts], [1002.0, watts]]
+    assert [(g["minLimitWatts"], g["maxLimitWatts"]) for g in doc["telemetry"]["gpus"]] == [
+        (100.0, 300.0)] * 2
+    assert parse_status({**doc, "gpuDemandHistory": [[1.0, -5.0]]})["gpuDemandHistory"] == []

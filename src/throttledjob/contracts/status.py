@@ -149,6 +149,9 @@ class StatusDocument(TypedDict):
     # ...], oldest first (the last DEMAND_HISTORY_SECONDS): a ThrottleBudget weighs every
     # second, not only the one its read falls on. Empty where unknown.
     cpuDemandHistory: list[list[float]]
+    # In a pod: its GPUs' summed draw with no cap and no hold-back each recent interval,
+    # [[Unix time, watts], ...], as cpuDemandHistory (a GPU-watt budget weighs it).
+    gpuDemandHistory: list[list[float]]
     levers: list[str]
     targets: Targets
     errors: list[str]  # "kind: message" of each problem in force now
@@ -201,6 +204,7 @@ def parse_status(doc: Any) -> StatusDocument:
             "cpuLimitWantedCores": wanted,
             "cpuDemandCores": {k: v for k, v in numbers.items() if v is not None and v >= 0},
             "cpuDemandHistory": _history(doc.get("cpuDemandHistory")),
+            "gpuDemandHistory": _history(doc.get("gpuDemandHistory")),
             "errors": [str(e) for e in errors] if isinstance(errors, list) else []}
 
 
@@ -215,19 +219,20 @@ def all_met(verdicts: Iterable[bool | None]) -> bool | None:
 
 
 def _history(v: Any) -> list[list[float]]:
-    """A sidecar's cpuDemandHistory: its [time, cores] pairs of finite, non-negative
-    numbers in time order, the last DEMAND_HISTORY_SECONDS' worth at most; [] if any is
-    not (an older sidecar, or a bad one: the budget falls back to cpuDemandCores)."""
+    """A sidecar's cpuDemandHistory (or gpuDemandHistory): its [time, cores (watts)]
+    pairs of finite, non-negative numbers in time order, the last DEMAND_HISTORY_SECONDS'
+    worth at most; [] if any is not (an older sidecar, or a bad one: the budget falls
+    back to one sample a read)."""
     if not isinstance(v, list) or len(v) > 4 * DEMAND_HISTORY_SECONDS:
         return []
     out: list[list[float]] = []
     for pair in v:
         if not isinstance(pair, list) or len(pair) != 2:
             return []
-        t, cores = finite_number(pair[0]), finite_number(pair[1])
-        if t is None or cores is None or cores < 0 or (out and t <= out[-1][0]):
+        t, value = finite_number(pair[0]), finite_number(pair[1])
+        if t is None or value is None or value < 0 or (out and t <= out[-1][0]):
             return []
-        out.append([t, cores])
+        out.append([t, value])
     return out
 
 

@@ -11,6 +11,7 @@ minimum limit is over the target). Once the workload reports steps, the explorer
 The sidecar's GPU control loop, over the device layer (throttledjob.gpu: the backends):
 gpu_agent.py       this: one GPU control cycle, and `open_gpu_agent`
 gpu_controller.py  the duty control law (pure)
+gpu_demand.py      what a GPU would draw unheld, for a GPU-watt budget (pure)
 gpu_explorer.py    the power-limit explorer (pure)
 gpu_power_cap.py   the power-limit lever
 gpu_simulate.py    what feeds simulated GPUs: a test harness, or a live run's GPU agent
@@ -26,6 +27,7 @@ from throttledjob.gpu import open_backend
 from throttledjob.gpu.backend import GpuBackend, GpuError, GpuReading, NullGpuBackend, select_gpus
 
 from .gpu_controller import DEFAULT_MARGIN, GpuController, GpuDecision, GpuObservation
+from .gpu_demand import uncapped_watts
 from .gpu_explorer import UNCAPPED, GpuSample, PowerLimitExplorer
 from .gpu_power_cap import PowerCap
 from .stats import PeakSummary, PeakTracker
@@ -83,6 +85,10 @@ class GpuState:
     power_limit_lever: bool         # the lever is allowed (levers.gpuPowerLimit)
     capping: bool                   # a cap under the board's own limit is in force
     error: str | None
+    # The watched GPUs' draw with no cap and no hold-back, summed (gpu_demand.py; None:
+    # no power reading), and each one's (min, max) power limit where it has one.
+    demand_watts: float | None = None
+    ranges: tuple[tuple[float, float] | None, ...] = ()
 
 
 class GpuAgent:
@@ -111,6 +117,7 @@ class GpuAgent:
         self._tracking = 0   # intervals left in which the duty tracks the law both ways
         # The least power read while a watched GPU idled: the floor of the power law.
         self.floor_watts: float | None = None
+        self._ranges: dict[str, tuple[float, float] | None] = {}  # by UUID, read once
         self.controller = GpuController()
         self.policy = policy
         self.set_policy(policy)
@@ -310,9 +317,23 @@ class GpuAgent:
         self.power_stats.add(elapsed * max(0.0, power or 0.0), elapsed, valid=power is not None)
 
     def state(self) -> GpuState:
+        ranges = tuple(self._range(r) for r in self.readings)
+        wanted = [uncapped_watts(r, self.hold_back, self.floor_watts, span and span[1])
+                  for r, span in zip(self.readings, ranges, strict=True)]
         return GpuState(self.telemetry, tuple(self.readings), self.util_stats.summary(),
                         self.power_stats.summary(), self.power_limit_lever, self.capping,
-                        self.error)
+                        self.error,
+                        None if not wanted or None in wanted else sum(w or 0.0 for w in wanted),
+                        ranges)
+
+    def _range(self, r: GpuReading) -> tuple[float, float] | None:
+        """The board's (min, max) power limit, asked once (None: it has none)."""
+        if r.uuid not in self._ranges:
+            try:
+                self._ranges[r.uuid] = self.backend.power_limit_range_watts(r.index)
+            except GpuError:
+                return None
+        return self._ranges[r.uuid]
 
     def _apply_power_limits(self) -> None:
         self._limits_stale = False

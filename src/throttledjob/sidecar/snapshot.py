@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from throttledjob.contracts.names import PROGRESS_PREFIX
 from throttledjob.contracts.status import (
@@ -64,8 +65,10 @@ class Snapshot:
     result: CycleResult
     run: RunSummary
     health: Health
-    # (Unix time, the workload's summed demand in cores) of recent cycles, oldest first.
+    # (Unix time, the workload's summed demand in cores) of recent cycles, oldest first;
+    # and of its GPUs' summed draw unheld, in watts (gpu_demand.py).
     demand_history: tuple[tuple[float, float], ...] = ()
+    gpu_demand_history: tuple[tuple[float, float], ...] = ()
 
     @property
     def gpus(self) -> tuple[GpuReading, ...]:
@@ -83,6 +86,7 @@ class SnapshotHolder:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._demand: deque[tuple[float, float]] = deque()
+        self._gpu_demand: deque[tuple[float, float]] = deque()
         self._clock = clock
 
     def get(self) -> Snapshot | None:
@@ -91,15 +95,20 @@ class SnapshotHolder:
 
     def publish(self, result: CycleResult, health: Health) -> Snapshot:
         """The cycle's snapshot, with the workload's demand of the last
-        DEMAND_HISTORY_SECONDS (cpuDemandHistory), for the readers to get."""
+        DEMAND_HISTORY_SECONDS (cpuDemandHistory, gpuDemandHistory), for the readers to
+        get."""
         now = self._clock()
-        if result.last.cpu_demand_cores:
-            self._demand.append((round(now, 3),
-                                 round(sum(result.last.cpu_demand_cores.values()), 4)))
-        while self._demand and self._demand[0][0] < now - DEMAND_HISTORY_SECONDS:
-            self._demand.popleft()
+        cpu = result.last.cpu_demand_cores
+        gpu = result.gpu.demand_watts if result.gpu else None
+        for kept, value, digits in ((self._demand, sum(cpu.values()) if cpu else None, 4),
+                                    (self._gpu_demand, gpu, 1)):
+            if value is not None:
+                kept.append((round(now, 3), round(value, digits)))
+            while kept and kept[0][0] < now - DEMAND_HISTORY_SECONDS:
+                kept.popleft()
         snap = dataclasses.replace(snapshot_of(result, health),
-                                   demand_history=tuple(self._demand))
+                                   demand_history=tuple(self._demand),
+                                   gpu_demand_history=tuple(self._gpu_demand))
         with self._lock:
             self._snapshot = snap
         return snap
@@ -141,6 +150,7 @@ def status_document(s: Snapshot) -> StatusDocument:
         "cpuLimitWantedCores": last.cpu_limit_wanted_cores,
         "cpuDemandCores": dict(last.cpu_demand_cores),
         "cpuDemandHistory": [[t, cores] for t, cores in s.demand_history],
+        "gpuDemandHistory": [[t, watts] for t, watts in s.gpu_demand_history],
         "levers": list(run.levers),
         "targets": {
             "cpuPeakCores": p.cpu_peak_cores,
@@ -153,10 +163,20 @@ def status_document(s: Snapshot) -> StatusDocument:
         },
         "errors": [f"{kind}: {message}" for kind, message in sorted(s.health.problems.items())],
         "telemetry": {"cpu": s.health.cpu_telemetry, "gpu": s.gpu_telemetry,
-                      "gpus": [{"gpu": g.index, "UUID": g.uuid} for g in s.gpus],
+                      "gpus": [_gpu(g, span) for g, span in zip(
+                          s.gpus, s.result.gpu.ranges if s.result.gpu else (), strict=False)],
                       "processes": result.processes},
         "cycles": s.health.cycles,
     }
+
+
+def _gpu(g: GpuReading, span: tuple[float, float] | None) -> dict[str, Any]:
+    """A watched GPU in /status: its index and UUID, and the range its power limit may be
+    set in (a ThrottleBudget's floor is the least of it)."""
+    doc: dict[str, Any] = {"gpu": g.index, "UUID": g.uuid}
+    if span:
+        doc["minLimitWatts"], doc["maxLimitWatts"] = span
+    return doc
 
 
 def progress_problem(directory: str) -> str | None:
