@@ -24,6 +24,8 @@ from testing.cluster_cli import Kubectl, helm, wait_json
 from testing.manifests import make_tj
 from testing.paths import CHART, ROOT
 from throttledjob.gpu.fake import TDP_WATTS, fake_uuid
+from throttledjob.operator import api_names
+from throttledjob.operator.budget_crd import BUDGET_KIND
 from tools.k8s import images
 
 pytestmark = pytest.mark.timeout(900)
@@ -206,3 +208,74 @@ def test_gpu_throttledjobs_read_their_own_gpus_and_only_the_opted_in_one_is_capp
     while caps(state) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert caps(state) == {}, "the cap outlived its pod"
+
+
+GPU_BUDGET_WATTS = 360.0
+
+
+def test_a_gpu_watt_budget_splits_between_two_members_and_their_caps_hold_it(
+        gpu_cluster: tuple[str, Path], kubectl: Kubectl) -> None:
+    """A ThrottleBudget of 360 W over two members of one GPU each, whose boards would
+    draw 285-288 W unheld (the simulated board at its plateau) and whose own targets
+    (280 W) do not bind: each is made at, or re-split to within the kubelet's refresh of
+    its policy, 180 W; the node agent caps both boards, their draw together stays under
+    the budget, and the budget's status shows what each would draw unheld."""
+    namespace, state = gpu_cluster
+    budget = {"apiVersion": api_names.API_VERSION, "kind": BUDGET_KIND,
+              "metadata": {"name": "hall", "namespace": namespace},
+              "spec": {"selector": {"matchLabels": {"power": "hall"}}}}
+    refused = kubectl.apply(budget, check=False)  # neither a CPU nor a GPU peak
+    assert refused.returncode != 0 and "needs cpu.peak or gpu.peakWatts" in refused.stderr
+    budget["spec"]["gpu"] = {"peakWatts": GPU_BUDGET_WATTS}
+    kubectl.apply(budget)
+    members = []
+    for name in ("pa", "pb"):
+        tj = gpu_tj(name, namespace, 300)
+        tj["metadata"]["labels"] = {"power": "hall"}
+        tj["spec"]["throttle"]["targets"]["gpu"]["peakPowerWatts"] = 280
+        members.append(tj)
+    started = time.monotonic()
+    kubectl.apply(*members)
+    statuses: dict[str, dict[str, Any]] = {}
+
+    def held() -> bool:
+        for name in ("pa", "pb"):
+            pods = kubectl.json("get", "pods", "-n", namespace, "-l",
+                                f"throttledjob.io/name={name}")["items"]
+            with contextlib.suppress(OSError, ValueError, IndexError, KeyError):
+                statuses[name] = sidecar_status(pods[0])
+        targets = [s["targets"]["gpuPeakPowerWatts"] for s in statuses.values()]
+        return len(targets) == 2 and sum(targets) <= GPU_BUDGET_WATTS and len(caps(state)) == 2
+
+    deadline = time.monotonic() + 180
+    while not held() and time.monotonic() < deadline:
+        time.sleep(1)
+    within = time.monotonic() - started
+    assert held(), f"not held within the budget: {statuses}, caps {caps(state)}"
+    print(f"both members' policies within the GPU budget {within:.0f} s after they were made")
+    for s in statuses.values():  # half each, give or take a re-split by demand
+        assert s["targets"]["gpuPeakPowerWatts"] == pytest.approx(180.0, abs=10), statuses
+    # The caps hold it: the boards draw at the controller's setpoint under each share.
+    time.sleep(3)
+    draws = []
+    for name in ("pa", "pb"):
+        (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l",
+                              f"throttledjob.io/name={name}")["items"]
+        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9400/metrics",
+                                    timeout=5) as r:
+            draws += [float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                      if line.startswith("throttledjob_gpu_power_watts{")]
+    assert len(draws) == 2 and sum(draws) <= GPU_BUDGET_WATTS, draws
+    # Weighed by what each would draw unheld, once read three times (2-s status interval).
+    status = wait_json(kubectl, lambda b: [m.get("demandWatts") is not None
+                                           for m in (b.get("status") or {}).get("members")
+                                           or []] == [True, True],
+                       "throttlebudget", "-n", namespace, "hall",
+                       what="the GPU split by measured demand", timeout=60)["status"]
+    assert status["gpuBudgetWatts"] == GPU_BUDGET_WATTS
+    assert status["gpuFloorWatts"] == 200.0  # two boards whose limits go down to 100 W
+    for m in status["members"]:
+        assert m["demandWatts"] == pytest.approx(287.0, rel=0.05), status
+        assert 100 <= m["shareWatts"] <= 260, status
+    assert sum(m["shareWatts"] for m in status["members"]) <= GPU_BUDGET_WATTS
+    kubectl("delete", "throttledjob", "-n", namespace, "pa", "pb", "--wait=false")

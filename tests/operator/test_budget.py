@@ -15,14 +15,16 @@ from throttledjob.contracts.policy import parse_policy
 from throttledjob.operator import crd
 from throttledjob.operator.budget_crd import BUDGET_CRD_FILE, build_budget_crd
 from throttledjob.operator.budget_pass import (
+    Weighed,
+    gpu_member,
     member,
     members_of,
     next_status,
     remember_suspended,
 )
-from throttledjob.operator.budget_spec import cores_now, selects
-from throttledjob.operator.fleet import Fleet, held_policy
-from throttledjob.operator.fleet_split import split
+from throttledjob.operator.budget_spec import cores_now, selects, watts_now
+from throttledjob.operator.fleet import CPU, GPU, Fleet, held_policy, held_power, template_gpus
+from throttledjob.operator.fleet_split import Member, split
 from throttledjob.operator.kube import ApiError
 from throttledjob.operator.metrics import budget_metrics
 
@@ -157,7 +159,7 @@ def test_two_budgets_over_one_member_the_lower_holds_and_the_other_says_so():
     budget = {"metadata": {"name": "team", "generation": 1}, "spec": {}}
     m = member(tj("a"), fleet, "team", {})
     out = split(1.0, [m])
-    status = next_status(budget, [m], out, 1.0, "spec", fleet, "ns", "now")
+    status = next_status(budget, [Weighed(CPU, 1.0, [m], out)], "spec", fleet, "ns", "now")
     assert status["members"][0]["heldBy"] == "hall"
     fleet.set_share(("ns", "a"), "hall", None)
     assert fleet.share(("ns", "a")) == (1.0, "team")
@@ -167,12 +169,13 @@ def test_floors_over_the_budget_are_named_in_its_condition():
     fleet = Fleet()
     members = [member(tj(n, parallelism=4), fleet, "b", {}) for n in ("a", "b")]
     out = split(0.5, members)
-    status = next_status({"metadata": {"name": "b", "generation": 2}}, members, out, 0.5,
-                         "spec", fleet, "ns", "2026-12-07T00:00:00Z")
+    status = next_status({"metadata": {"name": "b", "generation": 2}},
+                         [Weighed(CPU, 0.5, members, out)], "spec", fleet, "ns",
+                         "2026-12-07T00:00:00Z")
     (met,) = status["conditions"]
     assert (met["type"], met["status"], met["reason"]) == ("BudgetMet", "False",
                                                            "FloorOverBudget")
-    assert "0.8 cores, over the 0.5-core budget" in met["message"]
+    assert "0.8 cores, over the budget of 0.5 cores" in met["message"]
     assert status["observedGeneration"] == 2
     assert [r["read"] for r in status["members"]] == [False, False]  # not measured yet
 
@@ -180,12 +183,12 @@ def test_floors_over_the_budget_are_named_in_its_condition():
 def test_suspended_members_are_listed_and_named_in_the_condition():
     fleet = Fleet()
     members = [member(tj("a"), fleet, "b", {})]
-    status = next_status({"metadata": {"name": "b", "generation": 1}}, members,
-                         split(0.5, members), 0.5, "spec", fleet, "ns",
-                         "2026-12-07T00:00:00Z", ["c", "d"])
+    status = next_status({"metadata": {"name": "b", "generation": 1}},
+                         [Weighed(CPU, 0.5, members, split(0.5, members))], "spec", fleet,
+                         "ns", "2026-12-07T00:00:00Z", ["c", "d"])
     (met,) = status["conditions"]
     assert (met["status"], met["reason"]) == ("True", "MembersSuspended")
-    assert met["message"].endswith("0.5-core budget: c, d")
+    assert met["message"].endswith("budget of 0.5 cores: c, d")
     assert status["suspended"] == ["c", "d"]
 
 
@@ -232,7 +235,8 @@ def test_the_budget_crd_file_is_generated_from_the_source():
 
 def test_the_fleets_metrics_are_each_budget_and_each_members_share():
     fleet = Fleet()
-    fleet.set_budget(("ns", "team"), 6.0, 5.5)
+    fleet.set_budget(("ns", "team"), {"cpuBudgetCores": 6.0, "cpuCores": 5.5,
+                                      "splitTime": "now"})
     fleet.set_share(("ns", "a"), "team", 4.0)
     fleet.set_share(("ns", "b"), "team", 2.0)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -248,3 +252,104 @@ def test_the_fleets_metrics_are_each_budget_and_each_members_share():
     fleet.set_budget(("ns", "team"), None)
     assert not [s for family in budget_metrics(fleet) for s in family.samples
                 if s.name == "throttledjob_operator_budget_cpu_cores"]
+
+
+def gpu_tj(name: str, gpus: int = 1, watts: float | None = None, phase: str = "Running") -> dict:
+    out = tj(name, peak=None, phase=phase)
+    (c,) = out["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    c["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
+    if watts is not None:
+        out["spec"]["throttle"]["targets"] = {"gpu": {"peakPowerWatts": watts}}
+    return out
+
+
+def gpu_report(t0: float, watts: list[float], boards: int = 1) -> dict:
+    """A pod's /status with `boards` GPUs of the simulated board's range and its GPUs'
+    demand one sample a second from `t0`."""
+    return {"observed": {"cpuCores": 0.1},
+            "gpuDemandHistory": [[t0 + i, w] for i, w in enumerate(watts)],
+            "telemetry": {"gpus": [{"gpu": i, "UUID": f"GPU-{i}", "minLimitWatts": 100.0,
+                                    "maxLimitWatts": 300.0} for i in range(boards)]}}
+
+
+def test_a_gpu_members_demand_floor_and_target_are_its_boards():
+    """What a GPU-watt split weighs: the pods' gpuDemandHistory merged as the CPU's, the
+    boards' lowest limits summed as its floor, its own power target times its GPUs as its
+    cap; before a read, its GPUs from its template; no GPUs: no member of the split."""
+    fleet, key = Fleet(), ("ns", "g")
+    member_tj = gpu_tj("g", gpus=2, watts=250.0)
+    before = gpu_member(member_tj, fleet, "hall", {"g": 400.0})
+    assert (before.floor, before.cap, before.held, before.demand) == (0.0, 500.0, 400.0, ())
+    assert gpu_member(tj("cpu-only"), fleet, "hall", {}) is None
+    for i in range(3):
+        fleet.record(key, {"a": gpu_report(100.2 + 3 * i, [280.0, 290.0, 150.0]),
+                           "b": gpu_report(100.7 + 3 * i, [200.0, 200.0, 200.0])}, 0.1, True)
+    m = gpu_member(member_tj, fleet, "hall", {"g": 400.0})
+    assert m.held is None and m.floor == 200.0 and fleet.gpus[key] == 2
+    assert list(m.demand)[:2] == [280.0 + 200.0, 290.0 + 200.0]
+    assert template_gpus(gpu_tj("x", gpus=4)["spec"]) == 4
+
+
+def test_a_gpu_watt_budget_gives_the_bursty_member_less_and_holds_each_gpu_to_its_part():
+    """Two members of one GPU each under 400 W: one draws 288 W every second, the other
+    idles at 60 W with a burst to 288 W one second in ten. The steady one gets more (a
+    cap costs it every second), the shares fit the budget, each is over its floor, and a
+    share becomes each GPU's power target, held Hard, never past the member's own."""
+    steady = Member("steady", (288.0,) * 60, 100.0)
+    bursty = Member("bursty", tuple(288.0 if i % 10 == 0 else 60.0 for i in range(60)), 100.0)
+    out = split(400.0, [steady, bursty])
+    assert out.of("steady").cores > out.of("bursty").cores >= 100.0
+    assert out.total <= 400.0 + 1e-6
+    assert out.of("steady").slowdown + out.of("bursty").slowdown < 2 * Member(
+        "even", (288.0,) * 60, 100.0).slowdown(200.0)
+    doc = {"targets": {"gpu": {"peakPowerWatts": 250}}, "maxSlowdown": 2.0}
+    assert held_power(doc, 401.0, gpus=2)["targets"] == {"gpu": {"peakPowerWatts": 200},
+                                                          "hold": "Hard"}
+    assert held_power(doc, 900.0, gpus=2)["targets"]["gpu"]["peakPowerWatts"] == 250
+    assert parse_policy(held_power({}, 150.0, gpus=1)).gpu_peak_power_watts == 150.0
+    fleet = Fleet()
+    fleet.set_share(("ns", "g"), "hall", 300.0, GPU)
+    fleet.set_share(("ns", "g"), "team", 1.5)
+    held = fleet.held(("ns", "g"), {"maxSlowdown": 2.0}, gpu_tj("g", gpus=2)["spec"])
+    assert held["targets"] == {"cpu": {"peak": "1500m"}, "gpu": {"peakPowerWatts": 150},
+                               "hold": "Hard"}
+
+
+def test_a_budget_of_both_shows_each_resource_and_one_row_a_member():
+    fleet = Fleet()
+    cpu = [member(tj("a"), fleet, "b", {}), member(tj("c"), fleet, "b", {})]
+    gpu = [Member("a", (250.0,) * 10, 100.0, max_slowdown=1.5), Member("g", (), 100.0)]
+    status = next_status({"metadata": {"name": "b", "generation": 1}},
+                         [Weighed(CPU, 1.0, cpu, split(1.0, cpu)),
+                          Weighed(GPU, 300.0, gpu, split(300.0, gpu))],
+                         "spec", fleet, "ns", "2026-12-07T00:00:00Z")
+    rows = {r["name"]: r for r in status["members"]}
+    assert set(rows) == {"a", "c", "g"}
+    assert "shareWatts" in rows["a"] and "shareCores" in rows["a"]
+    assert "shareWatts" not in rows["c"] and "shareCores" not in rows["g"]
+    assert rows["a"]["shareWatts"] + rows["g"]["shareWatts"] <= 300
+    assert rows["a"]["demandWatts"] == 250.0 and not rows["g"]["read"]
+    assert (status["gpuBudgetWatts"], status["gpuFloorWatts"], status["gpuDemandWatts"]) == (
+        300.0, 200.0, 250.0)
+    (met,) = status["conditions"]
+    assert met["message"].startswith("3 member(s) held to 1 cores and 300 W of GPU power")
+    over = next_status({"metadata": {"name": "b", "generation": 1}},
+                       [Weighed(GPU, 150.0, gpu, split(150.0, gpu))], "spec", fleet, "ns",
+                       "2026-12-07T00:00:00Z")
+    assert "cpuBudgetCores" not in over
+    assert "floors come to 200 W of GPU power, over the budget of 150 W" in over[
+        "conditions"][0]["message"]
+
+
+def test_the_gpu_watt_budget_follows_the_schedule_and_its_metrics_show_it():
+    spec = {**SPEC, "gpu": {"peakWatts": 40000}}
+    assert watts_now(spec, at(14)) == pytest.approx(28000.0)
+    assert watts_now(SPEC, at(14)) is None
+    fleet = Fleet()
+    fleet.set_budget(("ns", "hall"), {"gpuBudgetWatts": 28000.0, "gpuDemandWatts": 31000.0})
+    fleet.set_share(("ns", "a"), "hall", 700.0, GPU)
+    samples = {(s.name, s.labels.get("throttledjob")): s.value
+               for family in budget_metrics(fleet) for s in family.samples}
+    assert samples == {("throttledjob_operator_budget_gpu_watts", None): 28000.0,
+                       ("throttledjob_operator_budget_gpu_demand_watts", None): 31000.0,
+                       ("throttledjob_operator_budget_share_gpu_watts", "a"): 700.0}

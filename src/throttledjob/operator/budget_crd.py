@@ -1,5 +1,6 @@
-"""The ThrottleBudget CustomResourceDefinition: one CPU peak held across the ThrottledJobs
-of a namespace that its selector picks (fleet_split.py divides it). Written beside the
+"""The ThrottleBudget CustomResourceDefinition: a CPU peak and/or a GPU-watt peak held
+across the ThrottledJobs of a namespace that its selector picks (fleet_split.py divides
+each). Written beside the
 ThrottledJob's by `python -m throttledjob.operator.crd --write`; a test fails when the
 chart's copy drifts.
 
@@ -22,6 +23,7 @@ BUDGET_PLURAL = "throttlebudgets"
 BUDGET_CRD_FILE = Path("charts/throttledjob/crds") / f"{GROUP}_{BUDGET_PLURAL}.yaml"
 MAX_WINDOWS = 24
 MAX_MEMBERS = 256
+MAX_WATTS = 10_000_000  # a hall's power, in watts
 CLOCK_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
 
 _CPU_RULE = (f"type(self) == int ? self > 0 : self.matches('"
@@ -50,12 +52,30 @@ def _label_selector() -> dict[str, Any]:
     }
 
 
+def _gpu_schema() -> dict[str, Any]:
+    return {
+        "type": "object", "required": ["peakWatts"],
+        "properties": {"peakWatts": {
+            "type": "number", "minimum": 1, "maximum": MAX_WATTS,
+            "description": "The most power the members' GPUs may draw together, "
+                           "watts (board power, as NVML reads it). Held through "
+                           "each member's GPU power target (targets.gpu."
+                           "peakPowerWatts, its share over its GPUs): by the "
+                           "board's cap where the member allows the lever "
+                           "(levers.gpuPowerLimit), else by holding its work "
+                           "back."}},
+    }
+
+
 def _spec_schema() -> dict[str, Any]:
     return {
         "type": "object",
-        "required": ["cpu"],
+        "x-kubernetes-validations": [{
+            "rule": "has(self.cpu) || has(self.gpu)",
+            "message": "a budget needs cpu.peak or gpu.peakWatts (or both)"}],
         "properties": {
             "selector": _label_selector(),
+            "gpu": _gpu_schema(),
             "cpu": {
                 "type": "object", "required": ["peak"],
                 "properties": {"peak": {
@@ -70,7 +90,7 @@ def _spec_schema() -> dict[str, Any]:
             "schedule": {
                 "type": "array", "maxItems": MAX_WINDOWS,
                 "description": "Windows of the day (UTC) in which the budget is a fraction "
-                               "of cpu.peak; the lowest window in force wins.",
+                               "of its peaks; the lowest window in force wins.",
                 "items": {
                     "type": "object", "required": ["start", "end", "fraction"],
                     "properties": {
@@ -79,7 +99,7 @@ def _spec_schema() -> dict[str, Any]:
                         "end": {"type": "string", "pattern": CLOCK_PATTERN,
                                 "description": "HH:MM, UTC; before start: the window "
                                                "runs past midnight."},
-                        "fraction": _fraction("The budget in the window, of cpu.peak."),
+                        "fraction": _fraction("The budget in the window, of its peaks."),
                     },
                 },
             },
@@ -95,10 +115,11 @@ def _spec_schema() -> dict[str, Any]:
             "signal": {
                 "type": "object", "required": ["fraction"],
                 "description": "Set by an outside system (a grid operator's demand "
-                               "response): the budget is this fraction of cpu.peak until "
+                               "response): the budget is this fraction of its peaks until "
                                "`until` (absent: until removed).",
                 "properties": {
-                    "fraction": _fraction("The budget while the signal holds, of cpu.peak."),
+                    "fraction": _fraction("The budget while the signal holds, of its "
+                                          "peaks."),
                     "until": {"type": "string", "format": "date-time"},
                 },
             },
@@ -111,12 +132,17 @@ def _member_schema() -> dict[str, Any]:
         return {"type": "number", "minimum": 0, "description": d}
 
     return {
-        "type": "object", "required": ["name", "shareCores"],
+        "type": "object", "required": ["name"],
         "properties": {
             "name": {"type": "string"},
-            "shareCores": number("The member's part of the budget, job-wide."),
+            "shareCores": number("The member's part of the CPU budget, job-wide."),
             "demandCores": number("What it would use unheld: the mean of its last reads."),
-            "slowdown": number("Its expected slowdown at its share, from its demand."),
+            "shareWatts": number("Its part of the GPU-watt budget, job-wide (its GPUs' "
+                                 "power target is this over their number)."),
+            "demandWatts": number("What its GPUs would draw unheld: the mean of its last "
+                                  "reads."),
+            "slowdown": number("Its expected slowdown at its shares, from its demand (the "
+                               "larger of the CPU's and the GPU power's)."),
             "maxSlowdown": number("Its own slowdown budget (absent: none)."),
             "withinMaxSlowdown": {"type": "boolean"},
             "read": {"type": "boolean",
@@ -145,6 +171,11 @@ def _status_schema() -> dict[str, Any]:
                              "description": "What set it: spec, a schedule window, a signal."},
             "cpuCores": number("The members' CPU use summed, at their last reads."),
             "cpuFloorCores": number("The least the members can be held to together."),
+            "gpuBudgetWatts": number("The GPU-watt budget in force now."),
+            "gpuDemandWatts": number("What the members' GPUs would draw unheld, summed "
+                                     "(the means of their last reads)."),
+            "gpuFloorWatts": number("The least the members' GPUs can be capped to "
+                                    "together (their boards' lowest limits)."),
             "splitTime": {"type": "string", "format": "date-time"},
             "members": {"type": "array", "maxItems": MAX_MEMBERS, "items": _member_schema()},
             "suspended": {"type": "array", "maxItems": MAX_MEMBERS,
@@ -175,8 +206,9 @@ def build_budget_crd() -> dict[str, Any]:
                 "name": VERSION, "served": True, "storage": True,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
-                    "description": "A CPU peak held across many ThrottledJobs, split among "
-                                   "them by what throttling costs each.",
+                    "description": "A CPU peak and/or a GPU-watt peak held across many "
+                                   "ThrottledJobs, split among them by what throttling "
+                                   "costs each.",
                     "properties": {"apiVersion": {"type": "string"},
                                    "kind": {"type": "string"},
                                    "metadata": {"type": "object"},
@@ -188,6 +220,8 @@ def build_budget_crd() -> dict[str, Any]:
                 "additionalPrinterColumns": [
                     {"name": "Budget", "type": "number", "jsonPath": ".status.cpuBudgetCores"},
                     {"name": "Use", "type": "number", "jsonPath": ".status.cpuCores"},
+                    {"name": "GPU-Watts", "type": "number",
+                     "jsonPath": ".status.gpuBudgetWatts"},
                     {"name": "Met", "type": "string",
                      "jsonPath": '.status.conditions[?(@.type=="BudgetMet")].status'},
                     {"name": "Reason", "type": "string",

@@ -15,18 +15,20 @@ import datetime
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from throttledjob.contracts.policy import Policy
+from throttledjob.contracts.status import finite_number
 
 from . import child, conditions
 from .api_names import GROUP, PLURAL, VERSION
 from .budget_crd import BUDGET_PLURAL, MAX_MEMBERS
-from .budget_spec import cores_now, selects
+from .budget_spec import cores_now, selects, watts_now
 from .conditions import Phase
 from .cpu_limits import cores
-from .fleet import Fleet, millicores
+from .fleet import CPU, GPU, Fleet, TjKey, millicores, template_gpus
 from .fleet_split import Member, Split, split, to_suspend
 from .job_split import job_scoped, rank_floor
 from .kube import ApiError
@@ -81,7 +83,7 @@ def split_for_new_member(state: OperatorState, namespace: str) -> None:
 
 def member(tj: Mapping[str, Any], fleet: Fleet, budget: str,
            last: Mapping[str, float]) -> Member:
-    """A ThrottledJob as the split sees it: its demand, floor, own target (job-wide),
+    """A ThrottledJob as the CPU split sees it: its demand, floor, own target (job-wide),
     maxSlowdown and priority; `last`: the shares the budget's status shows."""
     meta, spec = tj["metadata"], tj.get("spec") or {}
     key = (meta.get("namespace", ""), meta["name"])
@@ -94,26 +96,55 @@ def member(tj: Mapping[str, Any], fleet: Fleet, budget: str,
         for _, count, pod in child.pod_groups(spec)) or rank_floor([])
     measured = fleet.reads.get(key, 0) >= MIN_READS
     demand = tuple(fleet.demand.get(key) or ()) if measured else ()
-    had = (fleet.shares.get(key) or {}).get(budget, last.get(meta["name"]))
+    return _weighed(tj, fleet, demand, floor, cap, _had(fleet.shares, key, budget, last))
+
+
+def gpu_member(tj: Mapping[str, Any], fleet: Fleet, budget: str,
+               last: Mapping[str, float]) -> Member | None:
+    """A ThrottledJob as the GPU-watt split sees it (None: it has no GPUs): what its GPUs
+    would draw unheld, the least their limits go to, its own power target over them all."""
+    meta, spec = tj["metadata"], tj.get("spec") or {}
+    key = (meta.get("namespace", ""), meta["name"])
+    gpus = fleet.gpus.get(key) or template_gpus(spec)
+    if not gpus:
+        return None
+    own = finite_number((((spec.get("throttle") or {}).get("targets") or {}).get("gpu") or {})
+                        .get("peakPowerWatts"))
+    measured = fleet.reads.get(key, 0) >= MIN_READS and bool(fleet.gpu_demand.get(key))
+    demand = tuple(fleet.gpu_demand.get(key) or ()) if measured else ()
+    return _weighed(tj, fleet, demand, fleet.gpu_floors.get(key, 0.0),
+                    None if own is None else own * gpus,
+                    _had(fleet.watts, key, budget, last))
+
+
+def _had(shares: Mapping[TjKey, Mapping[str, float]], key: TjKey, budget: str,
+         last: Mapping[str, float]) -> float | None:
+    """The share the member had of `budget` (after a restart: the one its status shows)."""
+    return (shares.get(key) or {}).get(budget, last.get(key[1]))
+
+
+def _weighed(tj: Mapping[str, Any], fleet: Fleet, demand: tuple[float, ...], floor: float,
+             cap: float | None, had: float | None) -> Member:
+    """The member of a split, from what it is weighed by in that resource."""
+    meta, spec = tj["metadata"], tj.get("spec") or {}
+    key = (meta.get("namespace", ""), meta["name"])
     # Running pods hold the share they had until measured (after a restart: the status's);
     # a member whose pods have not started yet is split anew, at an even share.
     running = (tj.get("status") or {}).get("phase") == Phase.RUNNING
-    held = had if ((running and not measured)
-                   or not fleet.answered.get(key, True)) else None
+    held = had if ((running and not demand) or not fleet.answered.get(key, True)) else None
     # Its own label, else its Workload's priority (Kueue's WorkloadPriorityClass).
     try:
         priority = int((meta.get("labels") or {})[PRIORITY_LABEL])
     except (KeyError, ValueError):
         priority = fleet.priorities.get(key, 0)
-    return Member(meta["name"], demand, floor, cap,
-                  float(throttle.get("maxSlowdown") or Policy().max_slowdown), priority,
-                  held)
+    max_slowdown = (spec.get("throttle") or {}).get("maxSlowdown") or Policy().max_slowdown
+    return Member(meta["name"], demand, floor, cap, float(max_slowdown), priority, held)
 
 
 def priority_known(tj: Mapping[str, Any], fleet: Fleet) -> bool:
     """Whether the member's priority is known: its own label, or no Kueue priority class,
-    or its Workload's priority read (a member just made has none yet: it is not
-    suspended before its priority is known, lest a higher one go for a lower)."""
+    or its Workload's priority read (a member just made has none yet: no member is
+    suspended while another's priority is unknown, lest a higher one go for a lower)."""
     meta = tj["metadata"]
     labels = meta.get("labels") or {}
     return (PRIORITY_LABEL in labels or KUEUE_PRIORITY_LABEL not in labels
@@ -133,51 +164,93 @@ def suspended_here(budget: Mapping[str, Any], tjs: Sequence[Mapping[str, Any]],
             and _selected(budget, tj)]
 
 
-def next_status(budget: Mapping[str, Any], members: Sequence[Member], out: Split,
-                cores_in_force: float, source: str, fleet: Fleet, namespace: str,
-                now: str, suspended: Sequence[str] = ()) -> dict[str, Any]:
-    """The budget's status after a split; `suspended`: the members it suspends."""
-    name = budget["metadata"]["name"]
-    listed = []
-    for m, s in zip(members, out.shares, strict=True):
-        key = (namespace, m.name)
-        lowest = fleet.share(key)
-        row: dict[str, Any] = {
-            "name": m.name, "shareCores": millicores(s.cores) / 1000,
-            "slowdown": round(s.slowdown, 3),
-            "withinMaxSlowdown": s.within_budget, "read": m.held is None and bool(m.demand),
-            "priority": m.priority}
-        if m.demand:
-            row["demandCores"] = round(sum(m.demand) / len(m.demand), 3)
-        if math.isfinite(m.max_slowdown):
-            row["maxSlowdown"] = m.max_slowdown
-        if lowest and lowest[1] != name and lowest[0] < s.cores:
-            row["heldBy"] = lowest[1]
-        listed.append(row)
-    use = sum(fleet.use.get((namespace, m.name), 0.0) for m in members)
+@dataclass(frozen=True)
+class Weighed:
+    """One resource's split of a budget: the budget in force (cores, or watts for GPU),
+    its members and the split."""
+
+    resource: str
+    budget: float
+    members: Sequence[Member]
+    out: Split
+
+
+def _amount(resource: str, value: float) -> str:
+    return f"{value:.3g} cores" if resource == CPU else f"{value:.4g} W of GPU power"
+
+
+def next_status(budget: Mapping[str, Any], splits: Sequence[Weighed], source: str,
+                fleet: Fleet, namespace: str, now: str,
+                suspended: Sequence[str] = ()) -> dict[str, Any]:
+    """The budget's status after its splits (one a resource); `suspended`: the members
+    it suspends."""
+    listed = _rows(budget["metadata"]["name"], splits, fleet, namespace)
     status = dict(budget.get("status") or {})
-    over = [r["name"] for r in listed if not r["withinMaxSlowdown"]]
-    if not out.feasible:
-        met = (False, "FloorOverBudget",
-               f"the members' floors come to {out.floor:.3g} cores, over the "
-               f"{cores_in_force:.3g}-core budget: each is held at its floor")
-    elif suspended:
-        met = (True, "MembersSuspended",
-               f"suspended, the lowest priority first, so that the others' floors fit the "
-               f"{cores_in_force:.3g}-core budget: {', '.join(suspended)}")
-    else:
-        met = (True, "Split", f"{len(members)} member(s) held to {cores_in_force:.3g} cores"
-               + (f"; past their maxSlowdown (lowest priority first): {', '.join(over)}"
-                  if over else ""))
+    for w in splits:
+        if w.resource == CPU:
+            status.update({
+                "cpuBudgetCores": round(w.budget, 3), "cpuFloorCores": round(w.out.floor, 3),
+                "cpuCores": round(sum(fleet.use.get((namespace, m.name), 0.0)
+                                      for m in w.members), 3)})
+        else:
+            status.update({
+                "gpuBudgetWatts": round(w.budget, 1), "gpuFloorWatts": round(w.out.floor, 1),
+                "gpuDemandWatts": round(sum(sum(m.demand) / len(m.demand)
+                                            for m in w.members if m.demand), 1)})
     status.update({
         "observedGeneration": budget["metadata"].get("generation"),
-        "cpuBudgetCores": round(cores_in_force, 3), "budgetSource": source,
-        "cpuCores": round(use, 3), "cpuFloorCores": round(out.floor, 3), "splitTime": now,
-        "members": listed, "suspended": sorted(suspended),
-        "conditions": conditions.set_condition(status.get("conditions"), "BudgetMet", *met,
-                                               now, budget["metadata"].get("generation")),
+        "budgetSource": source, "splitTime": now, "members": listed,
+        "suspended": sorted(suspended),
+        "conditions": conditions.set_condition(
+            status.get("conditions"), "BudgetMet", *_met(splits, listed, suspended), now,
+            budget["metadata"].get("generation")),
     })
     return status
+
+
+def _rows(name: str, splits: Sequence[Weighed], fleet: Fleet,
+          namespace: str) -> list[dict[str, Any]]:
+    """The members as the budget's status lists them, one row each, by name."""
+    rows: dict[str, dict[str, Any]] = {}
+    for w in splits:
+        unit = "Cores" if w.resource == CPU else "Watts"
+        for m, s in zip(w.members, w.out.shares, strict=True):
+            row = rows.setdefault(m.name, {"name": m.name, "slowdown": 1.0,
+                                           "withinMaxSlowdown": True, "read": True,
+                                           "priority": m.priority})
+            row[f"share{unit}"] = (millicores(s.cores) / 1000 if w.resource == CPU
+                                   else math.floor(s.cores))
+            row["slowdown"] = max(row["slowdown"], round(s.slowdown, 3))
+            row["withinMaxSlowdown"] = row["withinMaxSlowdown"] and s.within_budget
+            row["read"] = row["read"] and m.held is None and bool(m.demand)
+            if m.demand:
+                row[f"demand{unit}"] = round(sum(m.demand) / len(m.demand), 3)
+            if math.isfinite(m.max_slowdown):
+                row["maxSlowdown"] = m.max_slowdown
+            lowest = fleet.share((namespace, m.name), w.resource)
+            if lowest and lowest[1] != name and lowest[0] < s.cores:
+                row["heldBy"] = lowest[1]
+    return sorted(rows.values(), key=lambda r: r["name"])
+
+
+def _met(splits: Sequence[Weighed], listed: Sequence[Mapping[str, Any]],
+         suspended: Sequence[str]) -> tuple[bool, str, str]:
+    """The BudgetMet condition: (status, reason, message)."""
+    over = [r["name"] for r in listed if not r["withinMaxSlowdown"]]
+    short = [w for w in splits if not w.out.feasible]
+    in_force = " and ".join(_amount(w.resource, w.budget) for w in splits)
+    if short:
+        return (False, "FloorOverBudget", "; ".join(
+            f"the members' floors come to {_amount(w.resource, w.out.floor)}, over the "
+            f"budget of {_amount(w.resource, w.budget)}" for w in short)
+            + ": each is held at its floor")
+    if suspended:
+        return (True, "MembersSuspended",
+                f"suspended, the lowest priority first, so that the others' floors fit the "
+                f"budget of {in_force}: {', '.join(suspended)}")
+    return (True, "Split", f"{len(listed)} member(s) held to {in_force}"
+            + (f"; past their maxSlowdown (lowest priority first): {', '.join(over)}"
+               if over else ""))
 
 
 def budget_pass(state: OperatorState, namespace: str, name: str,
@@ -191,38 +264,65 @@ def budget_pass(state: OperatorState, namespace: str, name: str,
     spec = budget.get("spec") or {}
     picked = members_of(budget, tjs)
     picked += [tj for tj in suspended_here(budget, tjs, fleet) if tj not in picked]
-    last = {r["name"]: r["shareCores"]
-            for r in (budget.get("status") or {}).get("members") or []}
-    weighed = [member(tj, fleet, name, last) for tj in picked]
-    budget_cores, source = cores_now(spec, datetime.datetime.now(datetime.timezone.utc))
-    suspend = to_suspend(budget_cores, weighed, {
-        tj["metadata"]["name"]: tj["metadata"].get("creationTimestamp", "")
-        for tj in picked if queued_tj(tj) and priority_known(tj, fleet)}
-    ) if spec.get("floorsOverBudget") == SUSPEND else set()
-    members = [m for m in weighed if m.name not in suspend]
-    out = split(budget_cores, members)
-    before = {m.name: fleet.share((namespace, m.name)) for m in members}
+    last = {resource: {r["name"]: r[field] for r in (budget.get("status") or {}).get(
+        "members") or [] if field in r} for resource, field in ((CPU, "shareCores"),
+                                                                (GPU, "shareWatts"))}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    budget_cores, source = cores_now(spec, now)
+    splits, suspend = [], set()
+    if spec.get("cpu"):
+        weighed = [member(tj, fleet, name, last[CPU]) for tj in picked]
+        if spec.get("floorsOverBudget") == SUSPEND and all(
+                priority_known(tj, fleet) for tj in picked):
+            suspend = to_suspend(budget_cores, weighed, {
+                tj["metadata"]["name"]: tj["metadata"].get("creationTimestamp", "")
+                for tj in picked if queued_tj(tj)})
+        elif spec.get("floorsOverBudget") == SUSPEND:
+            # A member's priority not read yet (its Workload's): whom to stop waits for
+            # it (a second or two), lest a higher one go in place of a lower.
+            suspend = {tj["metadata"]["name"] for tj in picked
+                       if fleet.suspended.get((namespace, tj["metadata"]["name"])) == name}
+        members = [m for m in weighed if m.name not in suspend]
+        splits.append(Weighed(CPU, budget_cores, members, split(budget_cores, members)))
+    watts = watts_now(spec, now)
+    if watts is not None:
+        members = [m for m in (gpu_member(tj, fleet, name, last[GPU]) for tj in picked
+                               if tj["metadata"]["name"] not in suspend) if m]
+        splits.append(Weighed(GPU, watts, members, split(watts, members)))
     moved = set()
-    for tj in tjs:  # those it no longer picks (finished, relabeled) go free of it
+    for w in splits:
+        moved |= _apply(fleet, namespace, name, tjs, w)
+    for tj in tjs:
         key = (namespace, tj["metadata"]["name"])
-        if key[1] not in before and name in (fleet.shares.get(key) or {}):
-            fleet.set_share(key, name, None)
-            moved.add(key[1])
         if (key[1] in suspend) != (fleet.suspended.get(key) == name):
             fleet.set_suspended(key, name if key[1] in suspend else None)
             moved.add(key[1])
-    for s in out.shares:
-        fleet.set_share((namespace, s.name), name, s.cores)
-    status = next_status(budget, members, out, budget_cores, source, fleet, namespace,
-                         conditions.now_iso(), sorted(suspend))
+    status = next_status(budget, splits, source, fleet, namespace, conditions.now_iso(),
+                         sorted(suspend))
     kube.merge_patch(budget_path(namespace, name) + "/status", {"status": status})
-    fleet.set_budget((namespace, name), budget_cores, status["cpuCores"])
-    for m in members:
-        was, now = before[m.name], fleet.share((namespace, m.name))
-        if now and (was is None or abs(now[0] - was[0]) > MOVE_STEP * max(was[0], 0.01)):
-            moved.add(m.name)
+    fleet.set_budget((namespace, name), status)
     for member_name in sorted(moved):
         rebudget(state, namespace, member_name)
+
+
+def _apply(fleet: Fleet, namespace: str, budget: str, tjs: Sequence[Mapping[str, Any]],
+           w: Weighed) -> set[str]:
+    """The split's shares into the fleet's record; returns the members whose share moved
+    (or went: those the budget no longer weighs in this resource go free of it)."""
+    before = {m.name: fleet.share((namespace, m.name), w.resource) for m in w.members}
+    moved = set()
+    for tj in tjs:
+        key = (namespace, tj["metadata"]["name"])
+        if key[1] not in before and budget in (fleet.shares_of(w.resource).get(key) or {}):
+            fleet.set_share(key, budget, None, w.resource)
+            moved.add(key[1])
+    for s in w.out.shares:
+        fleet.set_share((namespace, s.name), budget, s.cores, w.resource)
+    for m in w.members:
+        was, now = before[m.name], fleet.share((namespace, m.name), w.resource)
+        if now and (was is None or abs(now[0] - was[0]) > MOVE_STEP * max(was[0], 0.01)):
+            moved.add(m.name)
+    return moved
 
 
 def remember_suspended(state: OperatorState, namespaces: Sequence[str],
@@ -250,11 +350,14 @@ def remember_suspended(state: OperatorState, namespaces: Sequence[str],
 
 def forget_budget(state: OperatorState, namespace: str, name: str) -> None:
     """The budget is gone: its members go back to their own targets (or another's)."""
-    state.fleet.set_budget((namespace, name), None)
-    held = {k for k, by in list(state.fleet.shares.items()) if k[0] == namespace and name in by}
-    held |= {k for k, b in list(state.fleet.suspended.items()) if k[0] == namespace and b == name}
+    fleet = state.fleet
+    fleet.set_budget((namespace, name), None)
+    held = {k for resource in (CPU, GPU) for k, by in list(fleet.shares_of(resource).items())
+            if k[0] == namespace and name in by}
+    held |= {k for k, b in list(fleet.suspended.items()) if k[0] == namespace and b == name}
     for key in sorted(held):
-        state.fleet.set_share(key, name, None)
-        if state.fleet.suspended.get(key) == name:
-            state.fleet.set_suspended(key, None)
+        fleet.set_share(key, name, None)
+        fleet.set_share(key, name, None, GPU)
+        if fleet.suspended.get(key) == name:
+            fleet.set_suspended(key, None)
         rebudget(state, *key)

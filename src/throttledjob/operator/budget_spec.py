@@ -11,9 +11,20 @@ from .cpu_limits import cores
 
 
 def cores_now(spec: Mapping[str, Any], now: datetime.datetime) -> tuple[float, str]:
-    """The budget (cores) at `now` (aware, UTC) and what set it: the spec's peak, the
+    """The CPU budget (cores) at `now` (aware, UTC) and what set it (fraction_now)."""
+    fraction, source = fraction_now(spec, now)
+    return (cores((spec.get("cpu") or {}).get("peak")) or 0.0) * fraction, source
+
+
+def watts_now(spec: Mapping[str, Any], now: datetime.datetime) -> float | None:
+    """The GPU-watt budget at `now` (None: the budget has none)."""
+    peak = (spec.get("gpu") or {}).get("peakWatts")
+    return None if peak is None else float(peak) * fraction_now(spec, now)[0]
+
+
+def fraction_now(spec: Mapping[str, Any], now: datetime.datetime) -> tuple[float, str]:
+    """The part of its peaks the budget is at `now` and what set it: the spec (1), the
     lowest schedule window in force, or the signal, whichever is lowest."""
-    peak = cores((spec.get("cpu") or {}).get("peak")) or 0.0
     best, source = 1.0, "spec"
     minute = now.hour * 60 + now.minute
     for w in spec.get("schedule") or []:
@@ -23,7 +34,7 @@ def cores_now(spec: Mapping[str, Any], now: datetime.datetime) -> tuple[float, s
     if signal and signal.get("fraction", 1.0) < best and _signal_holds(signal, now):
         best, source = signal["fraction"], "signal" + (
             f" until {signal['until']}" if signal.get("until") else "")
-    return peak * best, source
+    return best, source
 
 
 def _minutes(clock: str) -> int:

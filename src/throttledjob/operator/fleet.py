@@ -1,6 +1,7 @@
 """What the operator keeps between passes about ThrottledJobs under a ThrottleBudget: each
-member's recent demand (from its sidecars' reads) and the share each budget gave it; and
-`held_policy`, how a share becomes the member's policy.
+member's recent demand of CPU and of GPU power (from its sidecars' reads) and the share
+each budget gave it; and `held_policy`/`held_power`, how a share becomes the member's
+policy.
 
 A member's sidecars are read by its own pass every status interval (reconcile.py), which
 records here what they said; the budget's pass (budget_pass.py) splits from that record,
@@ -21,15 +22,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from throttledjob.contracts.status import finite_number
+
 from . import child
 from .cpu_limits import cores
 from .job_split import job_scoped
+from .validation import GPU_RESOURCES
 
 # The demand a split weighs: the member's last seconds (its sidecars' cpuDemandHistory,
 # merged), or, from sidecars that keep none, its last reads (one a status interval).
 HISTORY = 300
 
 TjKey = tuple[str, str]
+CPU, GPU = "cpu", "gpu"  # a budget's resources: cores, and GPU board watts
+# What the metrics show of a budget's status (operator/metrics.py budget_metrics).
+BUDGET_FIGURES = ("cpuBudgetCores", "cpuCores", "gpuBudgetWatts", "gpuDemandWatts")
 
 
 @dataclass
@@ -41,14 +48,22 @@ class Fleet:
     answered: dict[TjKey, bool] = field(default_factory=dict)  # its last read was whole
     reads: dict[TjKey, int] = field(default_factory=dict)  # its whole reads so far
     seen_until: dict[TjKey, float] = field(default_factory=dict)  # its last second kept
-    # budget -> (its cores in force, its members' use summed) at its last split
-    budgets: dict[TjKey, tuple[float, float]] = field(default_factory=dict)
+    # budget -> its status's BUDGET_FIGURES at its last split (those it has)
+    budgets: dict[TjKey, dict[str, float]] = field(default_factory=dict)
     # member -> budget name -> its share, cores job-wide
     shares: dict[TjKey, dict[str, float]] = field(default_factory=dict)
     # member -> the budget that keeps it suspended (its floor did not fit: to_suspend)
     suspended: dict[TjKey, str] = field(default_factory=dict)
     # member -> its Kueue Workload's priority (from its WorkloadPriorityClass)
     priorities: dict[TjKey, int] = field(default_factory=dict)
+    # The same for a GPU-watt budget: its GPUs' draw unheld each recent second (its
+    # sidecars' gpuDemandHistory, merged), its GPUs, the least their limits can be set
+    # to together, and member -> budget name -> its share, watts job-wide.
+    gpu_demand: dict[TjKey, deque[float]] = field(default_factory=dict)
+    gpu_seen_until: dict[TjKey, float] = field(default_factory=dict)
+    gpus: dict[TjKey, int] = field(default_factory=dict)
+    gpu_floors: dict[TjKey, float] = field(default_factory=dict)
+    watts: dict[TjKey, dict[str, float]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, key: TjKey, reports: Mapping[str, Mapping[str, Any]], floor: float,
@@ -66,19 +81,35 @@ class Fleet:
             if not answered:
                 return
             self.reads[key] = self.reads.get(key, 0) + 1
-            kept = self.demand.setdefault(key, deque(maxlen=HISTORY))
-            seconds = merged([r.get("cpuDemandHistory") or [] for r in reports.values()],
-                             self.seen_until.get(key, 0.0))
-            if seconds:
-                kept.extend(cores for _, cores in seconds)
-                self.seen_until[key] = seconds[-1][0]
-            elif not all(r.get("cpuDemandHistory") for r in reports.values()):
-                kept.append(sum(pod_demand(r) for r in reports.values()))
+            histories = [r.get("cpuDemandHistory") or [] for r in reports.values()]
+            if not self._keep(key, self.demand, self.seen_until, histories) \
+                    and not all(histories):
+                self.demand[key].append(sum(pod_demand(r) for r in reports.values()))
+            boards = [[g for g in (r.get("telemetry") or {}).get("gpus") or []
+                       if isinstance(g, Mapping)] for r in reports.values()]
+            self.gpus[key] = sum(map(len, boards))
+            self.gpu_floors[key] = sum(finite_number(g.get("minLimitWatts")) or 0.0
+                                       for pod in boards for g in pod)
+            if self.gpus[key]:
+                self._keep(key, self.gpu_demand, self.gpu_seen_until,
+                           [r.get("gpuDemandHistory") or []
+                            for r, pod in zip(reports.values(), boards, strict=True) if pod])
 
-    def share(self, key: TjKey) -> tuple[float, str] | None:
+    def _keep(self, key: TjKey, demand: dict[TjKey, deque[float]],
+              seen_until: dict[TjKey, float], histories: list[Any]) -> bool:
+        """The seconds of the pods' `histories` not kept yet, merged (merged), onto the
+        member's `demand`; False where there were none."""
+        kept = demand.setdefault(key, deque(maxlen=HISTORY))
+        seconds = merged(histories, seen_until.get(key, 0.0))
+        if seconds:
+            kept.extend(value for _, value in seconds)
+            seen_until[key] = seconds[-1][0]
+        return bool(seconds)
+
+    def share(self, key: TjKey, resource: str = CPU) -> tuple[float, str] | None:
         """The lowest share any budget gives the member, and that budget's name."""
         with self.lock:
-            by_budget = self.shares.get(key) or {}
+            by_budget = self.shares_of(resource).get(key) or {}
             if not by_budget:
                 return None
             budget = min(by_budget, key=lambda b: (by_budget[b], b))
@@ -86,21 +117,30 @@ class Fleet:
 
     def held(self, key: TjKey, policy_doc: Mapping[str, Any],
              spec: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The member's policy held to the lowest share a budget gives it (held_policy),
-        or `policy_doc` itself where none does: for the pass that makes its Job and every
-        pass after."""
-        share = self.share(key)
-        if share is None:
-            return policy_doc
-        return held_policy(policy_doc, spec, share[0],
-                           self.pods.get(key) or child.pods_at_once(spec))
+        """The member's policy held to the lowest share a budget gives it of each
+        resource (held_policy, held_power), or `policy_doc` itself where none does: for
+        the pass that makes its Job (or admits its pods) and every pass after."""
+        share, watts = self.share(key), self.share(key, GPU)
+        doc = policy_doc
+        if share is not None:
+            doc = held_policy(doc, spec, share[0], self.pods.get(key) or child.pods_at_once(spec))
+        if watts is not None:
+            doc = held_power(doc, watts[0], self.gpus.get(key) or template_gpus(spec))
+        return doc
 
-    def set_share(self, key: TjKey, budget: str, cores: float | None) -> None:
+    def set_share(self, key: TjKey, budget: str, value: float | None,
+                  resource: str = CPU) -> None:
+        """The member's share of `budget` (cores, or watts for GPU); None: it has none."""
         with self.lock:
-            if cores is None:
-                self.shares.get(key, {}).pop(budget, None)
+            table = self.shares_of(resource)
+            if value is None:
+                table.get(key, {}).pop(budget, None)
             else:
-                self.shares.setdefault(key, {})[budget] = cores
+                table.setdefault(key, {})[budget] = value
+
+    def shares_of(self, resource: str) -> dict[TjKey, dict[str, float]]:
+        """member -> budget -> its share of `resource` (the table itself)."""
+        return self.watts if resource == GPU else self.shares
 
     def set_suspended(self, key: TjKey, budget: str | None) -> None:
         with self.lock:
@@ -109,19 +149,21 @@ class Fleet:
             else:
                 self.suspended[key] = budget
 
-    def set_budget(self, key: TjKey, cores: float | None, use: float = 0.0) -> None:
-        """A budget's last split (None: the budget is gone)."""
+    def set_budget(self, key: TjKey, figures: Mapping[str, float] | None) -> None:
+        """A budget's last split: the figures of its status the metrics show (None: the
+        budget is gone)."""
         with self.lock:
-            if cores is None:
+            if figures is None:
                 self.budgets.pop(key, None)
             else:
-                self.budgets[key] = (cores, use)
+                self.budgets[key] = {k: v for k, v in figures.items() if k in BUDGET_FIGURES}
 
     def forget(self, key: TjKey) -> None:
         with self.lock:
             for table in (self.demand, self.floors, self.pods, self.use, self.answered,
                           self.reads, self.seen_until, self.shares, self.suspended,
-                          self.priorities):
+                          self.priorities, self.gpu_demand, self.gpu_seen_until, self.gpus,
+                          self.gpu_floors, self.watts):
                 table.pop(key, None)
 
 
@@ -166,6 +208,32 @@ def held_policy(policy_doc: Mapping[str, Any], spec: Mapping[str, Any], share: f
     cpu["peak"] = f"{max(1, millicores(held))}m"
     targets["hold"] = "Hard"
     return doc
+
+
+def held_power(policy_doc: Mapping[str, Any], watts: float, gpus: int) -> dict[str, Any]:
+    """The member's policy under a GPU-watt budget's share (`watts`, job-wide): its GPU
+    power target each GPU's part of it (`gpus` of them), or its own where lower; held
+    Hard, as held_policy."""
+    doc = copy.deepcopy(dict(policy_doc))
+    targets = doc.setdefault("targets", {})
+    gpu = targets.setdefault("gpu", {})
+    part = math.floor(watts / max(1, gpus))  # whole watts, down: together within the share
+    own = finite_number(gpu.get("peakPowerWatts"))
+    gpu["peakPowerWatts"] = max(1, min(part, own) if own is not None else part)
+    targets["hold"] = "Hard"
+    return doc
+
+
+def template_gpus(spec: Mapping[str, Any]) -> int:
+    """The GPUs the member's pods ask for, all running at once (0: none, or no template:
+    attach mode reads them from its sidecars)."""
+    total = 0
+    for _, count, pod in child.pod_groups(spec):
+        for c in pod.get("containers") or []:
+            limits = (c.get("resources") or {}).get("limits") or {}
+            total += count * sum(int(limits.get(r) or 0) for r in GPU_RESOURCES
+                                 if str(limits.get(r) or 0).isdigit())
+    return total
 
 
 def millicores(value: float) -> int:

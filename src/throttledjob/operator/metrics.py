@@ -18,6 +18,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 from throttledjob import __version__
 
+from .fleet import CPU, GPU
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
 P = "throttledjob_operator_"
@@ -71,22 +73,37 @@ class _Phases:
 def budget_metrics(fleet: Any) -> Iterator[Metric]:
     """The fleet's row of the dashboard: each budget in force and its members' use
     against it, and each member's share (fleet.Fleet's record of the last splits)."""
-    budget = GaugeMetricFamily(P + "budget_cpu_cores", "A ThrottleBudget's CPU peak in "
-                               "force now (schedule and signal applied).",
-                               labels=["namespace", "budget"])
-    use = GaugeMetricFamily(P + "budget_cpu_use_cores", "A ThrottleBudget's members' CPU "
-                            "use summed, at their last reads.", labels=["namespace", "budget"])
-    share = GaugeMetricFamily(P + "budget_share_cpu_cores", "A member's part of a "
-                              "ThrottleBudget, job-wide.",
-                              labels=["namespace", "budget", "throttledjob"])
+    labels = ["namespace", "budget"]
+    figures = {  # the budget's status figure -> its series
+        "cpuBudgetCores": GaugeMetricFamily(
+            P + "budget_cpu_cores", "A ThrottleBudget's CPU peak in force now (schedule "
+            "and signal applied).", labels=labels),
+        "cpuCores": GaugeMetricFamily(
+            P + "budget_cpu_use_cores", "A ThrottleBudget's members' CPU use summed, at "
+            "their last reads.", labels=labels),
+        "gpuBudgetWatts": GaugeMetricFamily(
+            P + "budget_gpu_watts", "A ThrottleBudget's GPU power peak in force now "
+            "(schedule and signal applied).", labels=labels),
+        "gpuDemandWatts": GaugeMetricFamily(
+            P + "budget_gpu_demand_watts", "What a ThrottleBudget's members' GPUs would "
+            "draw unheld, summed (the means of their last reads).", labels=labels),
+    }
+    shares = {
+        CPU: GaugeMetricFamily(P + "budget_share_cpu_cores", "A member's part of a "
+                               "ThrottleBudget's CPU, job-wide.", labels=[*labels, "throttledjob"]),
+        GPU: GaugeMetricFamily(P + "budget_share_gpu_watts", "A member's part of a "
+                               "ThrottleBudget's GPU power, job-wide.",
+                               labels=[*labels, "throttledjob"]),
+    }
     with fleet.lock:
-        for (ns, name), (cores, used) in sorted(fleet.budgets.items()):
-            budget.add_metric([ns, name], cores)
-            use.add_metric([ns, name], used)
-        for (ns, member), by_budget in sorted(fleet.shares.items()):
-            for name, cores in sorted(by_budget.items()):
-                share.add_metric([ns, name, member], cores)
-    yield from (budget, use, share)
+        for (ns, name), values in sorted(fleet.budgets.items()):
+            for figure, value in values.items():
+                figures[figure].add_metric([ns, name], value)
+        for resource, family in shares.items():
+            for (ns, member), by_budget in sorted(fleet.shares_of(resource).items()):
+                for name, value in sorted(by_budget.items()):
+                    family.add_metric([ns, name, member], value)
+    yield from (*figures.values(), *shares.values())
 
 
 def serve(port: int, seen: Callable[[], Mapping[Any, tuple[str | None, str | None]]],

@@ -33,6 +33,7 @@ from .children import configmap_name
 from .conditions import now_iso
 from .create import ensure_children
 from .job_split import job_scoped, rank_floor
+from .kueue import PRIORITY_LABEL as KUEUE_PRIORITY_LABEL
 from .kueue import queued_by_kueue, workload_path
 from .observe import (
     Found,
@@ -132,8 +133,17 @@ def read_sidecars(state: OperatorState, namespace: str, name: str,
         return
     # Read after the sidecars (up to their deadline each): the status write starts from it.
     tj = state.kube.get(state.kube.tj_path(namespace, name))
-    if tj is not None:
-        _pass(state, tj, seen, read=tj)
+    if tj is None:
+        return
+    labels = (tj.get("metadata") or {}).get("labels") or {}
+    if (job and seen.workload is None and KUEUE_PRIORITY_LABEL in labels
+            and (namespace, name) not in state.fleet.priorities):
+        # Its Kueue priority, for a ThrottleBudget's suspensions, until read once: one
+        # admitted before any tick found it queued was never read by read_queue.
+        current = seen.child.obj if seen.child else get_child(
+            state.kube, namespace, job, state.is_jobset(namespace, name))
+        seen = dataclasses.replace(seen, workload=workload(state.kube, namespace, current))
+    _pass(state, tj, seen, read=tj)
 
 
 def _sidecars_seen(state: OperatorState, namespace: str, name: str,
