@@ -40,8 +40,8 @@ from testing.node_samples import CgroupSampler, on_real_node, summed
 from testing.paths import CHART, ROOT
 from throttledjob.operator import api_names
 from throttledjob.operator.budget_crd import BUDGET_KIND
-from throttledjob.operator.budget_pass import next_status
-from throttledjob.operator.fleet import HISTORY, Fleet
+from throttledjob.operator.budget_pass import Weighed, next_status
+from throttledjob.operator.fleet import CPU, HISTORY, Fleet
 from throttledjob.operator.fleet_split import Member, split
 from throttledjob.sidecar.stats import nearest_rank
 from tools.k8s import images
@@ -68,8 +68,8 @@ def scale(members: int) -> dict[str, Any]:
     for _ in range(20):
         start = time.perf_counter()
         out = split(budget, ms)
-        next_status({"metadata": {"name": "b", "generation": 1}}, ms, out, budget, "spec",
-                    Fleet(), "ns", "now")
+        next_status({"metadata": {"name": "b", "generation": 1}},
+                    [Weighed(CPU, budget, ms, out)], "spec", Fleet(), "ns", "now")
         times.append(time.perf_counter() - start)
     return {"members": members, "split_seconds_median": round(statistics.median(times), 4),
             "split_seconds_max": round(max(times), 4), "goal_seconds": 1.0}
