@@ -151,6 +151,12 @@ def test_pod_estimate_row() -> None:
     assert pod_estimate.row({**figures, "top": 1.1})["top covers"] == "no"
 
 
+def test_fleet_gpu() -> None:
+    out = run_benchmark("fleet_gpu", "--work", "40")
+    assert [r[0] for r in table_rows(out, "| arm |")] == ["even", "budget"]
+    assert "sum of slowdowns, budget / even:" in out
+
+
 def test_fleet_scale_and_cost_table() -> None:
     """bench/fleet.py: its scale part at 20 members prints its figures; its cost table of
     the runs the real node makes (tests/cluster/test_bench_live.py has no run of it: its
