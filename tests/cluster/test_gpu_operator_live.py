@@ -211,6 +211,13 @@ def test_gpu_throttledjobs_read_their_own_gpus_and_only_the_opted_in_one_is_capp
 
 
 GPU_BUDGET_WATTS = 360.0
+DROP = 0.6
+
+
+def pod_of(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l",
+                          f"throttledjob.io/name={name}")["items"]
+    return pod
 
 
 def test_a_gpu_watt_budget_splits_between_two_members_and_their_caps_hold_it(
@@ -219,7 +226,8 @@ def test_a_gpu_watt_budget_splits_between_two_members_and_their_caps_hold_it(
     draw 285-288 W unheld (the simulated board at its plateau) and whose own targets
     (280 W) do not bind: each is made at, or re-split to within the kubelet's refresh of
     its policy, 180 W; the node agent caps both boards, their draw together stays under
-    the budget, and the budget's status shows what each would draw unheld."""
+    the budget, and the budget's status shows what each would draw unheld. Dropped to
+    60%, the sidecars hold the new shares once the kubelet refreshes their policy."""
     namespace, state = gpu_cluster
     budget = {"apiVersion": api_names.API_VERSION, "kind": BUDGET_KIND,
               "metadata": {"name": "hall", "namespace": namespace},
@@ -259,8 +267,7 @@ def test_a_gpu_watt_budget_splits_between_two_members_and_their_caps_hold_it(
     time.sleep(3)
     draws = []
     for name in ("pa", "pb"):
-        (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l",
-                              f"throttledjob.io/name={name}")["items"]
+        pod = pod_of(kubectl, namespace, name)
         with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9400/metrics",
                                     timeout=5) as r:
             draws += [float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
@@ -278,4 +285,20 @@ def test_a_gpu_watt_budget_splits_between_two_members_and_their_caps_hold_it(
         assert m["demandWatts"] == pytest.approx(287.0, rel=0.05), status
         assert 100 <= m["shareWatts"] <= 260, status
     assert sum(m["shareWatts"] for m in status["members"]) <= GPU_BUDGET_WATTS
+    # A drop to 60% (a grid signal): the shares fall at once; the sidecars hold the new
+    # ones when the kubelet refreshes their policy (its periodic sync of the pods).
+    dropped = time.monotonic()
+    kubectl("patch", "throttlebudget", "-n", namespace, "hall", "--type=merge",
+            "-p", json.dumps({"spec": {"signal": {"fraction": DROP}}}))
+    deadline, targets = time.monotonic() + 150, [GPU_BUDGET_WATTS]
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            targets = [sidecar_status(pod)["targets"]["gpuPeakPowerWatts"]
+                       for pod in (pod_of(kubectl, namespace, n) for n in ("pa", "pb"))]
+            if sum(targets) <= GPU_BUDGET_WATTS * DROP:
+                break
+        time.sleep(1)
+    followed = time.monotonic() - dropped
+    assert sum(targets) <= GPU_BUDGET_WATTS * DROP, targets
+    print(f"the sidecars held the dropped GPU budget {followed:.0f} s after the patch")
     kubectl("delete", "throttledjob", "-n", namespace, "pa", "pb", "--wait=false")

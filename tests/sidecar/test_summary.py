@@ -343,3 +343,9 @@ def test_the_status_keeps_the_gpus_demand_and_limit_ranges_for_a_gpu_watt_budget
     assert [(g["minLimitWatts"], g["maxLimitWatts"]) for g in doc["telemetry"]["gpus"]] == [
         (100.0, 300.0)] * 2
     assert parse_status({**doc, "gpuDemandHistory": [[1.0, -5.0]]})["gpuDemandHistory"] == []
+    # One sample a second, the latest: a 0.05-s interval keeps 60 a minute, not 1,200.
+    for tenth in range(1, 10):
+        now[0] = 1002.0 + tenth / 10
+        holder.publish(dataclasses.replace(result, gpu=agent.state()), Health())
+    assert [t for t, _ in status_document(holder.get())["gpuDemandHistory"]] == [
+        1000.0, 1001.0, 1002.9]

@@ -8,6 +8,7 @@ loop. The run's figures come from sidecar/summary.py, as local mode's --report's
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 import time
@@ -103,6 +104,10 @@ class SnapshotHolder:
         for kept, value, digits in ((self._demand, sum(cpu.values()) if cpu else None, 4),
                                     (self._gpu_demand, gpu, 1)):
             if value is not None:
+                # One sample a second, the latest (what the operator's merge reads): a
+                # short interval would keep hundreds a minute.
+                if kept and math.floor(kept[-1][0]) == math.floor(now):
+                    kept.pop()
                 kept.append((round(now, 3), round(value, digits)))
             while kept and kept[0][0] < now - DEMAND_HISTORY_SECONDS:
                 kept.popleft()
