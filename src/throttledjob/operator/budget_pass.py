@@ -81,6 +81,15 @@ def split_for_new_member(state: OperatorState, namespace: str) -> None:
             budget_pass(state, ns, name)
 
 
+def settle_new_member(state: OperatorState, namespace: str, name: str) -> None:
+    """After a new member's children are made: a budget that split while they were being
+    made (for another new member, in another handler) moved its share when it had no Job
+    to pass over, and its ConfigMap was written with the share before; one pass now holds
+    its policy to the share it has (nothing to write where it already does)."""
+    if any(ns == namespace for ns, _ in state.budgets):
+        rebudget(state, namespace, name)
+
+
 def member(tj: Mapping[str, Any], fleet: Fleet, budget: str,
            last: Mapping[str, float]) -> Member:
     """A ThrottledJob as the CPU split sees it: its demand, floor, own target (job-wide),

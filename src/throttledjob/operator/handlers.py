@@ -21,7 +21,13 @@ from . import admission, child, metrics
 from .api_names import GROUP, PLURAL, VERSION
 from .attach import attached, labeled
 from .budget_crd import BUDGET_PLURAL
-from .budget_pass import budget_pass, forget_budget, remember_suspended, split_for_new_member
+from .budget_pass import (
+    budget_pass,
+    forget_budget,
+    remember_suspended,
+    settle_new_member,
+    split_for_new_member,
+)
 from .children import LABEL_NAME, owner_reference
 from .config import OperatorSettings
 from .kube import ApiError, Kube
@@ -133,12 +139,16 @@ def _retry_later(e: ApiError, retry: int) -> kopf.TemporaryError:
 def reconcile(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int = 0,
               **_: Any) -> None:
     """Created, resumed or any edit of the spec: one pass (reconcile.py); before its Job
-    is made, the budgets of its namespace split with it (budget_pass.py)."""
+    is made, the budgets of its namespace split with it, and after, its policy is held to
+    the share it has by then (budget_pass.py)."""
     try:
         state = _state(memo)
-        if not (body.status or {}).get("jobName"):
+        new = not (body.status or {}).get("jobName")
+        if new:
             split_for_new_member(state, body.meta.namespace or "")
         spec_pass(body, state, logger)
+        if new:
+            settle_new_member(state, body.meta.namespace or "", body.meta.name or "")
     except ApiError as e:
         raise _retry_later(e, retry) from e
 
