@@ -353,3 +353,45 @@ def test_the_gpu_watt_budget_follows_the_schedule_and_its_metrics_show_it():
     assert samples == {("throttledjob_operator_budget_gpu_watts", None): 28000.0,
                        ("throttledjob_operator_budget_gpu_demand_watts", None): 31000.0,
                        ("throttledjob_operator_budget_share_gpu_watts", "a"): 700.0}
+
+
+def test_a_resource_edited_out_of_a_budget_frees_its_members_of_it():
+    """A budget of both edited to GPU only: its CPU shares go (the members back to their
+    own CPU targets), its CPU figures leave its status, its GPU split stays."""
+    from throttledjob.operator.budget_pass import budget_pass
+    from throttledjob.operator.config import OperatorSettings
+    from throttledjob.operator.sidecar_status import HttpStatusReader
+    from throttledjob.operator.state import OperatorState
+
+    class Kube:
+        def __init__(self, budget: dict, tjs: list[dict]) -> None:
+            self.budget, self.tjs, self.patches = budget, tjs, []
+
+        def get(self, path: str) -> dict | None:
+            return self.budget if "/throttlebudgets/" in path else None  # rebudget: gone
+
+        def list(self, path: str, selector: str) -> list[dict]:
+            return self.tjs
+
+        def merge_patch(self, path: str, patch: dict) -> None:
+            self.patches.append(patch)
+            self.budget["status"] = patch["status"]
+
+        tj_path = staticmethod(lambda namespace, name: f"/tjs/{namespace}/{name}")
+
+    both = {"metadata": {"name": "hall", "namespace": "ns", "generation": 1},
+            "spec": {"cpu": {"peak": "1"}, "gpu": {"peakWatts": 300}}}
+    kube = Kube(both, [gpu_tj("g", gpus=1)])
+    state = OperatorState(OperatorSettings(), kube, HttpStatusReader(1))  # type: ignore[arg-type]
+    budget_pass(state, "ns", "hall")
+    assert state.fleet.share(("ns", "g")) == (1.0, "hall")
+    assert state.fleet.share(("ns", "g"), GPU) == (300.0, "hall")
+    assert kube.budget["status"]["cpuBudgetCores"] == 1.0
+    del both["spec"]["cpu"]
+    budget_pass(state, "ns", "hall")
+    assert state.fleet.share(("ns", "g")) is None
+    assert state.fleet.share(("ns", "g"), GPU) == (300.0, "hall")
+    assert "cpuBudgetCores" not in kube.budget["status"]
+    assert kube.budget["status"]["members"] == [
+        {"name": "g", "slowdown": 1.0, "withinMaxSlowdown": True, "read": False,
+         "priority": 0, "shareWatts": 300, "maxSlowdown": 1.5}]

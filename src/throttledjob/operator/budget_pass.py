@@ -45,6 +45,9 @@ SUSPEND = "Suspend"  # spec.floorsOverBudget
 MIN_READS = 3
 # A share that moved less than this part is not worth a pass of the member.
 MOVE_STEP = 0.05
+# The status's figures of each resource, set by each split.
+RESOURCE_FIGURES = ("cpuBudgetCores", "cpuFloorCores", "cpuCores", "gpuBudgetWatts",
+                    "gpuFloorWatts", "gpuDemandWatts")
 
 
 def budget_path(namespace: str, name: str = "") -> str:
@@ -194,7 +197,8 @@ def next_status(budget: Mapping[str, Any], splits: Sequence[Weighed], source: st
     """The budget's status after its splits (one a resource); `suspended`: the members
     it suspends."""
     listed = _rows(budget["metadata"]["name"], splits, fleet, namespace)
-    status = dict(budget.get("status") or {})
+    status = {k: v for k, v in (budget.get("status") or {}).items()
+              if k not in RESOURCE_FIGURES}  # those of a resource it no longer has go
     for w in splits:
         if w.resource == CPU:
             status.update({
@@ -299,7 +303,11 @@ def budget_pass(state: OperatorState, namespace: str, name: str,
                                if tj["metadata"]["name"] not in suspend) if m]
         splits.append(Weighed(GPU, watts, members, split(watts, members)))
     moved = set()
-    for w in splits:
+    # A resource the spec no longer has (an edit) is split as one with no members: each
+    # member goes free of it.
+    weighed_in = {w.resource for w in splits}
+    for w in splits + [Weighed(r, 0.0, [], split(0.0, [])) for r in (CPU, GPU)
+                       if r not in weighed_in]:
         moved |= _apply(fleet, namespace, name, tjs, w)
     for tj in tjs:
         key = (namespace, tj["metadata"]["name"])
