@@ -70,31 +70,33 @@ class _Phases:
             yield from budget_metrics(self._fleet())
 
 
+# A budget's status figure (fleet.BUDGET_FIGURES) -> its series and HELP.
+BUDGET_SERIES = {
+    "cpuBudgetCores": ("budget_cpu_cores", "A ThrottleBudget's CPU peak in force now "
+                       "(schedule and signal applied)."),
+    "cpuCores": ("budget_cpu_use_cores", "A ThrottleBudget's members' CPU use summed, at "
+                 "their last reads."),
+    "gpuBudgetWatts": ("budget_gpu_watts", "A ThrottleBudget's GPU power peak in force now "
+                       "(schedule and signal applied)."),
+    "gpuDemandWatts": ("budget_gpu_demand_watts", "What a ThrottleBudget's members' GPUs "
+                       "would draw unheld, summed (the means of their last reads)."),
+}
+# A resource -> the series of each member's share of it, and its HELP.
+SHARE_SERIES = {
+    CPU: ("budget_share_cpu_cores", "A member's part of a ThrottleBudget's CPU, job-wide."),
+    GPU: ("budget_share_gpu_watts", "A member's part of a ThrottleBudget's GPU power, "
+          "job-wide."),
+}
+
+
 def budget_metrics(fleet: Any) -> Iterator[Metric]:
     """The fleet's row of the dashboard: each budget in force and its members' use
     against it, and each member's share (fleet.Fleet's record of the last splits)."""
     labels = ["namespace", "budget"]
-    figures = {  # the budget's status figure -> its series
-        "cpuBudgetCores": GaugeMetricFamily(
-            P + "budget_cpu_cores", "A ThrottleBudget's CPU peak in force now (schedule "
-            "and signal applied).", labels=labels),
-        "cpuCores": GaugeMetricFamily(
-            P + "budget_cpu_use_cores", "A ThrottleBudget's members' CPU use summed, at "
-            "their last reads.", labels=labels),
-        "gpuBudgetWatts": GaugeMetricFamily(
-            P + "budget_gpu_watts", "A ThrottleBudget's GPU power peak in force now "
-            "(schedule and signal applied).", labels=labels),
-        "gpuDemandWatts": GaugeMetricFamily(
-            P + "budget_gpu_demand_watts", "What a ThrottleBudget's members' GPUs would "
-            "draw unheld, summed (the means of their last reads).", labels=labels),
-    }
-    shares = {
-        CPU: GaugeMetricFamily(P + "budget_share_cpu_cores", "A member's part of a "
-                               "ThrottleBudget's CPU, job-wide.", labels=[*labels, "throttledjob"]),
-        GPU: GaugeMetricFamily(P + "budget_share_gpu_watts", "A member's part of a "
-                               "ThrottleBudget's GPU power, job-wide.",
-                               labels=[*labels, "throttledjob"]),
-    }
+    figures = {figure: GaugeMetricFamily(P + name, help_, labels=labels)
+               for figure, (name, help_) in BUDGET_SERIES.items()}
+    shares = {resource: GaugeMetricFamily(P + name, help_, labels=[*labels, "throttledjob"])
+              for resource, (name, help_) in SHARE_SERIES.items()}
     with fleet.lock:
         for (ns, name), values in sorted(fleet.budgets.items()):
             for figure, value in values.items():
